@@ -1,0 +1,34 @@
+"""gpudiag: where did my GPU time go, and what do I change?
+
+    import gpudiag
+    trace = gpudiag.load("rank0.pt.trace.json.gz")   # Kineto, nsys, ncu, JAX, memory snapshots
+    trace.kernels.head()
+
+Heavy optional packages (torch, jax, cupy, cupti, ncu_report) are never imported here.
+"""
+
+from __future__ import annotations
+
+from gpudiag.errors import (
+    CollectorError,
+    GpudiagError,
+    InputError,
+    MissingDependencyError,
+    SchemaError,
+)
+from gpudiag.sources import load
+from gpudiag.trace import Trace, merge
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CollectorError",
+    "GpudiagError",
+    "InputError",
+    "MissingDependencyError",
+    "SchemaError",
+    "Trace",
+    "__version__",
+    "load",
+    "merge",
+]

@@ -1,0 +1,111 @@
+"""Readers and collectors, one module per source format, registered by a key.
+
+A reader is a `sniff(probe) -> bool` that recognizes its format from the first bytes of the
+content (not the file name alone) and a `read(path) -> Trace`. Readers are imported only when
+a file of theirs is read, so `import gpudiag` stays light and optional vendor packages
+(ncu_report) are touched only for their own formats. New formats register here; nothing else
+in gpudiag changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpudiag.trace import Trace
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What sniffers look at: the path and the first bytes of its (decompressed) content."""
+
+    path: Path
+    head: bytes
+    gzipped: bool
+
+    @property
+    def text_head(self) -> bytes:
+        """The head without a UTF-8 byte-order mark and leading whitespace."""
+        return self.head.removeprefix(b"\xef\xbb\xbf").lstrip()
+
+
+@dataclass(frozen=True)
+class Reader:
+    name: str
+    description: str
+    sniff: Callable[[Probe], bool]
+    target: str  # "module:function" reading a path into a Trace
+
+    def read(self, path: Path) -> Trace:
+        module, func = self.target.split(":")
+        reader: Callable[[Path], Trace] = getattr(importlib.import_module(module), func)
+        return reader(path)
+
+
+READERS: list[Reader] = []
+
+
+def register(name: str, description: str, sniff: Callable[[Probe], bool], target: str) -> None:
+    """Add a reader; earlier registrations win when two sniffers accept the same file."""
+    READERS.append(Reader(name, description, sniff, target))
+
+
+def find_reader(probe: Probe) -> Reader | None:
+    return next((r for r in READERS if r.sniff(probe)), None)
+
+
+_JSON_LIST_OF_LISTS = re.compile(rb"^\[\s*\[")
+_JSON_START = re.compile(rb"^[\[{]")
+
+
+def _is_pickle(p: Probe) -> bool:
+    return len(p.head) > 2 and p.head[0] == 0x80 and 2 <= p.head[1] <= 5
+
+
+def _is_xplane(p: Probe) -> bool:
+    # XSpace field 1 (planes), length-delimited: tag byte 0x0a, then a plane whose name is
+    # "/host:..." or "/device:..." within its first bytes.
+    return p.head[:1] == b"\n" and (b"/host:" in p.head[:4096] or b"/device:" in p.head[:4096])
+
+
+register(
+    "nsys-sqlite", "Nsight Systems SQLite export (nsys export --type sqlite)",
+    lambda p: p.head.startswith(b"SQLite format 3\x00"),
+    "gpudiag.collectors.nsys:read_sqlite",
+)
+register(
+    "nsys-rep", "Nsight Systems report (.nsys-rep / .qdrep), exported through nsys",
+    lambda p: p.head.startswith(b"NVIDIA Tegra Profiler Report")
+    or p.path.suffix in (".nsys-rep", ".qdrep"),
+    "gpudiag.collectors.nsys:read_report",
+)
+register(
+    "ncu-rep", "Nsight Compute report (.ncu-rep), read with ncu_report",
+    lambda p: p.head.startswith(b"NVR\x00"),
+    "gpudiag.collectors.ncu:read",
+)
+register(
+    "torch-memory-snapshot", "PyTorch CUDA memory snapshot (torch.cuda.memory._dump_snapshot)",
+    _is_pickle,
+    "gpudiag.collectors.torch_memory:read_snapshot",
+)
+register(
+    "torch-memory-timeline", "PyTorch profiler export_memory_timeline (.json / .raw.json.gz)",
+    lambda p: bool(_JSON_LIST_OF_LISTS.match(p.text_head)),
+    "gpudiag.collectors.torch_memory:read_timeline",
+)
+register(
+    "xplane", "JAX / XLA profiler XSpace (.xplane.pb)",
+    _is_xplane,
+    "gpudiag.collectors.xplane:read",
+)
+register(
+    "chrome-trace", "PyTorch profiler / Kineto trace, or JAX Perfetto trace (Chrome JSON)",
+    lambda p: bool(_JSON_START.match(p.text_head)),
+    "gpudiag.collectors.kineto:read",
+)

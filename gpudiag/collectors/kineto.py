@@ -1,0 +1,293 @@
+"""PyTorch profiler (Kineto) Chrome traces: `.json`, `.json.gz`, current and 2021 schemas.
+
+    trace = gpudiag.collectors.kineto.read(Path("rank0.pt.trace.json.gz"))
+
+Times: Kineto writes `ts`/`dur` in microseconds, as floats relative to `baseTimeNanoseconds`
+when the trace has that key; we add the base back and keep integer nanoseconds (HTA instead
+rounds to whole microseconds). GPU events carry the device as `pid` and the stream as `tid`;
+their host process is found through the CUPTI correlation id of the launching API call.
+A Chrome trace written by `jax.profiler` (process names like `/device:GPU:0`) is handed to
+the JAX reader.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.collectors import kineto_collectives
+from gpudiag.collectors.chrome_json import Document, decode, integers, take, triple
+from gpudiag.collectors.intervals import nesting_depth
+from gpudiag.collectors.kineto_events import (
+    GROUP_IDS,
+    CopyArgs,
+    Events,
+    GpuArgs,
+    IdArgs,
+    KernelArgs,
+    MemoryArgs,
+    SyncArgs,
+    device_of,
+    external_id,
+    stream_of,
+)
+from gpudiag.devices import fill_from_compute_capability, vendor_of
+from gpudiag.trace import Trace
+
+SYNC_KINDS = {
+    "Event Sync": "event", "Stream Sync": "stream", "Context Sync": "context",
+    "Stream Wait Event": "stream_wait", "Device Sync": "device",
+}
+MEM_WORDS = {
+    "Pageable": "pageable", "Pinned": "pinned", "Device": "device", "Managed": "managed",
+    "Array": "array", "Host": "unknown", "Unknown": "unknown",
+}
+COPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
+COPY_PATTERN = r"Memcpy (?P<kind>\w+) \((?P<src>[\w ]+) -> (?P<dst>[\w ]+)\)"
+MEMSET_PATTERN = r"Memset \((?P<dst>[\w ]+)\)"
+RANGE_SOURCES = {"op": "torch_op", "annotation": "annotation", "python": "python",
+                 "gpu_annotation": "gpu_annotation"}
+RANGE_SOURCE_BY_ID = np.array(
+    [RANGE_SOURCES.get(g) for g in GROUP_IDS], dtype=object)
+
+
+def read(path: Path) -> Trace:
+    """Read a Kineto (or JAX Perfetto) Chrome trace into a Trace."""
+    doc = decode(path)
+    ev = Events(doc)
+    if _is_jax_trace(ev):
+        from gpudiag.collectors.xplane import from_perfetto
+
+        return from_perfetto(path, doc)
+    api = _api(ev)
+    host_pid = _host_pid_fallback(ev)
+    trace = Trace(
+        meta=_meta(doc, ev),
+        devices=_devices(doc),
+        copies=_join_host(_copies(ev), api, host_pid),
+        api=api,
+        syncs=_join_host(_syncs(ev), api, host_pid),
+        ranges=_ranges(ev),
+        memory=_memory(ev),
+    )
+    kernel_idx = ev.where("kernel")
+    kernel_args = ev.args(kernel_idx, KernelArgs)
+    trace.kernels = _join_host(_kernels(ev, kernel_idx, kernel_args), api, host_pid)
+    trace.collectives = kineto_collectives.collectives(ev, trace.kernels, kernel_args, api)
+    trace.warn("events with negative duration clipped to 0", ev.negative_dur)
+    trace.warn("events without a timestamp skipped", int((~ev.valid_ts).sum()))
+    return trace
+
+
+def _is_jax_trace(ev: Events) -> bool:
+    """A Chrome trace from jax.profiler: no Kineto categories, XLA plane process names."""
+    if (ev.group_code > 0).any():
+        return False
+    return any(v.startswith(("/device:", "/host:")) for v in ev.labels())
+
+
+def _host_pid_fallback(ev: Events) -> int | None:
+    """The host pid, when the trace has exactly one process with host (CPU) events."""
+    host = ev.where("runtime", "driver", "op", "annotation", "python")
+    pids = np.unique(ev.pid[host][np.isfinite(ev.pid[host])])
+    return int(pids[0]) if len(pids) == 1 else None
+
+
+def _join_host(frame: pd.DataFrame, api: pd.DataFrame, fallback: int | None) -> pd.DataFrame:
+    """Fill `pid` (and `tid` when present) from the API call with the same correlation id."""
+    launches = api.dropna(subset=["correlation"]).drop_duplicates("correlation")
+    joined = frame[["correlation"]].merge(
+        launches[["correlation", "pid", "tid"]], on="correlation", how="left"
+    )
+    frame["pid"] = joined["pid"].to_numpy()
+    if fallback is not None:
+        frame["pid"] = frame["pid"].fillna(fallback)
+    if "tid" in frame.columns:
+        frame["tid"] = joined["tid"].to_numpy()
+    return frame
+
+
+def _kernels(ev: Events, idx: np.ndarray, args: Any) -> pd.DataFrame:
+    grid = triple(args.values("grid"))
+    block = triple(args.values("block"))
+    return pd.DataFrame({
+        **ev.times(idx),
+        "name": ev.names(idx),
+        "device": device_of(ev, idx, args),
+        "stream": stream_of(ev, idx, args),
+        "correlation": args.num("correlation"),
+        "external_id": external_id(args),
+        "kernel_id": np.arange(len(idx), dtype=np.int64),
+        "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
+        "block_x": block[0], "block_y": block[1], "block_z": block[2],
+        "regs_per_thread": args.num("regs"),
+        "smem_bytes": args.num("smem"),
+    })
+
+
+def _copies(ev: Events) -> pd.DataFrame:
+    idx = ev.where("memcpy", "memset")
+    args = ev.args(idx, CopyArgs)
+    names = ev.names(idx)
+    is_set = ev.is_group(idx, "memset")
+    copy = _parse_names(names, COPY_PATTERN)
+    memset = _parse_names(names, MEMSET_PATTERN)
+    kind = copy["kind"].fillna(pd.Series(args.values("kind"), dtype=object))
+    kind = kind.where(kind.isin(COPY_KINDS), "other").mask(is_set, "memset")
+    frame = pd.DataFrame({
+        **ev.times(idx),
+        "device": device_of(ev, idx, args),
+        "stream": stream_of(ev, idx, args),
+        "kind": kind.to_numpy(),
+        "bytes": args.num("bytes"),
+        "src_mem": copy["src"].map(MEM_WORDS).mask(is_set).to_numpy(),
+        "dst_mem": copy["dst"].fillna(memset["dst"]).map(MEM_WORDS).to_numpy(),
+        "correlation": args.num("correlation"),
+        "external_id": external_id(args),
+    })
+    frame["host_mem"] = host_memory(frame)
+    return frame
+
+
+def host_memory(copies: pd.DataFrame) -> pd.Series:
+    """Pageable or pinned: the host side of each HtoD / DtoH copy (NA otherwise)."""
+    src = copies["src_mem"].astype(object)
+    dst = copies["dst_mem"].astype(object)
+    host = pd.Series(None, index=copies.index, dtype=object)
+    host = host.mask(copies["kind"] == "HtoD", src).mask(copies["kind"] == "DtoH", dst)
+    return host.where(host.isin(["pageable", "pinned"]))
+
+
+def _parse_names(names: pd.Series, pattern: str) -> pd.DataFrame:
+    """Regex fields of each name, computed once per distinct name."""
+    cats = pd.Series(names.cat.categories, dtype=object)
+    fields = cats.str.extract(pattern).astype(object)
+    fields.loc[len(fields)] = None  # row for code -1 (no name)
+    return fields.iloc[names.cat.codes.to_numpy()].reset_index(drop=True)
+
+
+def _api(ev: Events) -> pd.DataFrame:
+    idx = ev.where("runtime", "driver")
+    args = ev.args(idx, IdArgs)
+    return pd.DataFrame({
+        **ev.times(idx),
+        **ev.host(idx),
+        "name": ev.names(idx),
+        "kind": np.where(ev.is_group(idx, "driver"), "driver", "runtime"),
+        "correlation": args.num("correlation"),
+        "external_id": external_id(args),
+    })
+
+
+def _syncs(ev: Events) -> pd.DataFrame:
+    idx = ev.where("sync")
+    args = ev.args(idx, SyncArgs)
+    labels = pd.Series(args.values("sync_kind"), dtype=object).fillna(
+        pd.Series(ev.name_values(idx), dtype=object)
+    )
+    stream = args.num("stream")
+    event_id = args.num("wait_event")
+    return pd.DataFrame({
+        **ev.times(idx),
+        "device": device_of(ev, idx, args),
+        "stream": stream.where(stream >= 0),
+        "kind": labels.map(SYNC_KINDS).fillna("unknown").to_numpy(),
+        "correlation": args.num("correlation"),
+        "event_id": event_id.where(event_id >= 0),
+        "tid": pd.array([pd.NA] * len(idx), dtype="Int64"),
+    })
+
+
+def _ranges(ev: Events) -> pd.DataFrame:
+    idx = ev.where(*RANGE_SOURCES)
+    on_gpu = ev.is_group(idx, "gpu_annotation")
+    args = ev.args(idx, GpuArgs)
+    names = ev.names(idx)
+    source = pd.Series(RANGE_SOURCE_BY_ID[ev.group_code[idx]], dtype=object)
+    step_names = pd.Series(names.cat.categories, dtype=object).str.startswith("ProfilerStep#")
+    is_step = take(step_names.to_numpy(dtype=bool), names.cat.codes.to_numpy(), False)
+    source = source.mask(ev.is_group(idx, "annotation") & is_step, "step")
+    pid, tid = ev.pids(idx), ev.tids(idx)
+    frame = pd.DataFrame({
+        "pid": pid.mask(on_gpu), "tid": tid.mask(on_gpu),
+        "device": device_of(ev, idx, args).where(on_gpu), "stream": tid.where(on_gpu),
+        **ev.times(idx),
+        "name": names, "source": source.to_numpy(),
+        "external_id": external_id(args),
+    })
+    lanes = frame[["pid", "tid", "device", "stream"]].astype("float64").fillna(-1)
+    lane = lanes.groupby(list(lanes.columns), sort=False).ngroup().to_numpy()
+    frame["depth"] = nesting_depth(lane, frame["start_ns"], frame["end_ns"])
+    return frame
+
+
+def _memory(ev: Events) -> pd.DataFrame:
+    memory_code = np.flatnonzero(ev.name_uniques == "[memory]")
+    idx = np.flatnonzero(ev.phase("i") & np.isin(ev.name_codes, memory_code) & ev.valid_ts)
+    args = ev.args(idx, MemoryArgs)
+    signed = args.num("mem_bytes")
+    device_type = args.num("device_type")
+    return pd.DataFrame({
+        "pid": ev.pids(idx),
+        "device": args.num("device_id").where(device_type != 0, -1),
+        "ts_ns": ev.start[idx],
+        "action": np.where((signed < 0).fillna(False).to_numpy(), "free", "alloc"),
+        "addr": args.num("addr"),
+        "bytes": signed.abs(),
+        "delta_bytes": signed,
+        "total_allocated_bytes": args.num("total_allocated"),
+        "total_reserved_bytes": args.num("total_reserved"),
+    })
+
+
+_DEVICE_KEYS = {
+    "device": "id", "name": "name", "sm_count": "numSms", "cc_major": "computeMajor",
+    "cc_minor": "computeMinor", "max_threads_per_sm": "maxThreadsPerMultiprocessor",
+    "max_threads_per_block": "maxThreadsPerBlock", "regs_per_sm": "regsPerMultiprocessor",
+    "regs_per_block": "regsPerBlock", "smem_per_sm_bytes": "sharedMemPerMultiprocessor",
+    "smem_per_block_bytes": "sharedMemPerBlock",
+    "smem_per_block_optin_bytes": "sharedMemPerBlockOptin", "warp_size": "warpSize",
+    "mem_bytes": "totalGlobalMem",
+}
+
+
+def _devices(doc: Document) -> pd.DataFrame:
+    props = [p for p in (doc.deviceProperties or []) if isinstance(p, dict)]
+    columns = {col: [p.get(key) for p in props] for col, key in _DEVICE_KEYS.items()}
+    amd_smem = [p.get("maxSharedMemoryPerMultiProcessor") for p in props]
+    nvidia_smem = columns["smem_per_sm_bytes"]
+    columns["smem_per_sm_bytes"] = [
+        a if a is not None else b for a, b in zip(nvidia_smem, amd_smem, strict=True)
+    ]
+    frame = pd.DataFrame({
+        col: values if col == "name" else integers(values) for col, values in columns.items()
+    })
+    frame["vendor"] = frame["name"].astype(str).map(vendor_of)
+    frame = frame.dropna(subset=["device"])
+    return fill_from_compute_capability(frame)
+
+
+def _meta(doc: Document, ev: Events) -> dict[str, Any]:
+    dist = doc.distributedInfo or {}
+    versions = {
+        "kineto_schema": doc.schemaVersion, "cupti": doc.cupti_version,
+        "cuda_runtime": doc.cuda_runtime_version, "cuda_driver": doc.cuda_driver_version,
+    }
+    api_names = pd.Series(ev.name_values(ev.where("runtime")[:50]), dtype=object)
+    vendors = {vendor_of(str(p.get("name", ""))) for p in (doc.deviceProperties or [])}
+    hip = bool(api_names.astype(str).str.startswith("hip").any())
+    return {
+        "format": "kineto",
+        "rank": dist.get("rank"),
+        "world_size": dist.get("world_size"),
+        "backend": dist.get("backend"),
+        "tool_versions": {k: v for k, v in versions.items() if v is not None},
+        "vendor": "amd" if hip or vendors == {"amd"} else "nvidia" if "nvidia" in vendors
+        else "unknown",
+        "base_time_ns": int(doc.baseTimeNanoseconds or 0),
+        "trace_name": doc.traceName,
+        "timeline": True,
+    }

@@ -1,0 +1,228 @@
+"""The Trace: every source normalized into the same pandas tables.
+
+Readers (gpudiag/collectors/) fill a Trace; analyzers only read it. The tables and their
+columns are declared in `gpudiag.schema`; a Trace always carries all of them, empty when the
+source has none of that kind, so code never checks whether a table exists.
+
+    trace = gpudiag.load("rank0.pt.trace.json.gz")
+    trace.kernels.groupby("name", observed=True)["end_ns"].count()
+    trace.save("run/")            # Parquet per table + meta.json, lossless
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpudiag.errors import InputError, SchemaError
+from gpudiag.schema import GPU_TABLES, TABLE_NAMES, TABLES
+
+#: marks a directory written by Trace.save
+FORMAT_NAME = "gpudiag-trace"
+FORMAT_VERSION = 1
+
+
+class Trace:
+    """Normalized profile data: one DataFrame per table of the schema, plus `meta`.
+
+    `meta` is a JSON-serializable dict: `sources` (what was read, with which reader),
+    `tool_versions`, `rank`/`world_size` where known, `timeline` (False when times are not a
+    real timeline, as in Nsight Compute's serialized replays), `vendor`, and `warnings`
+    (repairs of odd input rows, counted by kind, never silent).
+    """
+
+    devices: pd.DataFrame
+    kernels: pd.DataFrame
+    copies: pd.DataFrame
+    api: pd.DataFrame
+    syncs: pd.DataFrame
+    ranges: pd.DataFrame
+    collectives: pd.DataFrame
+    memory: pd.DataFrame
+    memory_blocks: pd.DataFrame
+    samples: pd.DataFrame
+    metrics: pd.DataFrame
+
+    def __init__(self, meta: Mapping[str, Any] | None = None, **tables: Any) -> None:
+        unknown = set(tables) - set(TABLE_NAMES)
+        if unknown:
+            raise TypeError(f"Trace has no tables {sorted(unknown)}")
+        for name in TABLE_NAMES:
+            setattr(self, name, TABLES[name].conform(tables.get(name)))
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.meta.setdefault("sources", [])
+        self.meta.setdefault("warnings", {})
+        self.meta.setdefault("timeline", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assigning a table conforms it to the schema, so a Trace is always valid."""
+        if name in TABLES:
+            value = TABLES[name].conform(value)
+        super().__setattr__(name, value)
+
+    # -- inspection ---------------------------------------------------------------------
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """Every table by name, in schema order."""
+        return {name: getattr(self, name) for name in TABLE_NAMES}
+
+    def row_counts(self) -> dict[str, int]:
+        return {name: len(frame) for name, frame in self.tables().items()}
+
+    def has_gpu_activity(self) -> bool:
+        """True when any table of GPU activity (kernels, copies, syncs, memory...) has rows."""
+        return any(len(getattr(self, name)) for name in GPU_TABLES)
+
+    def gpu_window_ns(self) -> tuple[int, int] | None:
+        """(first start, last end) over kernels and copies, or None without GPU work."""
+        frames = [f for f in (self.kernels, self.copies) if len(f)]
+        if not frames or not self.meta.get("timeline", True):
+            return None
+        return (
+            int(min(f["start_ns"].min() for f in frames)),
+            int(max(f["end_ns"].max() for f in frames)),
+        )
+
+    def fill_rank(self) -> None:
+        """Give rows without a rank the trace's own rank (`meta["rank"]`), when it has one."""
+        rank = self.meta.get("rank")
+        if rank is None:
+            return
+        for name, frame in self.tables().items():
+            if len(frame) and frame["rank"].isna().any():
+                setattr(self, name, frame.assign(rank=frame["rank"].fillna(int(rank))))
+
+    def warn(self, kind: str, count: int = 1) -> None:
+        """Count a repair of odd input (e.g. 'kernels with negative duration clipped')."""
+        if count:
+            warnings = self.meta["warnings"]
+            warnings[kind] = int(warnings.get(kind, 0)) + int(count)
+
+    def validate(self) -> None:
+        """Raise SchemaError listing every table that breaks the schema contract."""
+        problems = [p for name, f in self.tables().items() for p in TABLES[name].problems(f)]
+        if problems:
+            raise SchemaError("; ".join(problems))
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{k}={v}" for k, v in self.row_counts().items() if v)
+        sources = ", ".join(s.get("format", "?") for s in self.meta["sources"]) or "no source"
+        return f"<Trace from {sources}: {counts or 'empty'}>"
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        """Write one Parquet file per table and meta.json into directory `path`."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, frame in self.tables().items():
+            frame.to_parquet(out / f"{name}.parquet", index=False)
+        meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **self.meta}
+        (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+        return out
+
+    @classmethod
+    def load_dir(cls, path: str | Path) -> Trace:
+        """Read a directory written by `save` (or by `gpudiag profile`)."""
+        root = Path(path)
+        meta = read_meta(root)
+        tables = {}
+        for name in TABLE_NAMES:
+            file = root / f"{name}.parquet"
+            if file.exists():
+                try:
+                    tables[name] = pd.read_parquet(file)
+                except Exception as exc:  # pyarrow raises many types for a damaged file
+                    raise InputError(
+                        file, f"unreadable Parquet table ({exc.__class__.__name__})",
+                        "the run directory is damaged: re-run or re-save it",
+                    ) from exc
+        meta.pop("format", None)
+        meta.pop("format_version", None)
+        return cls(meta=meta, **tables)
+
+
+def read_meta(root: Path) -> dict[str, Any]:
+    """meta.json of a saved trace, checked for format and version."""
+    file = root / "meta.json"
+    try:
+        meta = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(file, "unreadable meta.json", "the run directory is damaged") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise InputError(file, "not a gpudiag trace directory (meta.json has no gpudiag format)")
+    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+        raise InputError(
+            file, f"written by a newer gpudiag (format {meta['format_version']})",
+            "upgrade gpudiag: pip install -U gpudiag",
+        )
+    return meta
+
+
+def is_trace_dir(path: Path) -> bool:
+    """True for a directory that `Trace.save` wrote (meta.json naming our format)."""
+    file = path / "meta.json"
+    if not file.is_file():
+        return False
+    try:
+        return json.loads(file.read_text()).get("format") == FORMAT_NAME
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def merge(traces: Iterable[Trace]) -> Trace:
+    """One Trace from several processes or ranks.
+
+    Rows keep their `pid` and `rank`; a trace whose meta names a rank fills it into rows that
+    have none. `kernel_id` is offset so it stays unique (metrics and collectives follow).
+    """
+    traces = list(traces)
+    if len(traces) == 1:
+        return traces[0]
+    parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLE_NAMES}
+    offset = 0
+    for trace in traces:
+        trace.fill_rank()
+        for name, frame in trace.tables().items():
+            shift = "kernel_id" in frame.columns and len(frame) and offset
+            parts[name].append(frame.assign(kernel_id=frame["kernel_id"] + offset) if shift
+                               else frame)
+        if len(trace.kernels):
+            offset += int(trace.kernels["kernel_id"].max()) + 1
+    tables = {name: _concat(frames) for name, frames in parts.items()}
+    return Trace(meta=_merge_meta([t.meta for t in traces]), **tables)
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Concatenate keeping categories (pandas turns differing categories into object)."""
+    nonempty = [f for f in frames if len(f)] or frames[:1]
+    out = pd.concat(nonempty, ignore_index=True)
+    for col in out.columns:
+        if isinstance(nonempty[0][col].dtype, pd.CategoricalDtype) and not isinstance(
+            out[col].dtype, pd.CategoricalDtype
+        ):
+            out[col] = out[col].astype("category")
+    return out
+
+
+def _merge_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    merged: dict[str, Any] = {"sources": [], "warnings": {}, "tool_versions": {}}
+    ranks = sorted({m["rank"] for m in metas if m.get("rank") is not None})
+    for meta in metas:
+        merged["sources"] += meta.get("sources", [])
+        for kind, count in meta.get("warnings", {}).items():
+            merged["warnings"][kind] = merged["warnings"].get(kind, 0) + count
+        merged["tool_versions"].update(meta.get("tool_versions", {}))
+    merged["timeline"] = all(m.get("timeline", True) for m in metas)
+    merged["ranks"] = ranks
+    sizes = {m.get("world_size") for m in metas if m.get("world_size") is not None}
+    if len(sizes) == 1:
+        merged["world_size"] = sizes.pop()
+    vendors = {m.get("vendor") for m in metas if m.get("vendor")}
+    if len(vendors) == 1:
+        merged["vendor"] = vendors.pop()
+    return merged

@@ -1,0 +1,30 @@
+"""Shared test helpers: where the real fixtures are, and skipping cleanly without them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def fixtures_dir() -> Path:
+    """../shared/fixtures beside the checkout (CI always has it), or $GPUDIAG_FIXTURES."""
+    env = os.environ.get("GPUDIAG_FIXTURES")
+    return Path(env) if env else ROOT.parent / "shared" / "fixtures"
+
+
+def fixture(relative: str) -> Path:
+    """A real profile from ../shared/fixtures; skips the test with a reason when absent."""
+    path = fixtures_dir() / relative
+    if not path.exists():
+        pytest.skip(f"shared fixture {relative} not found under {fixtures_dir()}")
+    return path
+
+
+def fixtures(pattern: str) -> list[Path]:
+    """All shared fixtures matching a glob (empty list when the folder is absent)."""
+    return sorted(fixtures_dir().glob(pattern))
