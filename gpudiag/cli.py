@@ -57,6 +57,14 @@ def analyze(paths: tuple[Path, ...], as_json: bool, top: int) -> None:
         print_summary(info, Console(highlight=False))
 
 
+@cli.command()
+def schema() -> None:
+    """Print the Trace schema (every table and column) as Markdown."""
+    from gpudiag.schema import markdown
+
+    click.echo(markdown(), nl=False)
+
+
 def _load(paths: list[Path]) -> Trace:
     """gpudiag.load with a spinner on a terminal (stderr), silent otherwise."""
     from gpudiag.sources import load

@@ -69,8 +69,10 @@ def fill_from_compute_capability(devices: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def vendor_of(name: str) -> str:
+def vendor_of(name: object) -> str:
     """'nvidia', 'amd' or 'unknown' from a product name."""
+    if not isinstance(name, str):
+        return "unknown"
     lowered = name.lower()
     if any(k in lowered for k in ("nvidia", "tesla", "geforce", "quadro", "rtx", "titan")):
         return "nvidia"

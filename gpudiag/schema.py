@@ -383,7 +383,7 @@ def markdown() -> str:
     lines = [
         "# Trace schema",
         "",
-        "Generated from `gpudiag/schema.py` by `python -m gpudiag.schema`; do not edit by hand.",
+        "Generated from `gpudiag/schema.py` by `gpudiag schema > docs/schema.md`; do not edit by hand.",
         "Times are int64 nanoseconds, sizes bytes; `Int64` columns are nullable (pandas NA).",
         "",
     ]
@@ -397,7 +397,3 @@ def markdown() -> str:
             lines.append(f"| `{col.name}` | {col.dtype} | {col.unit} | {meaning} |")
         lines.append("")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(markdown(), end="")

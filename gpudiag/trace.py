@@ -121,7 +121,8 @@ class Trace:
         out.mkdir(parents=True, exist_ok=True)
         for name, frame in self.tables().items():
             frame.to_parquet(out / f"{name}.parquet", index=False)
-        meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **self.meta}
+        meta = {**self.meta, "gpudiag_format": FORMAT_NAME,
+                "gpudiag_format_version": FORMAT_VERSION}
         (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
         return out
 
@@ -141,8 +142,8 @@ class Trace:
                         file, f"unreadable Parquet table ({exc.__class__.__name__})",
                         "the run directory is damaged: re-run or re-save it",
                     ) from exc
-        meta.pop("format", None)
-        meta.pop("format_version", None)
+        meta.pop("gpudiag_format", None)
+        meta.pop("gpudiag_format_version", None)
         return cls(meta=meta, **tables)
 
 
@@ -153,11 +154,11 @@ def read_meta(root: Path) -> dict[str, Any]:
         meta = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
         raise InputError(file, "unreadable meta.json", "the run directory is damaged") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+    if not isinstance(meta, dict) or meta.get("gpudiag_format") != FORMAT_NAME:
         raise InputError(file, "not a gpudiag trace directory (meta.json has no gpudiag format)")
-    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+    if int(meta.get("gpudiag_format_version", 0)) > FORMAT_VERSION:
         raise InputError(
-            file, f"written by a newer gpudiag (format {meta['format_version']})",
+            file, f"written by a newer gpudiag (format {meta['gpudiag_format_version']})",
             "upgrade gpudiag: pip install -U gpudiag",
         )
     return meta
@@ -169,7 +170,7 @@ def is_trace_dir(path: Path) -> bool:
     if not file.is_file():
         return False
     try:
-        return json.loads(file.read_text()).get("format") == FORMAT_NAME
+        return json.loads(file.read_text()).get("gpudiag_format") == FORMAT_NAME
     except (OSError, ValueError, AttributeError):
         return False
 

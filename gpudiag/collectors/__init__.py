@@ -105,6 +105,11 @@ register(
     "gpudiag.collectors.xplane:read",
 )
 register(
+    "nccl-tests", "nccl-tests output (all_reduce_perf, alltoall_perf, ... logs)",
+    lambda p: b"nThread" in p.head[:4096] and b"nGpus" in p.head[:4096],
+    "gpudiag.collectors.nccl_tests:read",
+)
+register(
     "chrome-trace", "PyTorch profiler / Kineto trace, or JAX Perfetto trace (Chrome JSON)",
     lambda p: bool(_JSON_START.match(p.text_head)),
     "gpudiag.collectors.kineto:read",

@@ -90,7 +90,9 @@ def column(events: list[Any], field: str) -> list[Any]:
 def floats(values: list[Any]) -> np.ndarray:
     """float64 array; strings are parsed (decimal or '0x..' hex), anything else is NaN."""
     try:
-        return np.array(values, dtype=np.float64)
+        arr = np.array(values, dtype=np.float64)
+        if arr.ndim == 1:
+            return arr
     except (TypeError, ValueError):
         pass
     series = pd.Series(values, dtype=object)
@@ -102,11 +104,12 @@ def floats(values: list[Any]) -> np.ndarray:
 
 
 def integers(values: list[Any] | np.ndarray) -> pd.Series:
-    """Nullable Int64; NaN and non-integral values become NA."""
+    """Nullable Int64; NaN, non-integral values and values beyond 2**53 (which a float64,
+    and so a JSON number, cannot hold exactly) become NA."""
     arr = values if isinstance(values, np.ndarray) and values.dtype.kind == "f" else floats(
         list(values))
-    arr = np.where(np.isfinite(arr) & (arr == np.floor(arr)), arr, np.nan)
-    return pd.Series(arr).astype("Int64")
+    exact = np.isfinite(arr) & (arr == np.floor(arr)) & (np.abs(arr) <= 2.0**53)
+    return pd.Series(np.where(exact, arr, np.nan)).astype("Int64")
 
 
 def _hex_int(value: Any) -> Any:

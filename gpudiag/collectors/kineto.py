@@ -79,6 +79,7 @@ def read(path: Path) -> Trace:
     trace.collectives = kineto_collectives.collectives(ev, trace.kernels, kernel_args, api)
     trace.warn("events with negative duration clipped to 0", ev.negative_dur)
     trace.warn("events without a timestamp skipped", int((~ev.valid_ts).sum()))
+    trace.warn("implausible baseTimeNanoseconds ignored", int(ev.bad_base))
     return trace
 
 
@@ -262,10 +263,11 @@ def _devices(doc: Document) -> pd.DataFrame:
     columns["smem_per_sm_bytes"] = [
         a if a is not None else b for a, b in zip(nvidia_smem, amd_smem, strict=True)
     ]
+    columns["name"] = [None if v is None else str(v) for v in columns["name"]]
     frame = pd.DataFrame({
         col: values if col == "name" else integers(values) for col, values in columns.items()
     })
-    frame["vendor"] = frame["name"].astype(str).map(vendor_of)
+    frame["vendor"] = [vendor_of(v) for v in columns["name"]]
     frame = frame.dropna(subset=["device"])
     return fill_from_compute_capability(frame)
 
@@ -281,13 +283,20 @@ def _meta(doc: Document, ev: Events) -> dict[str, Any]:
     hip = bool(api_names.astype(str).str.startswith("hip").any())
     return {
         "format": "kineto",
-        "rank": dist.get("rank"),
-        "world_size": dist.get("world_size"),
-        "backend": dist.get("backend"),
+        "rank": _whole(dist.get("rank")),
+        "world_size": _whole(dist.get("world_size")),
+        "backend": dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         "tool_versions": {k: v for k, v in versions.items() if v is not None},
         "vendor": "amd" if hip or vendors == {"amd"} else "nvidia" if "nvidia" in vendors
         else "unknown",
-        "base_time_ns": int(doc.baseTimeNanoseconds or 0),
-        "trace_name": doc.traceName,
+        "base_time_ns": 0 if ev.bad_base else int(doc.baseTimeNanoseconds or 0),
+        "trace_name": doc.traceName if isinstance(doc.traceName, str) else None,
         "timeline": True,
     }
+
+
+def _whole(value: Any) -> int | None:
+    """An integer from the trace header, or None when it is absent or not a whole number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if float(value).is_integer() else None

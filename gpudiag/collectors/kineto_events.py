@@ -99,6 +99,9 @@ class LabelArgs(msgspec.Struct, gc=False):
     name: Any = None
 
 
+#: timestamps beyond ±2**52 µs (year 2112 after the epoch) cannot be real: treated as missing
+MAX_US = float(2**52)
+
 GROUP_IDS = {name: i for i, name in enumerate(["", *dict.fromkeys(GROUPS.values())])}
 PHASES = {"X": 1, "i": 2, "M": 3}
 
@@ -137,9 +140,11 @@ class Events:
         kept = self.structs.tolist()
         self.name_codes, self.name_uniques = codes_of(column(kept, "name"))
         base = int(doc.baseTimeNanoseconds or 0)
+        self.bad_base = not 0 <= base < MAX_US * 1000
+        base = 0 if self.bad_base else base
         ts = _float_column(kept, "ts")
-        dur = np.nan_to_num(_float_column(kept, "dur"), nan=0.0)
-        self.valid_ts = np.isfinite(ts)
+        dur = np.clip(np.nan_to_num(_float_column(kept, "dur"), nan=0.0), -MAX_US, MAX_US)
+        self.valid_ts = np.isfinite(ts) & (np.abs(ts) < MAX_US)
         self.start = us_to_ns(np.where(self.valid_ts, ts, 0.0)) + base
         self.dur = us_to_ns(dur)
         self.negative_dur = int((self.dur < 0).sum())

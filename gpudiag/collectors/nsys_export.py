@@ -1,0 +1,109 @@
+"""Turning an Nsight Systems report (`.nsys-rep`, `.qdrep`) into the SQLite export we read.
+
+The report format is NVIDIA's and only `nsys` decodes it, so gpudiag runs
+`nsys export --type sqlite` (the schema of its output is handled in `nsys_schema`). An export
+beside the report that is at least as new as the report is reused as it is, with or without
+`nsys` installed: exporting a large report takes minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from gpudiag.errors import CollectorError, InputError
+
+EXPORT_TIMEOUT_S = 3600
+VERSION_TIMEOUT_S = 60
+_VERSION = re.compile(r"\b(\d{4}\.\d+(?:\.\d+)*)")
+
+
+@contextmanager
+def exported(report: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The SQLite export of `report`, and what to record about it in the trace's meta.
+
+    Writes `<stem>.sqlite` beside the report, or into a temporary folder (removed when the
+    context exits) when the report's folder is not writable.
+    """
+    beside = report.with_suffix(".sqlite")
+    if _up_to_date(beside, report):
+        yield beside, {"export": str(beside)}
+        return
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        raise InputError(
+            report, "is an Nsight Systems report; gpudiag reads its SQLite export, and nsys "
+            "(which writes it) is not on PATH",
+            f"run: nsys export --type sqlite -o {report.stem}.sqlite {report} "
+            "(or install Nsight Systems and put nsys on PATH)",
+        )
+    info: dict[str, Any] = {"nsys_cli_version": nsys_version(nsys)}
+    if writable(report.parent):
+        yield _export(nsys, report, beside), {**info, "export": str(beside)}
+        return
+    with tempfile.TemporaryDirectory(prefix="gpudiag-nsys-") as tmp:
+        yield _export(nsys, report, Path(tmp) / beside.name), info
+
+
+def writable(folder: Path) -> bool:
+    return os.access(folder, os.W_OK)
+
+
+def _up_to_date(export: Path, report: Path) -> bool:
+    try:
+        return export.is_file() and export.stat().st_mtime >= report.stat().st_mtime
+    except OSError:
+        return False
+
+
+def nsys_version(nsys: str) -> str:
+    """`nsys --version` as 'YYYY.N.N...', checking that the nsys found is Nsight Systems."""
+    result = _run([nsys, "--version"], VERSION_TIMEOUT_S, "nsys --version")
+    match = _VERSION.search(result.stdout or "")
+    if result.returncode != 0 or match is None:
+        raise CollectorError(
+            f"{nsys} --version did not report an Nsight Systems version "
+            f"(exit status {result.returncode}: {_tail(result)}); "
+            "check that this nsys is NVIDIA Nsight Systems"
+        )
+    return match.group(1)
+
+
+def _export(nsys: str, report: Path, out: Path) -> Path:
+    """Run `nsys export` of `report` into `out` and return `out`."""
+    command = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
+               "--output", str(out), str(report)]
+    result = _run(command, EXPORT_TIMEOUT_S, f"nsys export of {report}")
+    if result.returncode != 0 or not out.is_file():
+        raise CollectorError(
+            f"{report}: nsys export failed (exit status {result.returncode}: {_tail(result)}); "
+            f"run '{' '.join(command)}' to see why, or open the report in Nsight Systems"
+        )
+    return out
+
+
+def _run(command: list[str], timeout: int, what: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise CollectorError(
+            f"{what} did not finish in {timeout} s; run it by hand and read the .sqlite it "
+            "writes"
+        ) from exc
+    except OSError as exc:
+        raise CollectorError(f"{what} could not start ({exc}); check the nsys install") from exc
+
+
+def _tail(result: subprocess.CompletedProcess[str], lines: int = 4, chars: int = 400) -> str:
+    """The last lines nsys wrote to stderr (stdout when stderr is empty), on one line."""
+    text = (result.stderr or "").strip() or (result.stdout or "").strip()
+    tail = " | ".join(line.strip() for line in text.splitlines()[-lines:] if line.strip())
+    return (tail[-chars:] if len(tail) > chars else tail) or "no output"

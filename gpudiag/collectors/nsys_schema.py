@@ -1,0 +1,217 @@
+"""How Nsight Systems SQLite exports spell things, 2020-2026, as data.
+
+`nsys export --type sqlite` changes its schema between releases: tables appear lazily (no
+MEMCPY table when nothing was copied), columns are renamed (TARGET_INFO_CUDA_GPU's
+`numMultiprocessors` became TARGET_INFO_GPU's `smCount`) and enums move. The reader never
+names a column directly: it asks `Export.select()` for an output field, and each field lists
+its spellings here, newest first. A spelling is a source column, or `(column, SQL template)`
+where `{c}` is the qualified column (for unit conversions and sentinels). Where an export has
+several of a field's spellings, the first non-NULL one per row wins (SQL COALESCE).
+
+Which release spells what, and how we know (fixture: a real export our tests read; doc:
+NVIDIA's SQLite schema reference of that release; code: a public project's queries):
+
+- GPU properties: TARGET_INFO_CUDA_GPU in 2021.1-2021.2 (code: report scripts copied from
+  nsys 2021.1.1, joined on `deviceId`); TARGET_INFO_GPU from 2021.3 (fixtures 2023.1 and
+  2023.3, doc 2026.4), keyed by `cuDevice` and `id`.
+- In TARGET_INFO_CUDA_GPU: numMultiprocessors, computeCapabilityMajor/Minor,
+  maxWarpsPerMultiprocessor, numThreadsPerWarp, coreClockRate (code: Extra-P). The other
+  limits there are assumed to carry CUPTI_ActivityDevice's names (maxBlocksPerMultiprocessor,
+  globalMemorySize, ...): UNVERIFIED. coreClockRate's unit is undocumented (CUPTI's is kHz);
+  we decide by magnitude.
+- In TARGET_INFO_GPU: smCount, computeMajor/Minor, maxWarpsPerSm, threadsPerWarp,
+  clockRate in Hz, memoryBandwidth in B/s (fixtures, doc).
+- Export metadata: EXPORT_META_DATA in 2023.1 (fixture), META_DATA_EXPORT from 2023.3
+  (fixture, doc 2026.4). Older exports may have neither: tool_versions stays empty.
+- StringIds(id, value) and the kernel name ids demangledName/shortName/mangledName: every
+  release we have evidence for (2021.1 code, fixtures, doc 2026.4).
+- globalPid on GPU tables, globalTid on host tables: fixtures and doc; older releases
+  UNVERIFIED, so pid falls back to globalTid, then to the launching API call.
+- Sync kind: `syncType` up to 2023.3 (fixtures; its numbering does NOT follow
+  ENUM_CUPTI_SYNC_TYPE, see nsys.py); 2026.4 has `deprecatedSyncType`, `syncType` and
+  `eventSyncId` (doc).
+- NVTX: eventType 59 push/pop and 60 start/end ranges, 75 domain create (fixtures'
+  ENUM_NSYS_EVENT_TYPE; 70/71 are the NVTXT-file twins of 59/60).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Mapping
+
+#: a column, or (column, SQL template with {c} standing for the qualified column)
+Spelling = str | tuple[str, str]
+Fields = Mapping[str, tuple[Spelling, ...]]
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+DRIVER = "CUPTI_ACTIVITY_KIND_DRIVER"  # not seen in any export we have; read if present
+NVTX = "NVTX_EVENTS"
+STRINGS = "StringIds"
+GPU_TABLES = ("TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU")
+META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")
+SESSION_START = "TARGET_INFO_SESSION_START_TIME"
+SYSTEM_ENV = "TARGET_INFO_SYSTEM_ENV"
+PROCESSES = "PROCESSES"
+
+#: table name prefixes that only an nsys export has
+NSYS_PREFIXES = ("CUPTI_ACTIVITY_KIND_", "NVTX_", "TARGET_INFO_", "ENUM_NSYS_")
+
+STRING_VALUE: tuple[Spelling, ...] = ("value",)
+KERNEL_NAME_IDS = ("demangledName", "shortName", "mangledName")  # preference order
+
+# Serialized global ids pack (hw, vm, pid, tid): pid is bits 24-47, tid bits 0-23.
+PID_OF = "(({c} >> 24) & 16777215)"
+TID_OF = "({c} & 16777215)"
+#: CUPTI_SYNCHRONIZATION_INVALID_VALUE (uint32 all ones); some writers store it as -1
+NOT_INVALID = "NULLIF(NULLIF({c}, 4294967295), -1)"
+
+TIMES: Fields = {"start_ns": ("start",), "end_ns": ("end",)}
+HOST_THREAD: Fields = {"pid": (("globalTid", PID_OF),), "tid": (("globalTid", TID_OF),)}
+GPU_ROW: Fields = {
+    **TIMES,
+    "pid": (("globalPid", PID_OF), ("globalTid", PID_OF)),
+    "device": ("deviceId",),
+    "stream": (("streamId", NOT_INVALID),),
+    "correlation": ("correlationId",),
+}
+
+KERNEL_FIELDS: Fields = {
+    **GPU_ROW,
+    "grid_x": ("gridX",), "grid_y": ("gridY",), "grid_z": ("gridZ",),
+    "block_x": ("blockX",), "block_y": ("blockY",), "block_z": ("blockZ",),
+    "regs_per_thread": ("registersPerThread",),
+    "smem_static_bytes": ("staticSharedMemory",),
+    "smem_dynamic_bytes": ("dynamicSharedMemory",),
+}
+MEMCPY_FIELDS: Fields = {
+    **GPU_ROW, "bytes": ("bytes",),
+    "copy_kind": ("copyKind",), "src_kind": ("srcKind",), "dst_kind": ("dstKind",),
+}
+MEMSET_FIELDS: Fields = {**GPU_ROW, "bytes": ("bytes",), "mem_kind": ("memKind",)}
+SYNC_FIELDS: Fields = {
+    **GPU_ROW,
+    "sync_type": ("syncType",),
+    "event_handle": (("eventId", NOT_INVALID),),
+    "event_sync_id": (("eventSyncId", NOT_INVALID),),  # 2024+: unique per event record
+}
+API_FIELDS: Fields = {
+    **TIMES, **HOST_THREAD, "correlation": ("correlationId",), "event_class": ("eventClass",),
+}
+NVTX_FIELDS: Fields = {
+    **TIMES, **HOST_THREAD,
+    "event_type": ("eventType",), "text": ("text",), "domain_id": ("domainId",),
+}
+
+# Hz (TARGET_INFO_GPU.clockRate) -> kHz. coreClockRate's unit is not documented for nsys;
+# CUPTI reports kHz. A GPU clock is 0.1-5 GHz, so a value >= 10^7 can only be Hz.
+HZ_TO_KHZ = "({c} / 1000)"
+KHZ_OR_HZ = "(CASE WHEN {c} >= 10000000 THEN {c} / 1000 ELSE {c} END)"
+KB_TO_B = "({c} * 1000)"  # CUPTI's globalMemoryBandwidth is kB/s
+
+DEVICE_FIELDS: Fields = {
+    "device": ("cuDevice", "deviceId", "id"),
+    "name": ("name",),
+    "sm_count": ("smCount", "numMultiprocessors", "multiProcessorCount"),
+    "cc_major": ("computeMajor", "computeCapabilityMajor"),
+    "cc_minor": ("computeMinor", "computeCapabilityMinor"),
+    "warps_per_sm": ("maxWarpsPerSm", "maxWarpsPerMultiprocessor"),
+    "warp_size": ("threadsPerWarp", "numThreadsPerWarp"),
+    "max_blocks_per_sm": ("maxBlocksPerSm", "maxBlocksPerMultiprocessor"),
+    "max_threads_per_block": ("maxThreadsPerBlock",),
+    "regs_per_sm": ("maxRegistersPerSm", "maxRegistersPerMultiprocessor"),
+    "regs_per_block": ("maxRegistersPerBlock",),
+    "smem_per_sm_bytes": ("maxShmemPerSm", "maxSharedMemoryPerMultiprocessor"),
+    "smem_per_block_bytes": ("maxShmemPerBlock", "maxSharedMemoryPerBlock"),
+    "smem_per_block_optin_bytes": ("maxShmemPerBlockOptin", "maxSharedMemoryPerBlockOptin"),
+    "mem_bytes": ("totalMemory", "globalMemorySize"),
+    "l2_bytes": ("l2CacheSize",),
+    "clock_khz": (("clockRate", HZ_TO_KHZ), ("coreClockRate", KHZ_OR_HZ)),
+    "mem_bandwidth_bytes_per_s": ("memoryBandwidth", ("globalMemoryBandwidth", KB_TO_B)),
+}
+
+# -- enums (ENUM_* tables of the export; values are CUPTI's) ---------------------------------
+
+#: ENUM_CUDA_MEMCPY_OPER -> copies.kind (array and unified-memory copies are 'other')
+COPY_KINDS = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}
+#: ENUM_CUDA_MEM_KIND -> copies.src_mem / dst_mem ("static" variants are the same memory)
+MEM_KINDS = {0: "pageable", 1: "pinned", 2: "device", 3: "array", 4: "managed",
+             5: "device", 6: "managed"}
+#: ENUM_CUPTI_SYNC_TYPE as CUPTI defines it (CUpti_ActivitySynchronizationType)
+SYNC_TYPES = {1: "event", 2: "stream_wait", 3: "stream", 4: "context"}
+#: the blocking API call -> syncs.kind (names without version and _ptsz/_ptds suffixes)
+SYNC_CALLS = {
+    "cudaEventSynchronize": "event", "cuEventSynchronize": "event",
+    "cudaStreamWaitEvent": "stream_wait", "cuStreamWaitEvent": "stream_wait",
+    "cudaStreamSynchronize": "stream", "cuStreamSynchronize": "stream",
+    "cudaDeviceSynchronize": "device", "cudaThreadSynchronize": "device",
+    "cuCtxSynchronize": "context",
+}
+#: ENUM_NSYS_EVENT_CLASS id of CUDA driver calls in the RUNTIME table
+DRIVER_EVENT_CLASS = 1
+#: ENUM_NSYS_EVENT_TYPE: push/pop and start/end ranges (59, 60) and their NVTXT-file twins
+NVTX_RANGE_TYPES = (59, 60, 70, 71)
+NVTX_DOMAIN_CREATE = 75
+VERSION_SUFFIX = r"_v\d+$"  # cudaLaunchKernel_v7000
+STREAM_VARIANT = r"_pt(?:sz|ds)$"  # per-thread default stream entry points
+
+
+class Export:
+    """An open nsys export: which tables and columns it has, and SQL written against them."""
+
+    def __init__(self, con: sqlite3.Connection) -> None:
+        self.con = con
+        rows = con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+        self.tables = frozenset(r[0] for r in rows)
+        self._columns: dict[str, frozenset[str]] = {}
+
+    def is_nsys(self) -> bool:
+        """True when some table only an Nsight Systems export has is present."""
+        return STRINGS in self.tables or any(t.startswith(NSYS_PREFIXES) for t in self.tables)
+
+    def has(self, table: str) -> bool:
+        return table in self.tables
+
+    def first_table(self, candidates: Iterable[str]) -> str | None:
+        return next((t for t in candidates if t in self.tables), None)
+
+    def columns(self, table: str) -> frozenset[str]:
+        if table not in self._columns:
+            rows = self.con.execute(f'PRAGMA table_info("{table}")')
+            self._columns[table] = frozenset(r[1] for r in rows)
+        return self._columns[table]
+
+    def expr(self, table: str, alias: str, spellings: tuple[Spelling, ...]) -> str | None:
+        """SQL for one field: COALESCE of the spellings `table` has, None when it has none."""
+        cols = self.columns(table)
+        parts = []
+        for spelling in spellings:
+            name, template = (spelling, "{c}") if isinstance(spelling, str) else spelling
+            if name in cols:
+                parts.append(template.format(c=f'{alias}."{name}"'))
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else f"COALESCE({', '.join(parts)})"
+
+    def select(self, table: str, fields: Fields, alias: str = "t") -> str:
+        """`expr AS field, ...` for every field (NULL where the export lacks it)."""
+        return ", ".join(
+            f"{self.expr(table, alias, spellings) or 'NULL'} AS {field}"
+            for field, spellings in fields.items()
+        )
+
+    def string(self, table: str, alias: str, id_columns: Iterable[str]) -> tuple[str, str]:
+        """(SQL of the first resolvable string, LEFT JOINs) for StringIds id columns."""
+        if STRINGS not in self.tables:
+            return "NULL", ""
+        values, joins = [], []
+        for i, col in enumerate(c for c in id_columns if c in self.columns(table)):
+            values.append(self.expr(STRINGS, f"s{i}", STRING_VALUE) or "NULL")
+            joins.append(f'LEFT JOIN {STRINGS} AS s{i} ON s{i}.id = {alias}."{col}"')
+        if not values:
+            return "NULL", ""
+        sql = values[0] if len(values) == 1 else f"COALESCE({', '.join(values)})"
+        return sql, " ".join(joins)
