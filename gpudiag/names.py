@@ -15,6 +15,7 @@ import pandas as pd
 
 _NAMESPACE = re.compile(r"(?:\b[A-Za-z_]\w*|\(anonymous namespace\))::")
 _SPACES = re.compile(r"\s+")
+_LAMBDA = re.compile(r"\{lambda\([^)]*\)#\d+\}")
 
 
 def short_name(name: str, width: int = 80) -> str:
@@ -22,6 +23,8 @@ def short_name(name: str, width: int = 80) -> str:
     text = name.strip()
     text = re.sub(r"^void\s+", "", text)
     text = _strip_parameters(text)
+    text = _LAMBDA.sub("lambda", text)
+    text = _inner_parameters(text).replace("::lambda", ".lambda")
     text = _NAMESPACE.sub("", text)
     text = _SPACES.sub(" ", text).replace(" >", ">")
     if len(text) > width:
@@ -51,6 +54,22 @@ def _strip_parameters(text: str) -> str:
                 # a C++ parameter list follows the name directly: "f(int)", not "Memcpy (x)"
                 return head if head and head[-1] not in " <," else text
     return text
+
+
+def _inner_parameters(text: str) -> str:
+    """Drop parameter lists inside template arguments ('f(TensorIteratorBase&, Scalar)::x'
+    -> 'f::x'), keeping '(anonymous namespace)' and casts like '(int)3'."""
+    out: list[str] = []
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "(" and depth == 0 and i and (text[i - 1].isalnum() or text[i - 1] in "_>"):
+            depth = 1
+            continue
+        if depth:
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            continue
+        out.append(ch)
+    return "".join(out)
 
 
 def _dedupe(values: list[str]) -> list[str]:

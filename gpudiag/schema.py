@@ -329,6 +329,7 @@ _table(
     _c("delta_bytes", "Int64", "bytes", "signed change of allocated bytes this event makes (NA: none or unknown)"),
     _c("total_allocated_bytes", "Int64", "bytes", "allocated bytes after the event, where recorded"),
     _c("total_reserved_bytes", "Int64", "bytes", "reserved bytes after the event, where recorded"),
+    _c("device_free_bytes", "Int64", "bytes", "free device memory the driver reported (oom events)"),
     STREAM,
     _c("site", "category", "", "allocation call site 'file:line (function)'"),
     _c("category", "category", "", "tensor category (torch memory timeline: PARAMETER, ACTIVATION, ...)"),
@@ -375,7 +376,8 @@ _table(
 TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
 
 #: tables whose rows are GPU activity; a trace with none of them has nothing to diagnose
-GPU_TABLES = ("kernels", "copies", "syncs", "collectives", "memory", "memory_blocks", "metrics")
+GPU_TABLES = ("kernels", "copies", "syncs", "collectives", "memory", "memory_blocks", "samples",
+              "metrics")
 
 
 def markdown() -> str:

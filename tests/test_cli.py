@@ -54,7 +54,8 @@ def test_analyze_merges_several_ranks() -> None:
 
 def test_module_and_console_script_run(tmp_path: Path) -> None:
     path = str(small_trace(tmp_path))
-    for command in ([sys.executable, "-m", "gpudiag"], [str(Path(sys.executable).parent / "gpudiag")]):
+    script = str(Path(sys.executable).parent / "gpudiag")
+    for command in ([sys.executable, "-m", "gpudiag"], [script]):
         if not Path(command[0]).exists():
             continue
         out = subprocess.run([*command, "analyze", "--json", path], capture_output=True,

@@ -54,7 +54,8 @@ def test_range_max_matches_python_max(values: list[int], data: st.DataObject) ->
     arr = np.array(values, dtype=np.int64)
     lo = np.array(data.draw(st.lists(st.integers(0, len(values) - 1), min_size=1, max_size=20)))
     hi = np.array([data.draw(st.integers(int(a) + 1, len(values))) for a in lo])
-    assert range_max(arr, lo, hi).tolist() == [max(values[a:b]) for a, b in zip(lo, hi, strict=True)]
+    expected = [max(values[a:b]) for a, b in zip(lo, hi, strict=True)]
+    assert range_max(arr, lo, hi).tolist() == expected
 
 
 def test_microsecond_floats_convert_to_exact_nanoseconds() -> None:

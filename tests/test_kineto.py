@@ -128,11 +128,11 @@ def test_python_stack_depth_is_deeper_than_the_python_parent() -> None:
     assert len(rows) == len(python) == 15230
     keys = zip(rows["name"].astype(str), rows["start_ns"], rows["end_ns"], strict=True)
     depth = dict(zip(keys, rows["depth"], strict=True))
-    base = int(json.loads(gzip.open(path).read())["baseTimeNanoseconds"])
+    base = int(raw_events(path)[0]["baseTimeNanoseconds"])
 
     def key(e: dict[str, Any]) -> tuple[str, int, int]:
-        start = base + int(round(e["ts"] * 1000))
-        return e["name"], start, start + int(round(e["dur"] * 1000))
+        start = base + round(e["ts"] * 1000)
+        return e["name"], start, start + round(e["dur"] * 1000)
 
     by_id = {e["args"]["Python id"]: e for e in python}
     pairs = [(by_id[e["args"]["Python parent id"]], e) for e in python

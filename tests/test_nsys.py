@@ -316,6 +316,37 @@ def test_2023_export_device_and_meta(tmp_path: Path) -> None:
     assert trace.meta["process_names"] == {str(PID): "train.py"}
 
 
+EXPORT_2023_TABLES = [
+    "StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "NVTX_EVENTS", "TARGET_INFO_GPU", "META_DATA_EXPORT",
+    "TARGET_INFO_SESSION_START_TIME", "PROCESSES",
+]
+
+
+@pytest.mark.parametrize("keep", ["only", "all but"])
+@pytest.mark.parametrize("table", EXPORT_2023_TABLES)
+def test_export_with_any_table_missing_or_alone_loads(tmp_path: Path, table: str,
+                                                       keep: str) -> None:
+    """nsys creates tables lazily: any of them may be absent, and each alone must load."""
+    path = export_2023(tmp_path / "full.sqlite")
+    con = sqlite3.connect(path)
+    for name in EXPORT_2023_TABLES:
+        if (name == table) == (keep == "all but"):
+            con.execute(f"DROP TABLE {name}")
+    con.commit()
+    con.close()
+    if (table, keep) == ("PROCESSES", "only"):  # a table name other databases use too
+        with pytest.raises(InputError, match="not an Nsight Systems export"):
+            read_sqlite(path)
+        return
+    trace = read_sqlite(path)
+    trace.validate()
+    full = read_sqlite(export_2023(tmp_path / "again.sqlite"))
+    for name, rows in trace.row_counts().items():
+        assert rows <= full.row_counts()[name]
+
+
 def export_2021(path: Path, core_clock: int) -> Path:
     """An early-2021-style export: TARGET_INFO_CUDA_GPU with CUPTI-like names, no globalPid
     on GPU tables, NVTX text inline, no export-metadata table."""
@@ -338,9 +369,10 @@ def export_2021(path: Path, core_clock: int) -> Path:
             "id, deviceId, name, numMultiprocessors, computeCapabilityMajor, "
             "computeCapabilityMinor, maxWarpsPerMultiprocessor, numThreadsPerWarp, coreClockRate, "
             "totalMemory, l2CacheSize, maxBlocksPerMultiprocessor, "
-            "maxSharedMemoryPerMultiprocessor, maxRegistersPerMultiprocessor",
+            "maxSharedMemoryPerMultiprocessor, maxRegistersPerMultiprocessor, "
+            "globalMemoryBandwidth",
             [(0, 0, "Tesla V100-SXM2-16GB", 80, 7, 0, 64, 32, core_clock, 16_945_512_448,
-              6_291_456, 32, 98_304, 65_536)]),
+              6_291_456, 32, 98_304, 65_536, 898_048_000)]),
     })
 
 
@@ -355,6 +387,7 @@ def test_2021_export_device_columns_map(tmp_path: Path, core_clock: int) -> None
                                                                                   1_530_000)
     assert (d["mem_bytes"], d["l2_bytes"], d["smem_per_sm_bytes"]) == (16_945_512_448, 6_291_456,
                                                                        98_304)
+    assert d["mem_bandwidth_bytes_per_s"] == 898_048_000_000  # CUPTI's kB/s
 
 
 def test_2021_export_takes_pid_from_the_launching_call(tmp_path: Path) -> None:
@@ -371,22 +404,47 @@ def test_2021_export_takes_pid_from_the_launching_call(tmp_path: Path) -> None:
 def test_export_without_gpu_tables_loads_syncs_and_api(tmp_path: Path) -> None:
     path = make_export(tmp_path / "c.sqlite", {
         "StringIds": ("id, value", [(1, "cudaDeviceSynchronize_v3020"),
-                                    (2, "cudaStreamSynchronize_v3020")]),
+                                    (2, "cudaStreamSynchronize_v3020"),
+                                    (3, "cudaStreamWaitEvent_ptsz_v7000")]),
         "CUPTI_ACTIVITY_KIND_RUNTIME": (
             "start, end, eventClass, globalTid, correlationId, nameId, returnValue",
-            [(100, 900, 0, GTID, 1, 1, 0), (1000, 1500, 0, GTID, 2, 2, 0)]),
+            [(100, 900, 0, GTID, 1, 1, 0), (1000, 1500, 0, GTID, 2, 2, 0),
+             (1600, 1700, 0, GTID, 3, 3, 0)]),
         "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": (
             "start, end, deviceId, contextId, streamId, correlationId, globalPid, syncType, "
             "eventId", [(150, 850, 0, 1, INVALID, 1, GPID, 4, INVALID),
-                        (1100, 1400, 0, 1, 3, 2, GPID, 3, INVALID)]),
+                        (1100, 1400, 0, 1, 3, 2, GPID, 3, INVALID),
+                        (1610, 1690, 0, 1, 3, 3, GPID, 2, 9)]),
     })
     trace = read_sqlite(path)
     trace.validate()
     assert trace.row_counts()["kernels"] == trace.row_counts()["devices"] == 0
     assert len(trace.copies) == len(trace.ranges) == 0
-    assert col(trace.api, "name") == ["cudaDeviceSynchronize", "cudaStreamSynchronize"]
-    assert col(trace.syncs, "kind") == ["device", "stream"]
+    assert col(trace.api, "name") == ["cudaDeviceSynchronize", "cudaStreamSynchronize",
+                                      "cudaStreamWaitEvent_ptsz"]
+    assert col(trace.syncs, "kind") == ["device", "stream", "stream_wait"]
+    assert col(trace.syncs, "event_id") == [None, None, 9]
+    assert trace.meta["warnings"] == {}
     assert trace.has_gpu_activity()
+
+
+def test_2026_export_prefers_event_sync_ids_and_reads_driver_table(tmp_path: Path) -> None:
+    path = make_export(tmp_path / "e.sqlite", {
+        "StringIds": ("id, value", [(1, "cuEventSynchronize"), (2, "cudaLaunchKernel_v7000")]),
+        "CUPTI_ACTIVITY_KIND_DRIVER": (
+            "start, end, globalTid, correlationId, nameId", [(100, 900, GTID, 1, 1)]),
+        "CUPTI_ACTIVITY_KIND_RUNTIME": (
+            "start, end, globalTid, correlationId, nameId", [(10, 20, GTID, 5, 2)]),
+        "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": (
+            "start, end, deviceId, contextId, greenContextId, streamId, correlationId, "
+            "globalPid, deprecatedSyncType, syncType, eventId, eventSyncId",
+            [(150, 850, 0, 1, None, INVALID, 1, GPID, 2, 1, 2, 777)]),
+    })
+    trace = read_sqlite(path)
+    assert col(trace.api, "name") == ["cudaLaunchKernel", "cuEventSynchronize"]
+    assert col(trace.api, "kind") == ["runtime", "driver"]
+    assert col(trace.syncs, "kind") == ["event"] and col(trace.syncs, "event_id") == [777]
+    assert trace.meta["warnings"] == {}
 
 
 def test_export_with_only_api_calls_loads_empty_gpu_tables(tmp_path: Path) -> None:
@@ -446,19 +504,24 @@ def test_locked_export_is_an_input_error(tmp_path: Path, monkeypatch: pytest.Mon
     assert str(path) in str(info.value)
 
 
-@pytest.mark.parametrize("content", [b"SQLite format 3\x00" + b"\x07" * 600, b"not-nsys"])
-def test_cli_reports_bad_export_in_one_line(tmp_path: Path, content: bytes) -> None:
+def write_garbage(path: Path) -> None:
+    path.write_bytes(b"SQLite format 3\x00" + b"\x07" * 600)
+
+
+def write_other_database(path: Path) -> None:
+    make_export(path, {"people": ("id", [(1,)])})
+
+
+@pytest.mark.parametrize("write", [write_garbage, write_other_database])
+def test_cli_reports_bad_export_in_one_line(tmp_path: Path, write: Any) -> None:
     path = tmp_path / "bad.sqlite"
-    if content == b"not-nsys":
-        make_export(path, {"people": ("id", [(1,)])})
-    else:
-        path.write_bytes(content)
+    write(path)
     result = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", str(path)],
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
-    assert str(path) in lines[0]
+    assert lines[0].startswith(f"gpudiag: error: {path}: ")
 
 
 # -- .nsys-rep through nsys export --------------------------------------------------------
@@ -559,6 +622,16 @@ def test_report_without_nsys_says_how_to_export(tmp_path: Path,
     with pytest.raises(InputError, match="Nsight Systems report") as info:
         read_report(report)
     assert f"nsys export --type sqlite -o run.sqlite {report}" in str(info.value)
+
+
+def test_report_without_nsys_points_at_the_export_beside_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = report_copy(tmp_path)
+    shutil.copyfile(fixture(RTX3090), report.with_suffix(".sqlite"))
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(InputError, match="read that file instead") as info:
+        read_report(report)
+    assert str(report.with_suffix(".sqlite")) in str(info.value)
 
 
 def test_load_detects_a_report_and_exports_it(tmp_path: Path, fake_nsys: Path) -> None:

@@ -183,6 +183,22 @@ def test_snapshot_meta_keeps_allocator_settings_as_json() -> None:
     json.dumps(trace.meta, allow_nan=False)
 
 
+def test_odd_allocator_settings_become_bounded_json(tmp_path: Path) -> None:
+    deep: list[Any] = []
+    for _ in range(50):
+        deep = [deep]
+    settings_value = {"deep": deep, "huge": 10**5000, "raw": b"\x00\xff", "set": {1},
+                      "nan": float("nan"), (1, 2): "tuple key", "many": list(range(10**4))}
+    data = {"segments": [], "allocator_settings": settings_value}
+    meta = read_snapshot(write_pickle(tmp_path / "s.pickle", data)).meta
+    text = json.dumps(meta, allow_nan=False)
+    assert len(text) < 100_000
+    kept = meta["allocator_settings"]
+    assert (kept["huge"], kept["raw"], kept["set"], kept["nan"]) == ("<large int>", "00ff", [1],
+                                                                    "nan")
+    assert kept["<tuple>"] == "tuple key"
+
+
 def test_gpudiag_load_routes_a_snapshot_and_its_tables_survive_parquet(tmp_path: Path) -> None:
     trace = gpudiag.load(fixture(f"memsnap/{INFERENCE}"))
     assert trace.meta["sources"][0]["format"] == "torch-memory-snapshot"
@@ -265,14 +281,15 @@ def test_devices_come_from_the_trace_list_index_or_the_entry(tmp_path: Path) -> 
     assert trace.memory_blocks.empty
 
 
-def test_oom_entry_keeps_device_free_in_meta_and_has_no_address(tmp_path: Path) -> None:
+def test_oom_entry_keeps_device_free_and_has_no_address(tmp_path: Path) -> None:
     oom = {"action": "oom", "device_free": 1234, "size": 4096, "stream": 0, "time_us": 5}
     trace = read_snapshot(write_pickle(tmp_path / "s.pickle", snapshot([oom])))
     assert values(trace.memory["action"]) == ["oom"]
     assert values(trace.memory["addr"]) == [None]
     assert values(trace.memory["delta_bytes"]) == [None]
-    assert trace.meta["ooms"] == [
-        {"device": 0, "ts_ns": 5000, "bytes": 4096, "device_free_bytes": 1234}]
+    row = trace.memory.iloc[0]
+    assert (row["device"], row["ts_ns"], row["bytes"], row["device_free_bytes"]) == (
+        0, 5000, 4096, 1234)
 
 
 def test_unknown_actions_states_and_pools_are_kept_as_na_and_counted(tmp_path: Path) -> None:
@@ -514,7 +531,7 @@ settings_dicts = st.recursive(st.none() | st.integers() | st.floats() | st.text(
 # well-formed snapshots with odd insides, and sparse dicts that often are not snapshots
 snapshots = st.fixed_dictionaries({
     "segments": st.lists(segment | st.none() | st.fixed_dictionaries({"blocks": ints}),
-                         max_size=4),
+                         min_size=1, max_size=4),
     "device_traces": st.lists(st.lists(entry | st.text(max_size=2), max_size=5), max_size=3),
 }, optional={"allocator_settings": settings_dicts}) | st.fixed_dictionaries({}, optional={
     "segments": st.lists(segment, max_size=2),
@@ -594,3 +611,21 @@ def test_mutated_and_truncated_real_snapshot_raises_only_input_error(
     path.write_bytes(bytes(raw[: max(1, int(keep * len(raw)))]))
     with contextlib.suppress(InputError):
         read_snapshot(path).validate()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=3),
+    lambda c: st.lists(c, max_size=5) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+    max_leaves=30)
+
+
+@FUZZ
+@given(doc=st.lists(st.lists(st.integers(-3, 10), min_size=0, max_size=5), max_size=6)
+       | st.lists(json_values, max_size=4) | json_values)
+def test_fuzzed_timeline_json_loads_or_raises_input_error(
+    tmp_path_factory: pytest.TempPathFactory, doc: Any,
+) -> None:
+    path = tmp_path_factory.mktemp("tl") / "t.json"
+    path.write_text(json.dumps(doc))
+    with contextlib.suppress(InputError):
+        read_timeline(path).validate()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -61,7 +62,8 @@ def test_merge_keeps_pid_and_rank_and_keeps_kernel_ids_unique() -> None:
 
 
 def test_merge_keeps_categories_when_names_differ_between_ranks() -> None:
-    merged = merge([b.trace(kernels=[b.kernel(0, 1, "a")]), b.trace(kernels=[b.kernel(0, 1, "b")])])
+    merged = merge([b.trace(kernels=[b.kernel(0, 1, "a")]),
+                    b.trace(kernels=[b.kernel(0, 1, "b")])])
     assert merged.kernels["name"].dtype == "category"
     assert sorted(merged.kernels["name"].astype(str)) == ["a", "b"]
 
@@ -75,7 +77,7 @@ def test_loading_a_damaged_run_directory_names_the_file(tmp_path: Path) -> None:
 
 def test_a_newer_format_version_asks_to_upgrade(tmp_path: Path) -> None:
     out = b.trace().save(tmp_path / "run")
-    meta = (out / "meta.json").read_text().replace('"gpudiag_format_version": 1', '"gpudiag_format_version": 99')
-    (out / "meta.json").write_text(meta)
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps({**meta, "gpudiag_format_version": 99}))
     with pytest.raises(InputError, match="upgrade"):
         gpudiag.load(out)

@@ -2,10 +2,11 @@
 
     trace = gpudiag.collectors.nsys.read_sqlite(Path("report.sqlite"))
 
-Every table is selected and joined in SQL (strings through StringIds, pid/tid out of the
-serialized global ids) and read with one `pd.read_sql_query` each; columns are found through
-the spellings in `nsys_schema`, so exports from nsys 2020-2026 read the same way, and a table
-the export lacks (nothing of that kind was captured) becomes an empty table.
+Every table is selected in SQL (pid/tid taken out of the serialized global ids, sentinels
+turned into NULL) and read with one `pd.read_sql_query`; strings are StringIds ids resolved
+once per distinct string into categories. Columns are found through the spellings in
+`nsys_schema`, so exports from nsys 2020-2026 read the same way, and a table the export
+lacks (nothing of that kind was captured) becomes an empty table.
 
 Synchronization kinds: the `syncType` that nsys 2023.1 and 2023.3 wrote does not follow
 CUPTI's numbering that ENUM_CUPTI_SYNC_TYPE documents (in our fixtures cudaEventSynchronize
@@ -33,6 +34,7 @@ from gpudiag.collectors import nsys_schema as ns
 from gpudiag.collectors.intervals import nesting_depth
 from gpudiag.devices import fill_from_compute_capability, vendor_of
 from gpudiag.errors import InputError
+from gpudiag.schema import TABLES
 from gpudiag.trace import Trace
 
 Repairs = Counter[str]
@@ -50,7 +52,8 @@ def read_sqlite(path: Path) -> Trace:
         if not db.is_nsys():
             raise InputError(
                 path, "is an SQLite database but not an Nsight Systems export (no "
-                "CUPTI_ACTIVITY_KIND_*, NVTX_*, TARGET_INFO_* or StringIds tables)",
+                "CUPTI_ACTIVITY_KIND_*, NVTX_*, TARGET_INFO_*, StringIds or META_DATA_EXPORT "
+                "tables)",
                 "export a report with: " + EXPORT_HINT.format(stem=path.stem),
             )
         return _read(db)
@@ -117,10 +120,6 @@ def _read(db: ns.Export) -> Trace:
     return trace
 
 
-def _query(db: ns.Export, sql: str) -> pd.DataFrame:
-    return pd.read_sql_query(sql, db.con)
-
-
 def _timed(frame: pd.DataFrame, what: str, repairs: Repairs) -> pd.DataFrame:
     """Drop rows without timestamps (CUPTI writes 0/0 when it could not time a record) and
     clip rows that end before they start, counting both."""
@@ -142,24 +141,23 @@ def _timed(frame: pd.DataFrame, what: str, repairs: Repairs) -> pd.DataFrame:
 def _api(db: ns.Export, repairs: Repairs) -> pd.DataFrame:
     frames = [_api_rows(db, table) for table in (ns.RUNTIME, ns.DRIVER) if db.has(table)]
     if not frames:
-        return Trace().api
-    frame = pd.concat(frames, ignore_index=True).sort_values("start_ns", ignore_index=True)
+        return TABLES["api"].empty()
+    frame = pd.concat(frames, ignore_index=True)
+    frame = frame.sort_values("start_ns", kind="stable", ignore_index=True)
     frame = _timed(frame, "API calls", repairs)
-    names = renamed(frame["name"], ns.VERSION_SUFFIX)
-    driver = (matches(names, r"cu(?!da)") | (frame.pop("event_class") == ns.DRIVER_EVENT_CLASS)
+    names = _renamed(frame["name"], ns.VERSION_SUFFIX)
+    driver = (_matches(names, r"cu(?!da)") | (frame.pop("event_class") == ns.DRIVER_EVENT_CLASS)
               | frame.pop("driver_table"))
     return frame.assign(name=names, kind=np.where(driver, "driver", "runtime"))
 
 
 def _api_rows(db: ns.Export, table: str) -> pd.DataFrame:
-    name, joins = db.string(table, "t", ["nameId"])
-    frame = _query(db, f"SELECT {db.select(table, ns.API_FIELDS)}, {name} AS name "
-                       f"FROM {table} AS t {joins}")
+    frame = db.rows(table, ns.API_FIELDS, ("nameId",))
     frame["driver_table"] = table == ns.DRIVER
     return frame
 
 
-def renamed(names: pd.Series, pattern: str, repl: str = "") -> pd.Series:
+def _renamed(names: pd.Series, pattern: str, repl: str = "") -> pd.Series:
     """`names` as a category with `pattern` replaced, computed once per distinct name."""
     cat = names.astype("category")
     if not len(cat.cat.categories):
@@ -170,7 +168,7 @@ def renamed(names: pd.Series, pattern: str, repl: str = "") -> pd.Series:
     return pd.Series(pd.Categorical.from_codes(new, categories=uniques), index=names.index)
 
 
-def matches(names: pd.Series, pattern: str) -> np.ndarray:
+def _matches(names: pd.Series, pattern: str) -> np.ndarray:
     """Per row of a category Series: does the name match `pattern` (False for NA)."""
     cats = names.cat.categories
     hit = np.append(np.asarray(cats.str.match(pattern), dtype=bool), False)
@@ -218,9 +216,8 @@ def _fill_pid(frame: pd.DataFrame, api: pd.DataFrame) -> pd.DataFrame:
 def _kernels(db: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame | None:
     if not db.has(ns.KERNEL):
         return None
-    name, joins = db.string(ns.KERNEL, "t", ns.KERNEL_NAME_IDS)
-    frame = _query(db, f"SELECT {db.select(ns.KERNEL, ns.KERNEL_FIELDS)}, {name} AS name "
-                       f'FROM {ns.KERNEL} AS t {joins} ORDER BY t."start", t."end"')
+    frame = db.rows(ns.KERNEL, ns.KERNEL_FIELDS, ns.KERNEL_NAME_IDS,
+                    order='ORDER BY t."start", t."end"')
     frame = _fill_pid(_timed(frame, "kernels", repairs), api)
     repairs["kernels whose name id is not in StringIds"] += int(frame["name"].isna().sum())
     smem = frame["smem_static_bytes"] + frame["smem_dynamic_bytes"]
@@ -232,21 +229,22 @@ def _copies(db: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame 
              if db.has(table)]
     if not parts:
         return None
-    frame = pd.concat(parts, ignore_index=True).sort_values("start_ns", ignore_index=True)
+    frame = pd.concat(parts, ignore_index=True)
+    frame = frame.sort_values("start_ns", kind="stable", ignore_index=True)
     frame = _fill_pid(_timed(frame, "copies", repairs), api)
     frame["host_mem"] = _host_side(frame)
     return frame
 
 
 def _memcpy(db: ns.Export) -> pd.DataFrame:
-    frame = _query(db, f"SELECT {db.select(ns.MEMCPY, ns.MEMCPY_FIELDS)} FROM {ns.MEMCPY} AS t")
+    frame = db.rows(ns.MEMCPY, ns.MEMCPY_FIELDS)
     kind = frame.pop("copy_kind").map(ns.COPY_KINDS).fillna("other")
     return frame.assign(kind=kind.astype(object), src_mem=_mem(frame.pop("src_kind")),
                         dst_mem=_mem(frame.pop("dst_kind")))
 
 
 def _memset(db: ns.Export) -> pd.DataFrame:
-    frame = _query(db, f"SELECT {db.select(ns.MEMSET, ns.MEMSET_FIELDS)} FROM {ns.MEMSET} AS t")
+    frame = db.rows(ns.MEMSET, ns.MEMSET_FIELDS)
     return frame.assign(kind="memset", src_mem=pd.Series(None, index=frame.index, dtype=object),
                         dst_mem=_mem(frame.pop("mem_kind")))
 
@@ -265,8 +263,7 @@ def _host_side(copies: pd.DataFrame) -> pd.Series:
 def _syncs(db: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame | None:
     if not db.has(ns.SYNC):
         return None
-    frame = _query(db, f"SELECT {db.select(ns.SYNC, ns.SYNC_FIELDS)} FROM {ns.SYNC} AS t "
-                       'ORDER BY t."start"')
+    frame = db.rows(ns.SYNC, ns.SYNC_FIELDS, order='ORDER BY t."start"')
     frame = _timed(frame, "syncs", repairs)
     keys = ["pid", "correlation"] if frame["pid"].notna().all() else ["correlation"]
     call = _calls_of(frame, api, keys)
@@ -307,37 +304,35 @@ def _ranges(db: ns.Export, repairs: Repairs) -> pd.DataFrame | None:
     """NVTX push/pop and start/end ranges, with their domain's name and nesting depth."""
     if not db.has(ns.NVTX):
         return None
-    text, joins = _nvtx_text(db)
     etype = db.expr(ns.NVTX, "t", ("eventType",)) or "NULL"
-    frame = _query(db, f"SELECT {db.select(ns.NVTX, ns.NVTX_FIELDS)}, {text} AS name "
-                       f"FROM {ns.NVTX} AS t {joins} "
-                       f"WHERE {etype} IN {ns.NVTX_RANGE_TYPES} ORDER BY t.\"start\"")
+    frame = _nvtx_rows(db, f"{etype} IN {ns.NVTX_RANGE_TYPES}", 'ORDER BY t."start"')
     open_ended = frame["end_ns"].isna().to_numpy()
     repairs["NVTX ranges without an end skipped"] += int(open_ended.sum())
     frame = _timed(frame[~open_ended], "NVTX ranges", repairs)
-    domains = _query(db, f"SELECT {db.select(ns.NVTX, ns.NVTX_FIELDS)}, {text} AS domain "
-                         f"FROM {ns.NVTX} AS t {joins} WHERE {etype} = {ns.NVTX_DOMAIN_CREATE}")
+    domains = _nvtx_rows(db, f"{etype} = {ns.NVTX_DOMAIN_CREATE}")
+    domains = domains.rename(columns={"name": "domain"})
     keys = ["pid", "domain_id"]
     domains = domains[[*keys, "domain"]].dropna(subset=keys).drop_duplicates(keys)
     ints = dict.fromkeys(keys, "Int64")
     frame = frame.astype(ints).merge(domains.astype(ints), how="left", on=keys)
     lane = frame.groupby(["pid", "tid"], dropna=False, sort=False).ngroup().to_numpy()
-    return frame.drop(columns=["event_type", "text", "domain_id"]).assign(
+    return frame.drop(columns=["event_type", "domain_id"]).assign(
         depth=nesting_depth(lane, frame["start_ns"], frame["end_ns"]), source="nvtx")
 
 
-def _nvtx_text(db: ns.Export) -> tuple[str, str]:
-    """SQL of an NVTX row's text: inline `text`, else the registered string `textId`."""
-    registered, joins = db.string(ns.NVTX, "t", ["textId"])
-    inline = db.expr(ns.NVTX, "t", ("text",))
-    return (f"COALESCE({inline}, {registered})" if inline else registered), joins
+def _nvtx_rows(db: ns.Export, where: str, order: str = "") -> pd.DataFrame:
+    """NVTX rows named by their inline `text`, else by their registered string `textId`."""
+    frame = db.rows(ns.NVTX, ns.NVTX_FIELDS, ("textId",), where=where, order=order)
+    text = frame.pop("text")
+    frame["name"] = text.astype(object).where(text.notna(), frame["name"].astype(object))
+    return frame
 
 
 def _devices(db: ns.Export) -> pd.DataFrame | None:
     table = db.first_table(ns.GPU_TABLES)
     if table is None:
         return None
-    frame = _query(db, f"SELECT {db.select(table, ns.DEVICE_FIELDS)} FROM {table} AS t")
+    frame = db.rows(table, ns.DEVICE_FIELDS)
     frame = frame.dropna(subset=["device"]).drop_duplicates("device")
     frame = frame.sort_values("device", ignore_index=True)
     frame["max_threads_per_sm"] = frame.pop("warps_per_sm") * frame["warp_size"]
@@ -386,7 +381,7 @@ def _process_names(db: ns.Export, tables: dict[str, pd.DataFrame | None]) -> dic
     if not db.has(ns.PROCESSES):
         return {}
     fields = {"pid": ("pid", ("globalPid", ns.PID_OF)), "name": ("name",)}
-    procs = _query(db, f"SELECT {db.select(ns.PROCESSES, fields)} FROM {ns.PROCESSES} AS t")
+    procs = db.rows(ns.PROCESSES, fields)
     pids = [f["pid"] for f in tables.values() if f is not None and len(f)]
     if not pids:
         return {}

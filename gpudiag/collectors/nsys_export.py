@@ -2,8 +2,9 @@
 
 The report format is NVIDIA's and only `nsys` decodes it, so gpudiag runs
 `nsys export --type sqlite` (the schema of its output is handled in `nsys_schema`). An export
-beside the report that is at least as new as the report is reused as it is, with or without
-`nsys` installed: exporting a large report takes minutes.
+beside the report that is at least as new as the report is reused: exporting a large report
+takes minutes. Without `nsys`, nothing is guessed: the error says how to export, and names an
+export found beside the report (its age alone does not prove it is of this report).
 """
 
 from __future__ import annotations
@@ -33,23 +34,29 @@ def exported(report: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     context exits) when the report's folder is not writable.
     """
     beside = report.with_suffix(".sqlite")
-    if _up_to_date(beside, report):
-        yield beside, {"export": str(beside)}
-        return
     nsys = shutil.which("nsys")
     if nsys is None:
-        raise InputError(
-            report, "is an Nsight Systems report; gpudiag reads its SQLite export, and nsys "
-            "(which writes it) is not on PATH",
-            f"run: nsys export --type sqlite -o {report.stem}.sqlite {report} "
-            "(or install Nsight Systems and put nsys on PATH)",
-        )
+        raise _without_nsys(report, beside)
     info: dict[str, Any] = {"nsys_cli_version": nsys_version(nsys)}
+    if _up_to_date(beside, report):
+        yield beside, {**info, "export": str(beside)}
+        return
     if writable(report.parent):
         yield _export(nsys, report, beside), {**info, "export": str(beside)}
         return
     with tempfile.TemporaryDirectory(prefix="gpudiag-nsys-") as tmp:
         yield _export(nsys, report, Path(tmp) / beside.name), info
+
+
+def _without_nsys(report: Path, beside: Path) -> InputError:
+    """What to do without nsys; an export beside the report may be from another run, so it
+    is suggested, not read."""
+    fix = (f"run `nsys export --type sqlite -o {report.stem}.sqlite {report}` and read the "
+           ".sqlite, or install Nsight Systems and put nsys on PATH")
+    if beside.is_file():
+        fix += f"; if {beside} is the export of this report, read that file instead"
+    return InputError(report, "is an Nsight Systems report; gpudiag reads its SQLite export, "
+                      "and nsys (which writes it) is not on PATH", fix)
 
 
 def writable(folder: Path) -> bool:

@@ -1,4 +1,4 @@
-"""How Nsight Systems SQLite exports spell things, 2020-2026, as data.
+"""How Nsight Systems SQLite exports spell things, release by release, as data.
 
 `nsys export --type sqlite` changes its schema between releases: tables appear lazily (no
 MEMCPY table when nothing was copied), columns are renamed (TARGET_INFO_CUDA_GPU's
@@ -9,7 +9,8 @@ where `{c}` is the qualified column (for unit conversions and sentinels). Where 
 several of a field's spellings, the first non-NULL one per row wins (SQL COALESCE).
 
 Which release spells what, and how we know (fixture: a real export our tests read; doc:
-NVIDIA's SQLite schema reference of that release; code: a public project's queries):
+NVIDIA's SQLite schema reference of that release; code: a public project's queries). The
+evidence starts at 2021.1; exports of 2020 releases read where their spellings match these.
 
 - GPU properties: TARGET_INFO_CUDA_GPU in 2021.1-2021.2 (code: report scripts copied from
   nsys 2021.1.1, joined on `deviceId`); TARGET_INFO_GPU from 2021.3 (fixtures 2023.1 and
@@ -38,6 +39,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
 
 #: a column, or (column, SQL template with {c} standing for the qualified column)
 Spelling = str | tuple[str, str]
@@ -160,7 +165,8 @@ STREAM_VARIANT = r"_pt(?:sz|ds)$"  # per-thread default stream entry points
 
 
 class Export:
-    """An open nsys export: which tables and columns it has, and SQL written against them."""
+    """An open nsys export: which tables and columns it has, and rows read through the
+    spellings above."""
 
     def __init__(self, con: sqlite3.Connection) -> None:
         self.con = con
@@ -170,7 +176,8 @@ class Export:
 
     def is_nsys(self) -> bool:
         """True when some table only an Nsight Systems export has is present."""
-        return STRINGS in self.tables or any(t.startswith(NSYS_PREFIXES) for t in self.tables)
+        named = {STRINGS, *META_TABLES}
+        return bool(named & self.tables) or any(t.startswith(NSYS_PREFIXES) for t in self.tables)
 
     def has(self, table: str) -> bool:
         return table in self.tables
@@ -203,15 +210,47 @@ class Export:
             for field, spellings in fields.items()
         )
 
-    def string(self, table: str, alias: str, id_columns: Iterable[str]) -> tuple[str, str]:
-        """(SQL of the first resolvable string, LEFT JOINs) for StringIds id columns."""
-        if STRINGS not in self.tables:
-            return "NULL", ""
-        values, joins = [], []
-        for i, col in enumerate(c for c in id_columns if c in self.columns(table)):
-            values.append(self.expr(STRINGS, f"s{i}", STRING_VALUE) or "NULL")
-            joins.append(f'LEFT JOIN {STRINGS} AS s{i} ON s{i}.id = {alias}."{col}"')
-        if not values:
-            return "NULL", ""
-        sql = values[0] if len(values) == 1 else f"COALESCE({', '.join(values)})"
-        return sql, " ".join(joins)
+    def strings_used(self, table: str, id_columns: Iterable[str]) -> str | None:
+        """SQL of (id, value) for the StringIds rows that `id_columns` of `table` refer to."""
+        value = self.expr(STRINGS, "s", STRING_VALUE) if STRINGS in self.tables else None
+        present = [c for c in id_columns if c in self.columns(table)]
+        if value is None or not present:
+            return None
+        used = " UNION ".join(f'SELECT "{c}" FROM {table}' for c in present)
+        return f"SELECT s.id AS id, {value} AS value FROM {STRINGS} AS s WHERE s.id IN ({used})"
+
+    def query(self, sql: str) -> pd.DataFrame:
+        return pd.read_sql_query(sql, self.con)
+
+    def rows(self, table: str, fields: Fields, names: tuple[str, ...] = (), *,
+             where: str = "1", order: str = "") -> pd.DataFrame:
+        """Rows of `table` as `fields`, plus `name`: the string of the first of the StringIds
+        id columns `names` that resolves.
+
+        Ids are read, not strings: each distinct string is then fetched once (a kernel name
+        repeated a million times costs one Python object, not a million).
+        """
+        ids = {f"string_id_{i}": (column,) for i, column in enumerate(names)}
+        frame = self.query(f"SELECT {self.select(table, {**fields, **ids})} FROM {table} AS t "
+                           f"WHERE {where} {order}")
+        if names:
+            frame["name"] = self._interned(table, names, frame[list(ids)])
+            frame = frame.drop(columns=list(ids))
+        return frame
+
+    def _interned(self, table: str, names: tuple[str, ...], ids: pd.DataFrame) -> Any:
+        """Per row of `ids`, the string of its first id that StringIds resolves (Categorical)."""
+        sql = self.strings_used(table, names)
+        strings = self.query(sql) if sql else pd.DataFrame({"id": [], "value": []})
+        strings = strings.dropna(subset=["id"]).drop_duplicates("id")
+        if not len(strings):
+            return pd.Categorical.from_codes(np.full(len(ids), -1),
+                                             categories=pd.Index([], dtype=str))
+        known = pd.Index(strings["id"].astype("int64"))
+        position = np.full(len(ids), -1, dtype=np.int64)
+        for column in reversed(ids.columns):  # the first column that resolves wins
+            found = known.get_indexer(ids[column].astype("float64"))
+            position = np.where(found >= 0, found, position)
+        codes, uniques = pd.factorize(strings["value"])  # values may repeat across ids
+        return pd.Categorical.from_codes(np.where(position >= 0, codes[position], -1),
+                                         categories=uniques)

@@ -57,8 +57,6 @@ STATES = {
 }
 POOLS = frozenset({"large", "small"})
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-#: OOM entries whose device_free is kept in meta (the schema has no column for it)
-MAX_OOMS = 1000
 
 
 def read_snapshot(path: Path) -> Trace:
@@ -67,15 +65,13 @@ def read_snapshot(path: Path) -> Trace:
     segments, device_traces = _parts(path, data)
     warnings: Counter[str] = Counter()
     sites = Sites()
-    memory, ooms, timeline = _entries(device_traces, sites, warnings)
+    memory, timeline = _entries(device_traces, sites, warnings)
     blocks = _blocks(segments, sites, warnings)
     meta: dict[str, Any] = {
         "format": "torch-memory-snapshot", "vendor": "nvidia", "timeline": timeline,
     }
     if "allocator_settings" in data:
         meta["allocator_settings"] = plain_json(data["allocator_settings"])
-    if ooms:
-        meta["ooms"] = ooms
     trace = Trace(meta=meta, memory=memory, memory_blocks=blocks)
     for kind, count in warnings.items():
         trace.warn(kind, count)
@@ -113,12 +109,12 @@ def _time_ns(value: Any) -> int | None:
 
 def _entries(
     device_traces: list[list[Any]], sites: Sites, warnings: Counter[str]
-) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
-    """`memory` columns from every trace entry, OOM details, and whether times are real."""
+) -> tuple[dict[str, Any], bool]:
+    """`memory` columns from every trace entry, and whether times are real."""
     cols: dict[str, list[Any]] = {k: [] for k in (
-        "device", "ts_ns", "action", "addr", "bytes", "delta_bytes", "stream", "site")}
-    device, ts, action, addr, size, delta, stream, site = cols.values()
-    ooms: list[dict[str, Any]] = []
+        "device", "ts_ns", "action", "addr", "bytes", "delta_bytes", "stream", "site",
+        "device_free_bytes")}
+    device, ts, action, addr, size, delta, stream, site, free = cols.values()
     timed = untimed = 0
     for position, entries in enumerate(device_traces):
         first = len(ts)
@@ -140,17 +136,12 @@ def _entries(
             delta.append(sign * nbytes if sign and nbytes is not None else None)
             stream.append(_int(e.get("stream")))
             site.append(sites.of(e.get("frames")))
-            if name == "oom" and len(ooms) < MAX_OOMS:
-                ooms.append({"row": len(ts) - 1, "device_free_bytes": _int(e.get("device_free"))})
+            free.append(_int(e.get("device_free")))
         missing = ts[first:].count(None)
         timed += len(ts) - first - missing
         untimed += missing
         ts[first:] = _fill_times(ts[first:])
-    timeline = _time_warnings(timed, untimed, warnings)
-    for oom in ooms:
-        row = oom.pop("row")
-        oom.update(device=device[row], ts_ns=ts[row], bytes=size[row])
-    return _columns(cols), ooms, timeline
+    return _columns(cols), _time_warnings(timed, untimed, warnings)
 
 
 def _fill_times(ts: list[int | None]) -> list[int]:
@@ -178,7 +169,8 @@ def _time_warnings(timed: int, untimed: int, warnings: Counter[str]) -> bool:
         warnings["trace entries without time_us (torch < 2.1): ts_ns is their order"] += untimed
         return False
     if untimed:
-        warnings["trace entries without a usable time_us given the time before them"] += untimed
+        warnings["trace entries without a usable time_us given the time of the one before"] += (
+            untimed)
     return True
 
 

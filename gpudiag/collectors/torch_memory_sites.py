@@ -11,9 +11,9 @@ every C++ stack starts with, which leaves the op (`VariableType_0.cpp:0 (...mul_
 or, for a free, the destructor that released it.
 
 The pickle shares frame dicts and frame lists between entries (a 22k-entry snapshot holds
-665 distinct frames), so `Sites` judges each distinct frame and each distinct list once,
-keyed by object identity. The objects stay referenced by the cache, so an id is never
-reused while a `Sites` lives.
+665 distinct frames in 15k distinct lists), so `Sites` judges each distinct frame and each
+distinct list once, keyed by object identity. The objects stay referenced by the cache, so
+an id is never reused while a `Sites` lives.
 """
 
 from __future__ import annotations
@@ -56,11 +56,16 @@ def frame_rank(frame: Any) -> tuple[int, str | None]:
 
 
 class Sites:
-    """The site of each frames list, computed once per distinct list and per distinct frame."""
+    """The site of each frames list, computed once per distinct list and per distinct frame.
+
+    The walk stops at the first user frame, which in real stacks sits about halfway down;
+    each frame's rank is one dict lookup after its first sighting. (Mapping whole lists
+    through C calls instead was slower: it cannot stop early.)
+    """
 
     def __init__(self) -> None:
         self._lists: dict[int, tuple[Any, str | None]] = {}
-        self._frames: dict[int, tuple[Any, int, str | None]] = {}
+        self._frames: dict[int, tuple[int, str | None, Any]] = {}
 
     def of(self, frames: Any) -> str | None:
         """The best frame's 'file:line (function)', or None without a usable frame."""
@@ -73,13 +78,14 @@ class Sites:
 
     def _best(self, frames: list[Any]) -> str | None:
         best_rank, best = NOTHING, None
-        cache = self._frames
+        known = self._frames
         for frame in frames:
-            hit = cache.get(id(frame))
-            if hit is None:
-                hit = cache[id(frame)] = (frame, *frame_rank(frame))
-            if hit[1] < best_rank:
-                best_rank, best = hit[1], hit[2]
-                if best_rank == USER_PY:
+            hit = known.get(id(frame))
+            if hit is None:  # holding the frame in the cache keeps its id unique
+                hit = known[id(frame)] = (*frame_rank(frame), frame)
+            rank = hit[0]
+            if rank < best_rank:
+                best_rank, best = rank, hit[1]
+                if rank == USER_PY:
                     break
         return best

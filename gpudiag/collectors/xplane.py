@@ -34,12 +34,13 @@ from gpudiag.devices import fill_from_compute_capability
 from gpudiag.errors import InputError
 from gpudiag.trace import Trace
 
-GPU_PLANE = re.compile(r"^/device:GPU:(\d+)$")
+GPU_PLANE = re.compile(r"^/device:GPU:(\d{1,9})$")
 #: XPlane stat -> devices column (clock_rate is in kHz: xprof's kDevCapClockRateKHz)
 DEVICE_STATS = {"core_count": "sm_count", "compute_cap_major": "cc_major",
                 "compute_cap_minor": "cc_minor", "clock_rate": "clock_khz",
                 "memory_size": "mem_bytes"}
 TIME_LIMIT_NS = 2**62  # clamp: keeps start + duration inside int64 for corrupt input
+TIME_LIMIT_US = TIME_LIMIT_NS / 1000
 EMPTY: dict[str, Any] = {}
 
 
@@ -59,9 +60,7 @@ def read(path: Path) -> Trace:
         )
     cols, repairs = _space_columns(space)
     planes = [(p.name, p.stats) for p in space.planes]
-    trace = _build(cols, planes, {"format": "xplane", "hostnames": space.hostnames})
-    for kind, count in repairs.items():
-        trace.warn(kind, count)
+    trace = _build(cols, planes, {"format": "xplane", "hostnames": space.hostnames}, repairs)
     for text in space.errors + space.warnings:
         trace.warn(f"profiler reported: {text}")
     return trace
@@ -69,19 +68,23 @@ def read(path: Path) -> Trace:
 
 def from_perfetto(path: Path, doc: Document) -> Trace:
     """Read the Chrome JSON that jax.profiler writes (create_perfetto_trace=True), already
-    decoded by the Kineto reader, into the same tables as `read` gives for the XSpace."""
-    cols, planes, skipped = _json_columns(doc)
-    trace = _build(cols, planes, {"format": "jax-perfetto"})
-    trace.warn("events without a timestamp skipped", skipped)
-    return trace
+    decoded by the Kineto reader, into the same tables as `read` gives for the XSpace.
+
+    `path` is the file `doc` came from; the JSON holds no plane stats, so devices carry no
+    capabilities, and xprof leaves allocator events out of it, so `memory` stays empty."""
+    cols, planes, repairs = _json_columns(doc)
+    return _build(cols, planes, {"format": "jax-perfetto"}, repairs)
 
 
-def _build(cols: Columns, planes: list[tuple[str, dict[str, Any]]],
-           meta: dict[str, Any]) -> Trace:
+def _build(cols: Columns, planes: list[tuple[str, dict[str, Any]]], meta: dict[str, Any],
+           repairs: dict[str, int]) -> Trace:
     parts = tables(cols)
     vendor = _vendor(planes, parts)
-    return Trace(meta={**meta, "vendor": vendor, "timeline": True},
-                 devices=_devices(planes, vendor), **parts)
+    trace = Trace(meta={**meta, "vendor": vendor, "timeline": True},
+                  devices=_devices(planes, vendor), **parts)
+    for kind, count in repairs.items():
+        trace.warn(kind, count)
+    return trace
 
 
 # -- XSpace -------------------------------------------------------------------------------
@@ -133,7 +136,6 @@ def _event_times(line_ts: list[int], counts: list[int], offsets: list[int],
     dur = np.maximum(dur, 0)
     start = base_ns + _ps_to_ns(off)
     return start, _ps_to_ns(dur), clipped
-
 
 
 def _ps_to_ns(ps: np.ndarray) -> np.ndarray:
@@ -189,26 +191,30 @@ class StructStats:
         return list(map(attrgetter(key), map(rows.__getitem__, idx.tolist())))
 
 
-def _json_columns(doc: Document) -> tuple[Columns, list[tuple[str, dict[str, Any]]], int]:
+def _json_columns(doc: Document) -> tuple[Columns, list[tuple[str, Any]], dict[str, int]]:
     """Event columns of a trace-viewer JSON: process names are planes, thread names lines."""
     events = doc.traceEvents or []
     ph = column(events, "ph")
-    complete = [e for e, p in zip(events, ph, strict=True) if p == "X"]
     processes, threads = _labels([e for e, p in zip(events, ph, strict=True) if p == "M"])
+    complete = [e for e, p in zip(events, ph, strict=True) if p == "X"]
     ts = floats(column(complete, "ts"))
-    valid = np.isfinite(ts)
+    valid = np.abs(ts) < TIME_LIMIT_US  # False for NaN too
     kept = [e for e, ok in zip(complete, valid.tolist(), strict=True) if ok]
-    keys = list(zip(column(kept, "pid"), column(kept, "tid"), strict=True))
+    keys = list(zip(map(_hashable, column(kept, "pid")), map(_hashable, column(kept, "tid")),
+                    strict=True))
     lane, uniques = codes_of(keys)
     lanes = [Lane(str(processes.get(pid, "")), str(threads.get((pid, tid), "")),
                   tid if isinstance(tid, int) else None) for pid, tid in uniques]
     dur = np.nan_to_num(floats(column(kept, "dur")), nan=0.0)
     cols = Columns(
-        lanes, lane, column(kept, "name"), us_to_ns(ts[valid]), us_to_ns(np.maximum(dur, 0)),
+        lanes, lane, column(kept, "name"), us_to_ns(ts[valid]),
+        us_to_ns(np.clip(dur, 0, TIME_LIMIT_US)),
         StructStats(_STATS.decode(column(kept, "args"))),
     )
     planes = [(name, EMPTY) for name in dict.fromkeys(map(str, processes.values()))]
-    return cols, planes, int((~valid).sum())
+    repairs = {"events without a timestamp skipped": int((~valid).sum()),
+               "events with negative duration clipped to 0": int((dur < 0).sum())}
+    return cols, planes, repairs
 
 
 def _labels(meta: list[Any]) -> tuple[dict[Any, Any], dict[tuple[Any, Any], Any]]:
@@ -219,10 +225,15 @@ def _labels(meta: list[Any]) -> tuple[dict[Any, Any], dict[tuple[Any, Any], Any]
     threads: dict[tuple[Any, Any], Any] = {}
     for event, kind, label in zip(meta, names, labels, strict=True):
         if kind == "process_name":
-            processes[event.pid] = label
+            processes[_hashable(event.pid)] = label
         elif kind == "thread_name":
-            threads[(event.pid, event.tid)] = label
+            threads[(_hashable(event.pid), _hashable(event.tid))] = label
     return processes, threads
+
+
+def _hashable(value: Any) -> Any:
+    """A pid/tid usable as a dict key: JSON gives numbers, strings, or (broken) lists."""
+    return value if value is None or isinstance(value, int | float | str) else str(value)
 
 
 # -- devices and vendor -------------------------------------------------------------------

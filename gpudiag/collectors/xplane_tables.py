@@ -11,9 +11,12 @@ How XLA lays a profile out, and what each part becomes:
   device plane (`XLA Ops`, `XLA Modules`, `TensorFlow Ops`, `Steps`, ...) is derived by the
   profiler from those same kernels, so it becomes `ranges` (source device_op / step) and
   never kernels, or GPU time would count twice.
-- `/host:...` planes: one line per thread. Events are host ranges, except allocator events
+- `/host:...` planes: one line per thread (`tid` is the number ending the line name, as in
+  `Host Threads/583`, else the line id). Events are host ranges (source `python` for the
+  Python tracer's `$file:line function` events), except allocator events
   (MemoryAllocation / MemoryDeallocation -> `memory`) and the host side of GPU work, which
   carries a `correlation_id` (-> `api`).
+- Other planes (`Task Environment`, `Host CPUs`, ...) describe the session, not GPU time.
 """
 
 from __future__ import annotations
@@ -26,17 +29,18 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from gpudiag.collectors.chrome_json import codes_of, floats
+from gpudiag.collectors.chrome_json import categorical, codes_of, floats
 from gpudiag.collectors.intervals import nesting_depth
 
-DEVICE_PLANE = re.compile(r"^/device:[A-Za-z_]+:(\d+)$")
+DEVICE_PLANE = re.compile(r"^/device:[A-Za-z_]+:(\d{1,9})$")
 STREAM_LINE = re.compile(r"^Stream #(\d+)")
-THREAD_SUFFIX = re.compile(r"/(-?\d+)$")
+THREAD_SUFFIX = re.compile(r"/(-?\d{1,19})$")
 ALLOCATOR_DEVICE = re.compile(r"^gpu_(\d+)_", re.IGNORECASE)
 API_NAME = re.compile(r"^(cuda|cu|hip)[A-Z]")
 API_VERSION = re.compile(r"_v\d+$")
-#: xprof leaves this line out of its trace viewer (async op spans duplicate XLA Ops)
-SKIPPED_LINES = frozenset({"Async XLA Ops"})
+#: xprof leaves async op spans out of its trace viewer (they duplicate XLA Ops); counter
+#: lines hold sampled values, not time ranges
+SKIPPED_LINES = frozenset({"Async XLA Ops", "_counters_"})
 STEP_LINE = "Steps"
 MEMORY_EVENTS = {"MemoryAllocation": "alloc", "MemoryDeallocation": "free"}
 #: CUPTI/roctracer activity names of copies (xprof's CuptiTracerEventType names)
@@ -84,37 +88,44 @@ class Columns:
 
 @dataclass
 class LaneInfo:
-    """Per lane: what it is (SKIP, STREAM, ...), its device, stream and host thread id."""
+    """Per lane: what it is (SKIP, STREAM, ...), its device, stream and host thread id.
+
+    `tid` is kept as exact Int64: XLA names some threads by 64-bit hashes, which a float64
+    column would round."""
 
     kind: np.ndarray
     device: np.ndarray  # float64, NaN where none
     stream: np.ndarray
-    tid: np.ndarray
+    tid: pd.api.extensions.ExtensionArray
 
     @classmethod
     def of(cls, lanes: list[Lane]) -> LaneInfo:
         parsed = [_classify(lane) for lane in lanes]
-        cols = list(zip(*parsed, strict=True)) if parsed else [(), (), (), ()]
-        return cls(np.array(cols[0], dtype=np.int8), *(np.array(c, dtype=np.float64)
-                                                         for c in cols[1:]))
+        return cls(np.array([p[0] for p in parsed], dtype=np.int8),
+                   np.array([p[1] for p in parsed], dtype=np.float64),
+                   np.array([p[2] for p in parsed], dtype=np.float64),
+                   pd.array([p[3] for p in parsed], dtype="Int64"))
+
+    def tids(self, lane: np.ndarray) -> pd.Series:
+        return pd.Series(self.tid.take(lane))
 
 
-def _classify(lane: Lane) -> tuple[int, float, float, float]:
+def _classify(lane: Lane) -> tuple[int, float, float, int | None]:
     """(kind, device, stream, tid) of one lane, from its plane and line names."""
     nan = float("nan")
     device = DEVICE_PLANE.match(lane.plane)
     if device:
         if lane.line in SKIPPED_LINES:
-            return SKIP, nan, nan, nan
+            return SKIP, nan, nan, None
         stream = STREAM_LINE.match(lane.line)
         if stream:
-            return STREAM, float(device[1]), float(stream[1]), nan
-        return (STEPS if lane.line == STEP_LINE else DEVICE_LINE), float(device[1]), nan, nan
+            return STREAM, float(device[1]), float(stream[1]), None
+        return (STEPS if lane.line == STEP_LINE else DEVICE_LINE), float(device[1]), nan, None
     if lane.plane.startswith("/host:"):
         suffix = THREAD_SUFFIX.search(lane.line)
         tid = int(suffix[1]) if suffix else lane.tid
-        return HOST, nan, nan, float("nan") if tid is None else float(tid)
-    return SKIP, nan, nan, nan
+        return HOST, nan, nan, tid if tid is not None and abs(tid) < 2**63 else None
+    return SKIP, nan, nan, None
 
 
 def tables(cols: Columns) -> dict[str, pd.DataFrame]:
@@ -127,14 +138,14 @@ def tables(cols: Columns) -> dict[str, pd.DataFrame]:
     host_idx = _ordered(cols, kind == HOST)
     is_memory = names.memory_action[host_idx] != None  # noqa: E711 (elementwise on objects)
     is_api = ~is_memory & _is_api(cols, host_idx, names)
-    ranges_idx = np.concatenate([host_idx[~is_memory & ~is_api],
-                                 _ordered(cols, (kind == DEVICE_LINE) | (kind == STEPS))])
+    in_ranges = (kind == DEVICE_LINE) | (kind == STEPS)
+    in_ranges[host_idx[~is_memory & ~is_api]] = True
     return {
-        "kernels": _kernels(cols, info, stream_idx[~is_copy]),
+        "kernels": _kernels(cols, info, names, stream_idx[~is_copy]),
         "copies": _copies(cols, info, names, stream_idx[is_copy]),
         "api": _api(cols, info, names, host_idx[is_api]),
         "memory": _memory(cols, names, host_idx[is_memory]),
-        "ranges": _ranges(cols, info, names, np.sort(ranges_idx, kind="stable")),
+        "ranges": _ranges(cols, info, names, _ordered(cols, in_ranges)),
     }
 
 
@@ -159,21 +170,23 @@ def _gpu(cols: Columns, info: LaneInfo, idx: np.ndarray) -> dict[str, Any]:
             "correlation": ints(cols.stats.get(idx, "correlation_id"))}
 
 
-def _kernels(cols: Columns, info: LaneInfo, idx: np.ndarray) -> pd.DataFrame:
+def _kernels(cols: Columns, info: LaneInfo, names: _NameFlags, idx: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({
         **_times(cols, idx), **_gpu(cols, info, idx),
-        "name": _take(cols.name, idx),
+        "name": names.labels(idx),
         "kernel_id": np.arange(len(idx), dtype=np.int64),
         **kernel_details(cols.stats.get(idx, "kernel_details")),
     })
 
 
 def _copies(cols: Columns, info: LaneInfo, names: _NameFlags, idx: np.ndarray) -> pd.DataFrame:
+    """Copies; the direction comes from the activity name ('MemcpyH2D'), else from a
+    `kind:` in memcpy_details (ROCm), else it is 'other'."""
     details = [_fields(v) for v in cols.stats.get(idx, "memcpy_details")]
-    kind = names.copy_kind[idx].astype(object)
-    from_details = np.array([d.get("kind") for d in details] + [None], dtype=object)[:-1]
-    fill = (kind == "other") & np.isin(from_details, list(COPY_KINDS))
-    kind[fill] = from_details[fill]
+    kind = names.copy_kind[idx]
+    stated = np.array([d.get("kind") for d in details] + [None], dtype=object)[:-1]
+    unknown = (kind == None) | (kind == "other")  # noqa: E711
+    kind = np.where(unknown, np.where(np.isin(stated, list(COPY_KINDS)), stated, "other"), kind)
     return pd.DataFrame({
         **_times(cols, idx), **_gpu(cols, info, idx),
         "kind": kind,
@@ -184,33 +197,35 @@ def _copies(cols: Columns, info: LaneInfo, names: _NameFlags, idx: np.ndarray) -
 def _is_api(cols: Columns, idx: np.ndarray, names: _NameFlags) -> np.ndarray:
     """Host events that are the host side of GPU work: they carry a correlation id and are
     a CUDA/HIP API call, or (TF's CUPTI tracer) a launch record named after the kernel."""
-    has_corr = _present(cols.stats.get(idx, "correlation_id"))
-    launch = _present(cols.stats.get(idx, "kernel_details"))
-    copy = _present(cols.stats.get(idx, "memcpy_details"))
-    return has_corr & (names.api_name[idx] != None) | has_corr & (launch | copy)  # noqa: E711
+    out = _present(cols.stats.get(idx, "correlation_id"))
+    linked = np.flatnonzero(out)  # few host events carry one: look further only at those
+    is_call = names.api_name[idx[linked]] != None  # noqa: E711 (elementwise on objects)
+    launch = _present(cols.stats.get(idx[linked], "kernel_details"))
+    copy = _present(cols.stats.get(idx[linked], "memcpy_details"))
+    out[linked] = is_call | launch | copy
+    return out
 
 
 def _api(cols: Columns, info: LaneInfo, names: _NameFlags, idx: np.ndarray) -> pd.DataFrame:
-    """API rows. A launch record named after its kernel (TF) is named for the driver call
-    it records, so `api.name` always names an API function."""
-    name = names.api_name[idx].astype(object)
-    unnamed = name == None  # noqa: E711
-    copies = np.flatnonzero(unnamed & names.is_copy[idx])
-    name[unnamed] = "cuLaunchKernel"
-    name[copies] = [_copy_call(names.copy_kind[idx[i]], v) for i, v in
-                    zip(copies, cols.stats.get(idx[copies], "memcpy_details"), strict=True)]
+    """API rows. A launch record named after its kernel or copy (TF) is named for the
+    driver call it records, so `api.name` always names an API function."""
+    name = names.api_name[idx]
+    details = cols.stats.get(idx, "memcpy_details")
+    for i in np.flatnonzero(name == None):  # noqa: E711 (TF launch records only)
+        copy = details[i] is not None or names.is_copy[idx[i]]
+        name[i] = _copy_call(names.copy_kind[idx[i]], details[i]) if copy else "cuLaunchKernel"
     driver = np.array([n.startswith("cu") and not n.startswith("cuda") for n in name],
                       dtype=bool)
     return pd.DataFrame({
         **_times(cols, idx),
-        "tid": ints(info.tid[cols.lane[idx]]),
+        "tid": info.tids(cols.lane[idx]),
         "name": name,
         "kind": np.where(driver, "driver", "runtime"),
         "correlation": ints(cols.stats.get(idx, "correlation_id")),
     })
 
 
-def _copy_call(kind: str, details: Any) -> str:
+def _copy_call(kind: str | None, details: Any) -> str:
     """The driver call behind a copy launch record: cuMemcpyHtoDAsync, cuMemset, ..."""
     if kind == "memset":
         return "cuMemset"
@@ -253,28 +268,20 @@ def _ranges(cols: Columns, info: LaneInfo, names: _NameFlags, idx: np.ndarray) -
     lane = cols.lane[idx]
     kind = info.kind[lane]
     on_device = kind != HOST
-    label = _take(cols.name, idx)
     steps = np.flatnonzero(kind == STEPS)
     step_names = cols.stats.get(idx[steps], "step_name")
-    label[steps] = [n if n is not None else label[i] for i, n in zip(steps, step_names,
-                                                                      strict=True)]
+    label = names.labels(idx, {int(i): str(n) for i, n in zip(steps, step_names, strict=True)
+                               if n is not None})
     source = np.where(on_device, np.where(kind == STEPS, "step", "device_op"),
                       np.where(names.python[idx], "python", "host"))
-    domain = np.array([cols.lanes[i].line for i in range(len(cols.lanes))] + [None],
-                      dtype=object)
+    lines = np.array([ln.line for ln in cols.lanes], dtype=object)
     frame = pd.DataFrame({
-        "tid": ints(info.tid[lane]), "device": ints(info.device[lane]),
+        "tid": info.tids(lane), "device": ints(info.device[lane]),
         **_times(cols, idx), "name": label, "source": source,
-        "domain": np.where(on_device, domain[lane], None),
+        "domain": categorical(np.where(on_device, lane, -1), lines),  # the device line
     })
     frame["depth"] = nesting_depth(lane, frame["start_ns"], frame["end_ns"])
     return frame
-
-
-def _take(values: list[Any], idx: np.ndarray) -> np.ndarray:
-    out = np.empty(len(idx), dtype=object)
-    out[:] = [values[i] for i in idx]
-    return out
 
 
 class _NameFlags:
@@ -284,6 +291,8 @@ class _NameFlags:
     def __init__(self, names: list[Any]) -> None:
         codes, uniques = codes_of(names)
         text = [u if isinstance(u, str) else str(u) for u in uniques]
+        self.codes = codes
+        self.text = text
 
         def spread(values: list[Any], missing: Any, dtype: Any = object) -> np.ndarray:
             return np.array([*values, missing], dtype=dtype)[codes]
@@ -294,6 +303,19 @@ class _NameFlags:
         self.memory_action = spread([MEMORY_EVENTS.get(t) for t in text], None)
         self.api_name = spread([_api_name(t) for t in text], None)
         self.python = spread([t.startswith("$") for t in text], False, bool)
+
+    def labels(self, idx: np.ndarray, replace: dict[int, str] | None = None) -> pd.Series:
+        """Names of rows `idx` as a category column, straight from the factorized codes
+        (building it from strings would re-hash every name); `replace` maps positions in
+        `idx` to other names (a step's step_name)."""
+        codes = self.codes[idx]
+        categories = list(self.text)
+        if replace:
+            extra = {name: len(categories) + i for i, name in enumerate(dict.fromkeys(
+                replace.values()))}
+            categories += list(extra)
+            codes[list(replace)] = [extra[name] for name in replace.values()]
+        return categorical(codes, np.array(categories, dtype=object))
 
 
 def _copy_kind(name: str) -> str | None:

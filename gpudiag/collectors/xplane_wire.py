@@ -147,7 +147,7 @@ def decode_stat(  # noqa: PLR0912
     to (how XLA interns repeated strings such as kernel_details).
 
     This runs for every stat of every event, so one-byte varints and lengths (most ids,
-    refs and strings) are decoded in place instead of through `_varint`. Reading the byte
+    refs and strings) are decoded in place instead of through `varint`. Reading the byte
     after a tag cannot go wrong: every field has at least one, and a varint or length that
     runs past `end` is caught by the checks below."""
     mid = 0
@@ -161,6 +161,7 @@ def decode_stat(  # noqa: PLR0912
                 pos += 2
             else:
                 mid, pos = varint(buf, pos + 1)
+                mid = int64(mid)  # map keys are int64: negative ids must match them
         elif tag in {0x38, 0x18, 0x20}:
             if b < 0x80:
                 raw = b
@@ -168,7 +169,7 @@ def decode_stat(  # noqa: PLR0912
             else:
                 raw, pos = varint(buf, pos + 1)
             if tag == 0x38:
-                value = names.get(raw, raw)
+                value = names.get(raw, names.get(int64(raw), raw))
             else:
                 value = raw - _UINT64 if tag == 0x20 and raw >= _INT64_SIGN else raw
         elif tag in {0x2A, 0x32}:
@@ -245,7 +246,7 @@ def _event(  # noqa: PLR0912
 ) -> tuple[int, int, int, Stats | None, bool]:
     """(metadata id, offset ps, duration ps, stats, timed) of one XEvent. Offsets and
     durations stay raw unsigned varints; the reader reinterprets them as int64 in bulk.
-    One-byte ids and stat lengths are decoded in place, as in `_stat`.
+    One-byte ids and stat lengths are decoded in place, as in `decode_stat`.
 
     Most stats repeat byte for byte (the same interned kernel_details ref, group_id 0,
     ...), so each distinct encoding is decoded once per plane: `cache` maps the stat's
@@ -279,6 +280,7 @@ def _event(  # noqa: PLR0912
                 pos += 2
             else:
                 md, pos = varint(buf, pos + 1)
+                md = int64(md)
         elif tag == 0x10:
             off, pos = varint(buf, pos + 1)
         elif tag == 0x18:
