@@ -51,22 +51,22 @@ def fill_from_compute_capability(devices: pd.DataFrame) -> pd.DataFrame:
     """The devices table (conformed to the schema) with NA per-SM limits of NVIDIA devices
     filled from their compute capability."""
     out = TABLES["devices"].conform(devices)
-    known = out["cc_major"].notna() & out["cc_minor"].notna() & (out["vendor"] == "nvidia")
-    for idx in out.index[known]:
-        limits = arch_limits(out.at[idx, "cc_major"], out.at[idx, "cc_minor"])
-        if limits is None:
-            continue
-        defaults = {
-            "max_blocks_per_sm": limits.max_blocks_per_sm,
-            "max_threads_per_sm": limits.max_warps_per_sm * 32,
-            "regs_per_sm": limits.regs_per_sm,
-            "smem_per_sm_bytes": limits.max_smem_per_sm_bytes,
-            "warp_size": 32,
-        }
-        for col, value in defaults.items():
-            if pd.isna(out.at[idx, col]):
-                out.at[idx, col] = value
+    if out.empty:
+        return out
+    limits = pd.DataFrame(
+        [(major, minor, a.max_blocks_per_sm, a.max_warps_per_sm * 32, a.regs_per_sm,
+          a.max_smem_per_sm_bytes, 32) for (major, minor), a in ARCH_LIMITS.items()],
+        columns=["cc_major", "cc_minor", *_FILLED],
+    ).astype("Int64")
+    known = out[["cc_major", "cc_minor"]].merge(limits, how="left", on=["cc_major", "cc_minor"])
+    nvidia = (out["vendor"] == "nvidia").to_numpy()
+    for col in _FILLED:
+        out[col] = out[col].fillna(known[col].where(nvidia))
     return out
+
+
+_FILLED = ["max_blocks_per_sm", "max_threads_per_sm", "regs_per_sm", "smem_per_sm_bytes",
+           "warp_size"]
 
 
 def vendor_of(name: object) -> str:

@@ -59,7 +59,11 @@ class Table:
 
     def empty(self) -> pd.DataFrame:
         """A zero-row frame with every column at its declared dtype."""
-        return pd.DataFrame({c.name: _empty_series(c) for c in self.columns})
+        prototype = _EMPTY.get(self.name)
+        if prototype is None:
+            prototype = pd.DataFrame({c.name: _empty_series(c) for c in self.columns})
+            _EMPTY[self.name] = prototype
+        return prototype.copy()
 
     def conform(self, data: pd.DataFrame | Mapping[str, Any] | None) -> pd.DataFrame:
         """Return `data` as this table: declared column order and dtypes, missing columns NA.
@@ -68,7 +72,7 @@ class Table:
         the schema does not declare is a reader bug and raises `SchemaError`. Columns that
         already have their declared dtype are taken as they are (no copy).
         """
-        if data is None:
+        if data is None or (isinstance(data, pd.DataFrame) and data.empty and not len(data.columns)):
             return self.empty()
         frame = data if isinstance(data, pd.DataFrame) else pd.DataFrame(dict(data))
         unknown = [c for c in frame.columns if c not in self._index]
@@ -112,6 +116,8 @@ class Table:
                 issues.append(f"{self.name}: {backwards} rows end before they start")
         return issues
 
+
+_EMPTY: dict[str, pd.DataFrame] = {}
 
 #: categories of an all-NA category column (the default string dtype, so Parquet round-trips)
 NO_CATEGORIES = pd.Index([], dtype=str)

@@ -92,9 +92,9 @@ class Trace:
         rank = self.meta.get("rank")
         if rank is None:
             return
-        for name, frame in self.tables().items():
+        for frame in self.tables().values():
             if len(frame) and frame["rank"].isna().any():
-                setattr(self, name, frame.assign(rank=frame["rank"].fillna(int(rank))))
+                frame["rank"] = frame["rank"].fillna(int(rank))  # same dtype: still conforms
 
     def warn(self, kind: str, count: int = 1) -> None:
         """Count a repair of odd input (e.g. 'kernels with negative duration clipped')."""

@@ -23,13 +23,9 @@ from gpudiag.collectors.chrome_json import Document, decode, integers, take, tri
 from gpudiag.collectors.intervals import nesting_depth
 from gpudiag.collectors.kineto_events import (
     GROUP_IDS,
-    CopyArgs,
+    GROUPS,
+    ArgColumns,
     Events,
-    GpuArgs,
-    IdArgs,
-    KernelArgs,
-    MemoryArgs,
-    SyncArgs,
     device_of,
     external_id,
     stream_of,
@@ -50,33 +46,34 @@ COPY_PATTERN = r"Memcpy (?P<kind>\w+) \((?P<src>[\w ]+) -> (?P<dst>[\w ]+)\)"
 MEMSET_PATTERN = r"Memset \((?P<dst>[\w ]+)\)"
 RANGE_SOURCES = {"op": "torch_op", "annotation": "annotation", "python": "python",
                  "gpu_annotation": "gpu_annotation"}
+KINETO_GROUPS = tuple(dict.fromkeys(GROUPS.values()))
 RANGE_SOURCE_BY_ID = np.array(
     [RANGE_SOURCES.get(g) for g in GROUP_IDS], dtype=object)
 
 
 def read(path: Path) -> Trace:
     """Read a Kineto (or JAX Perfetto) Chrome trace into a Trace."""
-    doc = decode(path)
-    ev = Events(doc)
+    ev = Events(path)
     if _is_jax_trace(ev):
         from gpudiag.collectors.xplane import from_perfetto
 
-        return from_perfetto(path, doc)
+        return from_perfetto(path, decode(path))
+    doc = ev.header
     api = _api(ev)
+    calls = Calls(api)
     host_pid = _host_pid_fallback(ev)
     trace = Trace(
         meta=_meta(doc, ev),
         devices=_devices(doc),
-        copies=_join_host(_copies(ev), api, host_pid),
+        copies=_join_host(_copies(ev), calls, host_pid),
         api=api,
-        syncs=_join_host(_syncs(ev), api, host_pid),
+        syncs=_join_host(_syncs(ev), calls, host_pid),
         ranges=_ranges(ev),
         memory=_memory(ev),
     )
     kernel_idx = ev.where("kernel")
-    kernel_args = ev.args(kernel_idx, KernelArgs)
-    trace.kernels = _join_host(_kernels(ev, kernel_idx, kernel_args), api, host_pid)
-    trace.collectives = kineto_collectives.collectives(ev, trace.kernels, kernel_args, api)
+    trace.kernels = _join_host(_kernels(ev, kernel_idx, ev.args(kernel_idx)), calls, host_pid)
+    trace.collectives = kineto_collectives.collectives(ev, trace.kernels, kernel_idx, calls)
     trace.warn("events with negative duration clipped to 0", ev.negative_dur)
     trace.warn("events without a timestamp skipped", int((~ev.valid_ts).sum()))
     trace.warn("implausible baseTimeNanoseconds ignored", int(ev.bad_base))
@@ -85,7 +82,7 @@ def read(path: Path) -> Trace:
 
 def _is_jax_trace(ev: Events) -> bool:
     """A Chrome trace from jax.profiler: no Kineto categories, XLA plane process names."""
-    if (ev.group_code > 0).any():
+    if len(ev.where(*KINETO_GROUPS)):
         return False
     return any(v.startswith(("/device:", "/host:")) for v in ev.labels())
 
@@ -97,21 +94,41 @@ def _host_pid_fallback(ev: Events) -> int | None:
     return int(pids[0]) if len(pids) == 1 else None
 
 
-def _join_host(frame: pd.DataFrame, api: pd.DataFrame, fallback: int | None) -> pd.DataFrame:
+class Calls:
+    """The API calls of a trace, looked up by CUPTI correlation id (one sort, then searches)."""
+
+    def __init__(self, api: pd.DataFrame) -> None:
+        calls = api.dropna(subset=["correlation"]).drop_duplicates("correlation")
+        keys = calls["correlation"].to_numpy(dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]
+        self.columns = {
+            col: calls[col].to_numpy(dtype=np.float64, na_value=np.nan)[order]
+            for col in ("pid", "tid", "start_ns")
+        }
+
+    def lookup(self, correlation: pd.Series, col: str) -> np.ndarray:
+        """`col` (pid, tid or start_ns) of the call with each correlation id; NaN if none."""
+        wanted = correlation.to_numpy(dtype=np.float64, na_value=np.nan)
+        if not len(self.keys):
+            return np.full(len(wanted), np.nan)
+        known = np.isfinite(wanted)
+        pos = np.minimum(np.searchsorted(self.keys, np.where(known, wanted, 0).astype(np.int64)),
+                         len(self.keys) - 1)
+        found = known & (self.keys[pos] == wanted)
+        return np.where(found, self.columns[col][pos], np.nan)
+
+
+def _join_host(frame: pd.DataFrame, calls: Calls, fallback: int | None) -> pd.DataFrame:
     """Fill `pid` (and `tid` when present) from the API call with the same correlation id."""
-    launches = api.dropna(subset=["correlation"]).drop_duplicates("correlation")
-    joined = frame[["correlation"]].merge(
-        launches[["correlation", "pid", "tid"]], on="correlation", how="left"
-    )
-    frame["pid"] = joined["pid"].to_numpy()
+    for col in ("pid", "tid") if "tid" in frame.columns else ("pid",):
+        frame[col] = integers(calls.lookup(frame["correlation"], col))
     if fallback is not None:
         frame["pid"] = frame["pid"].fillna(fallback)
-    if "tid" in frame.columns:
-        frame["tid"] = joined["tid"].to_numpy()
     return frame
 
 
-def _kernels(ev: Events, idx: np.ndarray, args: Any) -> pd.DataFrame:
+def _kernels(ev: Events, idx: np.ndarray, args: ArgColumns) -> pd.DataFrame:
     grid = triple(args.values("grid"))
     block = triple(args.values("block"))
     return pd.DataFrame({
@@ -131,7 +148,7 @@ def _kernels(ev: Events, idx: np.ndarray, args: Any) -> pd.DataFrame:
 
 def _copies(ev: Events) -> pd.DataFrame:
     idx = ev.where("memcpy", "memset")
-    args = ev.args(idx, CopyArgs)
+    args = ev.args(idx)
     names = ev.names(idx)
     is_set = ev.is_group(idx, "memset")
     copy = _parse_names(names, COPY_PATTERN)
@@ -142,10 +159,10 @@ def _copies(ev: Events) -> pd.DataFrame:
         **ev.times(idx),
         "device": device_of(ev, idx, args),
         "stream": stream_of(ev, idx, args),
-        "kind": kind.to_numpy(),
+        "kind": pd.Categorical(kind.to_numpy()),
         "bytes": args.num("bytes"),
-        "src_mem": copy["src"].map(MEM_WORDS).mask(is_set).to_numpy(),
-        "dst_mem": copy["dst"].fillna(memset["dst"]).map(MEM_WORDS).to_numpy(),
+        "src_mem": pd.Categorical(copy["src"].map(MEM_WORDS).mask(is_set).to_numpy()),
+        "dst_mem": pd.Categorical(copy["dst"].fillna(memset["dst"]).map(MEM_WORDS).to_numpy()),
         "correlation": args.num("correlation"),
         "external_id": external_id(args),
     })
@@ -159,7 +176,7 @@ def host_memory(copies: pd.DataFrame) -> pd.Series:
     dst = copies["dst_mem"].astype(object)
     host = pd.Series(None, index=copies.index, dtype=object)
     host = host.mask(copies["kind"] == "HtoD", src).mask(copies["kind"] == "DtoH", dst)
-    return host.where(host.isin(["pageable", "pinned"]))
+    return pd.Series(pd.Categorical(host.where(host.isin(["pageable", "pinned"])).to_numpy()))
 
 
 def _parse_names(names: pd.Series, pattern: str) -> pd.DataFrame:
@@ -172,12 +189,13 @@ def _parse_names(names: pd.Series, pattern: str) -> pd.DataFrame:
 
 def _api(ev: Events) -> pd.DataFrame:
     idx = ev.where("runtime", "driver")
-    args = ev.args(idx, IdArgs)
+    args = ev.args(idx)
     return pd.DataFrame({
         **ev.times(idx),
         **ev.host(idx),
         "name": ev.names(idx),
-        "kind": np.where(ev.is_group(idx, "driver"), "driver", "runtime"),
+        "kind": pd.Categorical.from_codes(ev.is_group(idx, "driver").astype(np.int8),
+                                          categories=["runtime", "driver"]),
         "correlation": args.num("correlation"),
         "external_id": external_id(args),
     })
@@ -185,7 +203,7 @@ def _api(ev: Events) -> pd.DataFrame:
 
 def _syncs(ev: Events) -> pd.DataFrame:
     idx = ev.where("sync")
-    args = ev.args(idx, SyncArgs)
+    args = ev.args(idx)
     labels = pd.Series(args.values("sync_kind"), dtype=object).fillna(
         pd.Series(ev.name_values(idx), dtype=object)
     )
@@ -195,7 +213,7 @@ def _syncs(ev: Events) -> pd.DataFrame:
         **ev.times(idx),
         "device": device_of(ev, idx, args),
         "stream": stream.where(stream >= 0),
-        "kind": labels.map(SYNC_KINDS).fillna("unknown").to_numpy(),
+        "kind": pd.Categorical(labels.map(SYNC_KINDS).fillna("unknown").to_numpy()),
         "correlation": args.num("correlation"),
         "event_id": event_id.where(event_id >= 0),
         "tid": pd.array([pd.NA] * len(idx), dtype="Int64"),
@@ -205,7 +223,7 @@ def _syncs(ev: Events) -> pd.DataFrame:
 def _ranges(ev: Events) -> pd.DataFrame:
     idx = ev.where(*RANGE_SOURCES)
     on_gpu = ev.is_group(idx, "gpu_annotation")
-    args = ev.args(idx, GpuArgs)
+    args = ev.args(idx)
     names = ev.names(idx)
     source = pd.Series(RANGE_SOURCE_BY_ID[ev.group_code[idx]], dtype=object)
     step_names = pd.Series(names.cat.categories, dtype=object).str.startswith("ProfilerStep#")
@@ -216,26 +234,26 @@ def _ranges(ev: Events) -> pd.DataFrame:
         "pid": pid.mask(on_gpu), "tid": tid.mask(on_gpu),
         "device": device_of(ev, idx, args).where(on_gpu), "stream": tid.where(on_gpu),
         **ev.times(idx),
-        "name": names, "source": source.to_numpy(),
+        "name": names, "source": pd.Categorical(source.to_numpy()),
         "external_id": external_id(args),
     })
-    lanes = frame[["pid", "tid", "device", "stream"]].astype("float64").fillna(-1)
-    lane = lanes.groupby(list(lanes.columns), sort=False).ngroup().to_numpy()
+    lanes = pd.DataFrame({"pid": ev.pid[idx], "tid": ev.tid[idx], "gpu": on_gpu}).fillna(-1)
+    lane = lanes.groupby(["pid", "tid", "gpu"], sort=False).ngroup().to_numpy()  # thread/stream
     frame["depth"] = nesting_depth(lane, frame["start_ns"], frame["end_ns"])
     return frame
 
 
 def _memory(ev: Events) -> pd.DataFrame:
-    memory_code = np.flatnonzero(ev.name_uniques == "[memory]")
-    idx = np.flatnonzero(ev.phase("i") & np.isin(ev.name_codes, memory_code) & ev.valid_ts)
-    args = ev.args(idx, MemoryArgs)
+    idx = ev.where("memory")
+    args = ev.args(idx)
     signed = args.num("mem_bytes")
     device_type = args.num("device_type")
     return pd.DataFrame({
         "pid": ev.pids(idx),
         "device": args.num("device_id").where(device_type != 0, -1),
         "ts_ns": ev.start[idx],
-        "action": np.where((signed < 0).fillna(False).to_numpy(), "free", "alloc"),
+        "action": pd.Categorical.from_codes((signed < 0).fillna(False).to_numpy().astype(np.int8),
+                                            categories=["alloc", "free"]),
         "addr": args.num("addr"),
         "bytes": signed.abs(),
         "delta_bytes": signed,

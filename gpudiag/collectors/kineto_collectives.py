@@ -9,16 +9,17 @@ read from the kernel name (`ncclKernel_AllReduce_RING_LL_Sum_float`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from gpudiag.collectors.chrome_json import ArgRows, take
-from gpudiag.collectors.kineto_events import AnnotationArgs
+from gpudiag.collectors.chrome_json import integers, take
 
 if TYPE_CHECKING:
+    from gpudiag.collectors.kineto import Calls
     from gpudiag.collectors.kineto_events import Events
 
 #: normalized collective name fragment -> op, tried in this order
@@ -28,6 +29,7 @@ OPS = (
     ("broadcast", "broadcast"), ("sendrecv", "send_recv"), ("barrier", "barrier"),
     ("reduce", "reduce"), ("send", "send"), ("recv", "recv"),
 )
+_NOT_ALNUM = re.compile(r"[^a-z0-9]")
 #: element sizes of torch dtype names (as Kineto writes them) and NCCL kernel-name suffixes
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "bf16": 2,
@@ -39,31 +41,33 @@ DTYPE_BYTES = {
 }
 
 
-def normalize(text: pd.Series) -> pd.Series:
-    return text.astype("string").str.lower().str.replace(r"[^a-z0-9]", "", regex=True)
+def normalize(text: object) -> str:
+    """'_allgather_base' -> 'allgatherbase': lower case, letters and digits only."""
+    return _NOT_ALNUM.sub("", str(text).lower())
 
 
 def op_of(text: pd.Series) -> pd.Series:
     """Map collective names ('_allgather_base', 'nccl:all_reduce', kernel names) to ops,
-    matching each distinct name once."""
+    matching each distinct name once (a handful per trace: plain Python is fastest)."""
     codes, uniques = pd.factorize(text.astype(object), use_na_sentinel=True)
-    norm = normalize(pd.Series(uniques, dtype=object))
-    op = pd.Series(None, index=norm.index, dtype=object)
-    for fragment, name in OPS:
-        op = op.mask(op.isna() & norm.str.contains(fragment, na=False), name)
-    return pd.Series(take(op.to_numpy(), codes), index=text.index, dtype=object)
+    ops = [_op(normalize(u)) for u in uniques]
+    return pd.Series(take(np.array(ops, dtype=object), codes), index=text.index, dtype=object)
+
+
+def _op(norm: str) -> str | None:
+    return next((name for fragment, name in OPS if fragment in norm), None)
 
 
 def collectives(
-    ev: Events, kernels: pd.DataFrame, kernel_args: ArgRows, api: pd.DataFrame
+    ev: Events, kernels: pd.DataFrame, kernel_idx: np.ndarray, calls: Calls
 ) -> pd.DataFrame:
     """One row per NCCL kernel of `kernels`, with op, bytes, dtype, group size and
-    communicator. `kernel_args` are the KernelArgs of `kernels`' rows, in the same order;
-    `api` is the trace's api table (to find each kernel's launch call)."""
+    communicator. `kernel_idx` are the event rows of `kernels`, in the same order; `calls`
+    finds each kernel's launch call."""
     is_nccl = on_categories(kernels["name"], lambda c: c.str.contains("nccl", case=False))
     k = kernels[is_nccl].reset_index(drop=True)
     k["name"] = k["name"].cat.remove_unused_categories()
-    args = ArgRows([a for a, keep in zip(kernel_args.structs, is_nccl, strict=True) if keep])
+    args = ev.args(kernel_idx[is_nccl])
     info = pd.DataFrame({
         "collective": pd.Series(args.values("collective"), dtype=object),
         "in_nelems": args.num("in_nelems"),
@@ -72,12 +76,12 @@ def collectives(
         "dtype": pd.Series(args.values("dtype"), dtype=object),
         "comm": pd.Series(args.values("pg_name"), dtype=object),
     })
-    info = _fill_from_annotation(info, k, ev, api)
+    info = _fill_from_annotation(info, k, ev, calls)
     kernel_name = pd.Series(on_categories(
         k["name"], lambda c: c.str.extract(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")[0]), dtype=object)
     op = op_of(info["collective"].astype(object)).fillna(op_of(kernel_name.astype(object)))
     dtype = info["dtype"].fillna(_dtype_from_kernel_name(k["name"]))
-    size = normalize(dtype.astype(object)).map(DTYPE_BYTES)
+    size = dtype.astype(object).map(lambda d: DTYPE_BYTES.get(normalize(d)), na_action="ignore")
     nelems = info["in_nelems"].where(op != "all_gather", info["out_nelems"])
     comm = info["comm"].astype(object).fillna("stream " + k["stream"].astype("string"))
     out = pd.DataFrame({
@@ -114,48 +118,57 @@ def _dtype_from_kernel_name(names: pd.Series) -> pd.Series:
 
 
 def _fill_from_annotation(
-    info: pd.DataFrame, k: pd.DataFrame, ev: Events, api: pd.DataFrame
+    info: pd.DataFrame, k: pd.DataFrame, ev: Events, calls: Calls
 ) -> pd.DataFrame:
-    """Fill missing args from the `nccl:*` annotation around each kernel's launch call."""
-    missing = info["collective"].isna() & info["in_nelems"].isna()
-    if not missing.any() or k.empty:
-        return info
+    """Fill missing args from the `nccl:*` annotation around each kernel's launch call: the
+    last such annotation that started on the launching thread before the launch and had not
+    ended yet."""
+    missing = (info["collective"].isna() & info["in_nelems"].isna()).to_numpy()
     ann_idx = ev.where("annotation")
     names = pd.Series(ev.name_values(ann_idx), dtype=object).astype(str)
     nccl = names.str.startswith("nccl:").to_numpy()
-    if not nccl.any():
+    if not missing.any() or not nccl.any():
         return info
     ann_idx = ann_idx[nccl]
-    ann_args = ev.args(ann_idx, AnnotationArgs)
-    annotations = pd.DataFrame({
-        "pid": ev.pids(ann_idx), "tid": ev.tids(ann_idx),
-        "ann_start": ev.start[ann_idx], "ann_end": ev.start[ann_idx] + ev.dur[ann_idx],
-        "ann_name": names[nccl].to_numpy(),
-        "ann_elems": _elements(ann_args.values("input_dims")),
-        "ann_dtype": pd.Series(ann_args.values("input_type"), dtype=object).str[0],
-    }).dropna(subset=["pid", "tid"]).sort_values("ann_start")
-    launches = _launches_of(k, api)
-    if launches.empty or annotations.empty:
-        return info
-    joined = pd.merge_asof(
-        launches.sort_values("launch_start"), annotations, left_on="launch_start",
-        right_on="ann_start", by=["pid", "tid"], direction="backward",
-    ).set_index("row").reindex(range(len(k)))
-    inside = joined["ann_end"] >= joined["launch_start"]
-    fill = missing & inside.fillna(False).to_numpy()
-    info.loc[fill, "collective"] = joined.loc[fill, "ann_name"].to_numpy()
-    info.loc[fill, "in_nelems"] = joined.loc[fill, "ann_elems"].astype("Int64").to_numpy()
-    info.loc[fill, "out_nelems"] = info.loc[fill, "in_nelems"]
-    info.loc[fill, "dtype"] = joined.loc[fill, "ann_dtype"].to_numpy()
+    ann = _Annotations(ev, ann_idx, names[nccl].to_numpy())
+    launch = {col: calls.lookup(k["correlation"], col) for col in ("pid", "tid", "start_ns")}
+    hit = ann.enclosing(launch["pid"], launch["tid"], launch["start_ns"])
+    fill = missing & (hit >= 0)
+    if fill.any():
+        rows = hit[fill]
+        info.loc[fill, "collective"] = ann.names[rows]
+        info.loc[fill, "in_nelems"] = integers(ann.elements[rows]).to_numpy()
+        info.loc[fill, "out_nelems"] = info.loc[fill, "in_nelems"]
+        info.loc[fill, "dtype"] = ann.dtypes[rows]
     return info
 
 
-def _launches_of(k: pd.DataFrame, api: pd.DataFrame) -> pd.DataFrame:
-    """Host pid, tid and start of the API call that launched each kernel (by correlation)."""
-    calls = api[["correlation", "pid", "tid", "start_ns"]].dropna()
-    calls = calls.drop_duplicates("correlation").rename(columns={"start_ns": "launch_start"})
-    rows = k[["correlation"]].assign(row=np.arange(len(k)))
-    return rows.merge(calls, on="correlation", how="inner").drop(columns="correlation")
+class _Annotations:
+    """`nccl:*` annotations sorted by (thread, start), searchable per launch."""
+
+    def __init__(self, ev: Events, idx: np.ndarray, names: np.ndarray) -> None:
+        args = ev.args(idx)
+        thread = ev.pid[idx] * 2.0**32 + ev.tid[idx]
+        order = np.lexsort((ev.start[idx], thread))
+        self.thread, self.start = thread[order], ev.start[idx][order]
+        self.end = (ev.start[idx] + ev.dur[idx])[order]
+        self.names = names[order]
+        self.elements = _elements(args.values("input_dims")).to_numpy(
+            dtype=np.float64, na_value=np.nan)[order]
+        self.dtypes = pd.Series(args.values("input_type"), dtype=object).str[0].to_numpy()[order]
+
+    def enclosing(self, pid: np.ndarray, tid: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """Index of the annotation open at `at` on thread (pid, tid), or -1."""
+        thread = pid * 2.0**32 + tid
+        out = np.full(len(at), -1, dtype=np.int64)
+        for t in np.unique(thread[np.isfinite(thread)]):  # a few launching threads
+            lo = np.searchsorted(self.thread, t, side="left")
+            hi = np.searchsorted(self.thread, t, side="right")
+            rows = np.flatnonzero(thread == t)
+            last = np.searchsorted(self.start[lo:hi], at[rows], side="right") - 1 + lo
+            ok = (last >= lo) & (self.end[np.maximum(last, 0)] >= at[rows])
+            out[rows[ok]] = last[ok]
+        return out
 
 
 def _elements(dims: list[Any]) -> pd.Series:

@@ -1,4 +1,9 @@
-"""The events of a Kineto trace as columns, and the `args` structs each table decodes.
+"""The events of a Kineto trace as compact columns, built piece by piece.
+
+`Events.read(path)` streams the trace (gpudiag.collectors.chrome_stream) and, for each piece of
+decoded events, keeps only what the tables need: group, name code, times, pid, tid, and the
+`args` fields of each group decoded into that group's small struct. The piece's text and
+objects are then dropped, so memory follows the columns, not the file.
 
 Kineto's category names changed in 2022 (`Kernel` -> `kernel`, `Runtime` -> `cuda_runtime`,
 `Operator` -> `cpu_op`, `external id` -> `External id`); both spellings map to one group here.
@@ -6,7 +11,9 @@ Kineto's category names changed in 2022 (`Kernel` -> `kernel`, `Runtime` -> `cud
 
 from __future__ import annotations
 
+from itertools import compress
 from operator import attrgetter
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -16,16 +23,16 @@ import pandas as pd
 from gpudiag.collectors.chrome_json import (
     NAN,
     ArgDecoder,
-    ArgRows,
     Document,
+    Event,
     Num,
     categorical,
-    codes_of,
     column,
     floats,
     integers,
     take,
 )
+from gpudiag.collectors.chrome_stream import ChromeTraceStream
 from gpudiag.collectors.intervals import us_to_ns
 
 #: Kineto category (both schemas) -> event group
@@ -99,82 +106,157 @@ class LabelArgs(msgspec.Struct, gc=False):
     name: Any = None
 
 
+#: group -> the struct its args decode into (None: its args are not read)
+ARGS: dict[str, type[msgspec.Struct] | None] = {
+    "kernel": KernelArgs, "memcpy": CopyArgs, "memset": CopyArgs, "runtime": IdArgs,
+    "driver": IdArgs, "sync": SyncArgs, "op": IdArgs, "annotation": AnnotationArgs,
+    "gpu_annotation": GpuArgs, "python": None, "memory": MemoryArgs, "meta": LabelArgs,
+}
+GROUP_IDS = {name: i for i, name in enumerate(["", *ARGS])}
+GROUP_NAMES = np.array(list(GROUP_IDS), dtype=object)
+DECODERS = {struct: ArgDecoder(struct) for struct in set(ARGS.values()) if struct is not None}
 #: timestamps beyond ±2**52 µs (year 2112 after the epoch) cannot be real: treated as missing
 MAX_US = float(2**52)
 
-GROUP_IDS = {name: i for i, name in enumerate(["", *dict.fromkeys(GROUPS.values())])}
-PHASES = {"X": 1, "i": 2, "M": 3}
 
-DECODERS = {
-    struct: ArgDecoder(struct)
-    for struct in (IdArgs, GpuArgs, KernelArgs, CopyArgs, SyncArgs, AnnotationArgs, MemoryArgs,
-                   LabelArgs)
-}
+class Interner:
+    """Codes for the distinct values of a column, stable across pieces of a trace.
+
+    `dict.fromkeys` and `map(dict.__getitem__)` run in C and beat pandas.factorize on lists
+    of fresh Python strings by about 2x; the Python loop runs once per distinct value.
+    """
+
+    def __init__(self) -> None:
+        self.index: dict[Any, int] = {}
+
+    def codes(self, values: list[Any]) -> np.ndarray:
+        """int64 codes of `values`, -1 for None; unhashable values count as their text."""
+        try:
+            seen = dict.fromkeys(values)
+        except TypeError:
+            return self.codes([v if v is None or _hashable(v) else str(v) for v in values])
+        index = self.index
+        for key in seen:
+            if key is not None and key not in index:
+                index[key] = len(index)
+        index[None] = -1
+        try:
+            return np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
+        finally:
+            del index[None]
+
+    def values(self) -> np.ndarray:
+        out = np.empty(len(self.index), dtype=object)
+        out[:] = list(self.index)
+        return out
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 class Events:
-    """The events of one trace as columns.
+    """The events of one trace as columns: what the Kineto table builders read."""
 
-    Low-cardinality columns (category, phase, pid, tid, name) are factorized once; a table
-    takes its rows' codes. `args` are decoded only for the rows a table uses.
-    """
+    def __init__(self, path: Path) -> None:
+        stream = ChromeTraceStream(path)
+        self._names, self._ids, self._categories, self._phases = (
+            Interner(), Interner(), Interner(), Interner())
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in (
+            "group", "name", "ts", "dur", "pid", "tid")}
+        self._arg_parts: dict[str, dict[str, list[Any]]] = {g: {} for g in ARGS}
+        for events in stream.pieces():
+            for key, values in self._piece(events).items():
+                parts[key].append(values)
+        self.header: Document = stream.header
+        self._finish({k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()})
 
-    def __init__(self, doc: Document) -> None:
-        events = doc.traceEvents or []
-        cat_codes, cats = codes_of(column(events, "cat"))
-        to_group = np.array([GROUP_IDS[GROUPS.get(c, "")] if isinstance(c, str) else 0
-                             for c in cats] + [0], dtype=np.int8)
-        group = to_group[cat_codes]  # code -1 (no category) picks the trailing 0
-        ph_codes, phs = codes_of(column(events, "ph"))
-        to_ph = np.array([PHASES.get(p, 0) if isinstance(p, str) else 0 for p in phs] + [0],
-                         dtype=np.int8)
-        ph = to_ph[ph_codes]
-        # Only complete events of known groups, instants and metadata matter: flow arrows
-        # ('s'/'f', a third of a typical trace) are dropped before any other column is built.
-        keep = np.flatnonzero(((group > 0) & (ph == PHASES["X"])) | (ph == PHASES["i"])
-                              | (ph == PHASES["M"]))
-        structs = np.empty(len(events), dtype=object)
-        structs[:] = events
-        self.structs = structs[keep]
-        self.group_code, self.ph_code = group[keep], ph[keep]
-        kept = self.structs.tolist()
-        self.name_codes, self.name_uniques = codes_of(column(kept, "name"))
-        base = int(doc.baseTimeNanoseconds or 0)
+    def _piece(self, events: list[Event]) -> dict[str, np.ndarray]:
+        """Columns of the events that matter in one piece; their args go to `_arg_parts`."""
+        group = self._groups(events)
+        kept = list(compress(events, group > 0))
+        group = group[group > 0]
+        names = self._names.codes(column(kept, "name"))
+        memory = self._names.index.get("[memory]", -2)
+        instant = group == GROUP_IDS["memory"]
+        group[instant & (names != memory)] = 0  # instants other than allocator events
+        for g in np.unique(group[group > 0]):
+            self._add_args(GROUP_NAMES[g], list(compress(kept, group == g)))
+        return {
+            "group": group, "name": names,
+            "ts": _float_column(kept, "ts"), "dur": _float_column(kept, "dur"),
+            "pid": self._ids.codes(column(kept, "pid")),
+            "tid": self._ids.codes(column(kept, "tid")),
+        }
+
+    def _groups(self, events: list[Event]) -> np.ndarray:
+        """Group id per event: a Kineto category for complete ('X') events, 'memory' for
+        instants (narrowed to allocator events later), 'meta' for metadata; else 0."""
+        cats = self._categories.codes(column(events, "cat"))
+        phases = self._phases.codes(column(events, "ph"))
+        by_cat = np.array([GROUP_IDS[GROUPS.get(c, "")] if isinstance(c, str) else 0
+                           for c in self._categories.index] + [0], dtype=np.int8)
+        # group of a (phase code): 'X' takes the category's group, 'i' and 'M' their own
+        by_phase = np.array([{"X": -1, "i": GROUP_IDS["memory"], "M": GROUP_IDS["meta"]}.get(p, 0)
+                             if isinstance(p, str) else 0 for p in self._phases.index] + [0],
+                            dtype=np.int8)
+        group = by_phase[phases]
+        complete = group == -1
+        group[complete] = by_cat[cats[complete]]
+        return group
+
+    def _add_args(self, group: str, events: list[Event]) -> None:
+        struct = ARGS[group]
+        if struct is None:
+            return
+        decoded = DECODERS[struct].decode(column(events, "args"))
+        fields = self._arg_parts[group]
+        for field in struct.__struct_fields__:
+            values = column(decoded, field)
+            default = getattr(struct(), field)
+            fields.setdefault(field, []).append(
+                floats(values) if isinstance(default, float) else _objects(values))
+
+    def _finish(self, cols: dict[str, np.ndarray]) -> None:
+        keep = cols["group"] > 0
+        self.group_code = cols["group"][keep].astype(np.int8)
+        self.name_codes = cols["name"][keep].astype(np.int64)
+        self.name_uniques = self._names.values()
+        base = int(self.header.baseTimeNanoseconds or 0)
         self.bad_base = not 0 <= base < MAX_US * 1000
-        base = 0 if self.bad_base else base
-        ts = _float_column(kept, "ts")
-        dur = np.clip(np.nan_to_num(_float_column(kept, "dur"), nan=0.0), -MAX_US, MAX_US)
+        ts = cols["ts"][keep]
+        dur = np.clip(np.nan_to_num(cols["dur"][keep], nan=0.0), -MAX_US, MAX_US)
         self.valid_ts = np.isfinite(ts) & (np.abs(ts) < MAX_US)
-        self.start = us_to_ns(np.where(self.valid_ts, ts, 0.0)) + base
+        self.start = us_to_ns(np.where(self.valid_ts, ts, 0.0)) + (0 if self.bad_base else base)
         self.dur = us_to_ns(dur)
         self.negative_dur = int((self.dur < 0).sum())
         self.dur = np.maximum(self.dur, 0)
-        self.pid = _ids(column(kept, "pid"))  # float64, NaN where not numeric
-        self.tid = _ids(column(kept, "tid"))
+        numbers = floats(list(self._ids.values()))
+        self.pid = take(numbers, cols["pid"][keep].astype(np.int64), np.nan)
+        self.tid = take(numbers, cols["tid"][keep].astype(np.int64), np.nan)
+        self._args = _arg_table(self._arg_parts, self.group_code, keep, cols["group"])
+
+    # -- what the table builders use -------------------------------------------------------
+
+    def where(self, *groups: str) -> np.ndarray:
+        """Rows of the given groups (with a usable timestamp), in time order (stable)."""
+        wanted = [GROUP_IDS[g] for g in groups]
+        idx = np.flatnonzero(np.isin(self.group_code, wanted) & self.valid_ts)
+        return idx[np.argsort(self.start[idx], kind="stable")]
+
+    def args(self, idx: np.ndarray) -> ArgColumns:
+        return ArgColumns(self._args, self.group_code[idx], self._arg_row[idx])
+
+    @property
+    def _arg_row(self) -> np.ndarray:
+        return self._args["_row"]
 
     def is_group(self, idx: np.ndarray, group: str) -> np.ndarray:
         return self.group_code[idx] == GROUP_IDS[group]
-
-    def phase(self, ph: str) -> np.ndarray:
-        return self.ph_code == PHASES[ph]
-
-    def where(self, *groups: str, ph: str = "X") -> np.ndarray:
-        """Rows of the given groups and phase, in time order (stable)."""
-        wanted = [GROUP_IDS[g] for g in groups]
-        mask = np.isin(self.group_code, wanted) & self.phase(ph) & self.valid_ts
-        idx = np.flatnonzero(mask)
-        return idx[np.argsort(self.start[idx], kind="stable")]
-
-    def pids(self, idx: np.ndarray) -> pd.Series:
-        return integers(self.pid[idx])
-
-    def tids(self, idx: np.ndarray) -> pd.Series:
-        return integers(self.tid[idx])
-
-    def args(self, idx: np.ndarray, struct: type[Any]) -> ArgRows:
-        """The args of rows `idx`, decoded into `struct`."""
-        raws = column(self.structs[idx].tolist(), "args")
-        return ArgRows(DECODERS[struct].decode(raws))
 
     def name_values(self, idx: np.ndarray) -> np.ndarray:
         """Names of the rows `idx` as an object array (None where absent)."""
@@ -186,33 +268,63 @@ class Events:
     def times(self, idx: np.ndarray) -> dict[str, np.ndarray]:
         return {"start_ns": self.start[idx], "end_ns": self.start[idx] + self.dur[idx]}
 
+    def pids(self, idx: np.ndarray) -> pd.Series:
+        return integers(self.pid[idx])
+
+    def tids(self, idx: np.ndarray) -> pd.Series:
+        return integers(self.tid[idx])
+
     def host(self, idx: np.ndarray) -> dict[str, pd.Series]:
         return {"pid": self.pids(idx), "tid": self.tids(idx)}
 
     def labels(self) -> list[str]:
         """process_name / thread_name values of the metadata events."""
-        meta = np.flatnonzero(self.phase("M"))
-        return [str(v) for v in self.args(meta, LabelArgs).values("name") if v is not None]
+        meta = np.flatnonzero(self.group_code == GROUP_IDS["meta"])
+        return [str(v) for v in self.args(meta).values("name") if v is not None]
 
 
-def external_id(args: ArgRows) -> pd.Series:
-    return args.num("external_id").fillna(args.num("external_id_legacy"))
+class ArgColumns:
+    """Args fields of chosen rows, gathered from the per-group columns."""
+
+    def __init__(self, table: dict[str, Any], groups: np.ndarray, rows: np.ndarray) -> None:
+        self._table, self._groups, self._rows = table, groups, rows
+
+    def values(self, field: str) -> list[Any]:
+        return list(self._gather(field, object))
+
+    def num(self, field: str) -> pd.Series:
+        """A numeric arg as nullable Int64 (NA where absent or not an integer)."""
+        return integers(self._gather(field, float))
+
+    def _gather(self, field: str, kind: type) -> np.ndarray:
+        out: np.ndarray = np.full(len(self._rows), np.nan if kind is float else None, dtype=kind)
+        for g in np.unique(self._groups):
+            column = self._table.get(GROUP_NAMES[g], {}).get(field)
+            if column is not None:
+                mask = self._groups == g
+                out[mask] = column[self._rows[mask]]
+        return out
 
 
-def device_of(ev: Events, idx: np.ndarray, args: ArgRows) -> pd.Series:
-    """args.device, else the event's pid (Kineto draws each GPU as a process)."""
-    return args.num("device").fillna(ev.pids(idx))
+def _arg_table(parts: dict[str, dict[str, list[Any]]], kept_groups: np.ndarray,
+               keep: np.ndarray, all_groups: np.ndarray) -> dict[str, Any]:
+    """Concatenate each group's arg columns; `_row` maps an event to its row in them."""
+    table: dict[str, Any] = {}
+    for group, fields in parts.items():
+        table[group] = {f: np.concatenate(chunks) for f, chunks in fields.items()}
+    # rows within each group, counted over every event that had args decoded (kept or not)
+    row_all = np.zeros(len(all_groups), dtype=np.int64)
+    for g in np.unique(all_groups[all_groups > 0]):
+        mask = all_groups == g
+        row_all[mask] = np.arange(int(mask.sum()))
+    table["_row"] = row_all[keep]
+    return table
 
 
-def stream_of(ev: Events, idx: np.ndarray, args: ArgRows) -> pd.Series:
-    """args.stream, else the event's tid (each stream is drawn as a thread)."""
-    return args.num("stream").fillna(ev.tids(idx))
-
-
-def _ids(values: list[Any]) -> np.ndarray:
-    """pid / tid column as float64: numbers (or numeric strings), NaN for names like 'Spans'."""
-    codes, uniques = codes_of(values)
-    return take(floats(list(uniques)), codes, np.nan)
+def _objects(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
 def _float_column(events: list[Any], field: str) -> np.ndarray:
@@ -221,3 +333,17 @@ def _float_column(events: list[Any], field: str) -> np.ndarray:
         return np.fromiter(map(attrgetter(field), events), dtype=np.float64, count=len(events))
     except (TypeError, ValueError):
         return floats(column(events, field))
+
+
+def external_id(args: ArgColumns) -> pd.Series:
+    return args.num("external_id").fillna(args.num("external_id_legacy"))
+
+
+def device_of(ev: Events, idx: np.ndarray, args: ArgColumns) -> pd.Series:
+    """args.device, else the event's pid (Kineto draws each GPU as a process)."""
+    return args.num("device").fillna(ev.pids(idx))
+
+
+def stream_of(ev: Events, idx: np.ndarray, args: ArgColumns) -> pd.Series:
+    """args.stream, else the event's tid (each stream is drawn as a thread)."""
+    return args.num("stream").fillna(ev.tids(idx))

@@ -1,0 +1,269 @@
+"""Streaming a Chrome-trace JSON file (Kineto, JAX Perfetto) as chunks of decoded events.
+
+A 54 MB Kineto trace held whole costs its text plus a Python object per event, about four
+times the file. Here the gzip stream is inflated a block at a time, the `traceEvents` array is
+cut into pieces of a few MB at event boundaries, and each piece is decoded with msgspec and
+handed to the caller, who keeps only compact columns; the piece's text and objects are freed
+before the next one is read. Memory stays near one piece plus the columns, whatever the size.
+
+Cutting: a boundary is `}` `,` `{` between two events (any whitespace between). The same bytes
+can occur inside a string or a nested object; a piece cut there is never valid JSON (a string
+or a bracket is left open), so its decode fails and the piece is extended to the next boundary.
+The keys around the array (`deviceProperties`, `baseTimeNanoseconds`, ...) are decoded at the
+end from the text before and after it. The top-level array form of the Chrome format works too.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgspec
+
+from gpudiag.collectors.chrome_json import Document, Event
+from gpudiag.collectors.files import GZIP_MAGIC
+from gpudiag.errors import InputError
+
+PIECE_BYTES = 2 << 20
+READ_BYTES = 256 << 10
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+_PIECE = msgspec.json.Decoder(list[Event])
+_HEADER = msgspec.json.Decoder(Document)
+NOT_A_TRACE_FIX = "expected an object with 'traceEvents' from torch.profiler or jax.profiler"
+TRUNCATED_FIX = "the profiler may not have finished writing it"
+
+
+class ChromeTraceStream:
+    """Iterate `pieces()` for lists of events; afterwards `header` holds the other keys.
+
+        stream = ChromeTraceStream(path)
+        for events in stream.pieces():
+            ...
+        stream.header.deviceProperties
+    """
+
+    def __init__(self, path: Path, piece_bytes: int = PIECE_BYTES) -> None:
+        self.path = path
+        self.piece_bytes = piece_bytes
+        self.header = Document()
+        self._text = _Text(path)
+
+    def pieces(self) -> Iterator[list[Event]]:
+        try:
+            prefix = self._find_array()
+            if prefix is None:  # the top-level array form: no header
+                yield from self._events(array_form=True)
+                return
+            yield from self._events(array_form=False)
+            rest = self._text.rest()
+            self.header = self._decode_header(prefix + b'"traceEvents": []' + rest)
+        finally:
+            self._text.close()
+
+    def _find_array(self) -> bytes | None:
+        """Consume the text up to the first event; the header text before it, or None for
+        the array form."""
+        text = self._text
+        while True:
+            stripped = bytes(text.buf[:64]).lstrip(b"\xef\xbb\xbf \t\r\n")
+            if stripped.startswith(b"["):
+                text.consume(text.buf.index(b"[") + 1)
+                return None
+            match = _EVENTS_KEY.search(text.buf)
+            if match:
+                prefix = bytes(text.buf[: match.start()])
+                text.consume(match.end())
+                return prefix
+            if not text.more():
+                return self._no_events()
+
+    def _no_events(self) -> bytes:
+        """The whole text has no traceEvents array: say what it is instead."""
+        data = bytes(self._text.buf)
+        try:
+            doc = _HEADER.decode(data)
+        except msgspec.ValidationError as exc:
+            raise InputError(self.path, f"is JSON but not a Chrome/Kineto trace ({exc})",
+                             NOT_A_TRACE_FIX) from exc
+        except msgspec.DecodeError as exc:
+            raise _decode_error(self.path, exc) from exc
+        if doc.traceEvents is None:
+            raise InputError(
+                self.path, "is JSON but not a trace (no 'traceEvents' list)",
+                "pass the file torch.profiler's export_chrome_trace / tensorboard_trace_handler "
+                "wrote")
+        raise InputError(self.path, "has an unexpected layout around 'traceEvents'",
+                         NOT_A_TRACE_FIX)
+
+    def _events(self, array_form: bool) -> Iterator[list[Event]]:
+        text = self._text
+        search_from = self.piece_bytes
+        while True:
+            cut = _BOUNDARY.search(text.buf, min(search_from, len(text.buf)))
+            if cut is None:
+                if text.more():
+                    continue
+                yield from self._last_piece(array_form)
+                return
+            events = self._try(text.head(cut.start() + 1))
+            if events is None:  # a false boundary, inside a string or a nested object
+                search_from = cut.end()
+                continue
+            text.consume(cut.end() - 1)
+            search_from = self.piece_bytes
+            yield events
+
+    def _last_piece(self, array_form: bool) -> Iterator[list[Event]]:
+        """The events after the last boundary, up to the `]` that closes the array.
+
+        Decoding "[" + rest stops at that `]` and reports the offset of what trails it
+        (the header keys after the array), which is where the array ends.
+        """
+        text = self._text
+        data = b"[" + bytes(text.buf)
+        events: list[Event] | None
+        try:
+            events = _PIECE.decode(data)
+            trail = len(data)
+        except msgspec.ValidationError as exc:
+            raise InputError(self.path, f"is JSON but not a Chrome/Kineto trace ({exc})",
+                             NOT_A_TRACE_FIX) from exc
+        except msgspec.DecodeError as exc:
+            trailing = _TRAILING.search(str(exc))
+            if trailing is None or array_form:
+                raise _decode_error(self.path, exc) from exc
+            trail = int(trailing.group(1)) - 1  # msgspec counts from 1
+            events = self._try(data[1:trail].rstrip().removesuffix(b"]"))
+            if events is None:
+                raise _decode_error(self.path, exc) from exc
+        text.consume(trail - 1)
+        yield events
+
+    def _try(self, body: bytes | bytearray) -> list[Event] | None:
+        piece = bytearray(b"[")
+        piece += body
+        piece += b"]"
+        try:
+            return _PIECE.decode(piece)
+        except msgspec.ValidationError as exc:
+            raise InputError(self.path, f"is JSON but not a Chrome/Kineto trace ({exc})",
+                             NOT_A_TRACE_FIX) from exc
+        except msgspec.DecodeError:
+            return None
+
+    def _decode_header(self, text: bytes) -> Document:
+        try:
+            doc = _HEADER.decode(text)
+        except msgspec.ValidationError as exc:
+            raise InputError(self.path, f"is JSON but not a Chrome/Kineto trace ({exc})",
+                             NOT_A_TRACE_FIX) from exc
+        except msgspec.DecodeError as exc:
+            raise _decode_error(self.path, exc) from exc
+        return doc
+
+
+def _decode_error(path: Path, exc: Exception) -> InputError:
+    truncated = "truncated" in str(exc)
+    problem = "is truncated JSON" if truncated else f"is not valid JSON ({exc})"
+    return InputError(path, problem, TRUNCATED_FIX)
+
+
+class _Text:
+    """The decompressed text of a file, as a sliding buffer filled a block at a time.
+
+    A background thread reads and inflates the file while the caller decodes the previous
+    block: zlib releases the GIL while it inflates, so on two cores gunzip costs almost no
+    wall time. A bounded queue keeps at most a few blocks ahead.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.buf = bytearray()
+        try:
+            file = path.open("rb")
+        except OSError as exc:
+            raise InputError(path, f"cannot be read ({exc.strerror or exc})") from exc
+        self._blocks: queue.Queue[bytes | InputError | None] = queue.Queue(maxsize=2)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._produce, args=(file,), daemon=True)
+        self._thread.start()
+
+    def _produce(self, file: BinaryIO) -> None:
+        try:
+            with file:
+                self._put_all(file)
+        except InputError as exc:
+            self._put(exc)
+        except zlib.error as exc:
+            self._put(InputError(self.path, f"is a truncated or damaged gzip file ({exc})",
+                                 "copy it again, or re-export it"))
+        except OSError as exc:
+            self._put(InputError(self.path, f"cannot be read ({exc.strerror or exc})"))
+        self._put(None)
+
+    def _put_all(self, file: BinaryIO) -> None:
+        block = file.read(2)
+        inflate: Any = zlib.decompressobj(wbits=31) if block == GZIP_MAGIC else None
+        while block and not self._stop.is_set():
+            if inflate is None:
+                self._put(block)
+            else:
+                self._put(inflate.decompress(block))
+                while inflate.eof and inflate.unused_data:  # concatenated gzip members
+                    rest = inflate.unused_data
+                    inflate = zlib.decompressobj(wbits=31)
+                    self._put(inflate.decompress(rest))
+            block = file.read(READ_BYTES)
+        if inflate is not None and not inflate.eof and not self._stop.is_set():
+            raise InputError(
+                self.path, "is a truncated or damaged gzip file (the stream ends early)",
+                "copy it again, or re-export it: the end of the file is missing")
+
+    def _put(self, item: bytes | InputError | None) -> None:
+        while not self._stop.is_set():
+            try:
+                self._blocks.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def more(self) -> bool:
+        """Append the next block; False at the end of the file."""
+        while not self._done:
+            item = self._blocks.get()
+            if item is None:
+                self._done = True
+            elif isinstance(item, InputError):
+                self._done = True
+                raise item
+            elif item:
+                self.buf += item
+                return True
+        return False
+
+    def close(self) -> None:
+        """Stop the reader thread (when the caller gives up before the end)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def consume(self, n: int) -> None:
+        del self.buf[:n]
+
+    def head(self, n: int) -> bytes:
+        """A copy of the first n bytes (a copy: decoded events keep references into it)."""
+        with memoryview(self.buf) as view:
+            return bytes(view[:n])
+
+    def rest(self) -> bytes:
+        """Everything not consumed yet, reading to the end of the file."""
+        while self.more():
+            pass
+        return bytes(self.buf)
