@@ -60,26 +60,42 @@ _DECODER = msgspec.json.Decoder(Document | list[Event])
 
 
 def decode(path: Path) -> Document:
-    """Parse a Chrome-trace JSON file (plain or gzipped) into a Document."""
+    """Parse a whole Chrome-trace JSON file (plain or gzipped) into a Document.
+
+    Readers of large traces stream them instead (gpudiag.collectors.chrome_stream); this is
+    for the JAX Perfetto form, which the XSpace reader needs whole.
+    """
     raw = read_bytes(path)
     try:
         doc = _DECODER.decode(raw)
     except msgspec.ValidationError as exc:
-        raise InputError(
-            path, f"is JSON but not a Chrome/Kineto trace ({exc})",
-            "expected an object with 'traceEvents' from torch.profiler or jax.profiler",
-        ) from exc
+        raise not_a_trace(path, exc) from exc
     except msgspec.DecodeError as exc:
-        problem = "is truncated JSON" if "truncated" in str(exc) else f"is not valid JSON ({exc})"
-        raise InputError(path, problem, "the profiler may not have finished writing it") from exc
+        raise invalid_json(path, exc) from exc
     if isinstance(doc, list):
         doc = Document(traceEvents=doc)
     if doc.traceEvents is None:
-        raise InputError(
-            path, "is JSON but not a trace (no 'traceEvents' list)",
-            "pass the file torch.profiler's export_chrome_trace / tensorboard_trace_handler wrote",
-        )
+        raise no_events(path)
     return doc
+
+
+def not_a_trace(path: Path, exc: Exception) -> InputError:
+    """JSON whose shape is not a Chrome trace (msgspec.ValidationError)."""
+    return InputError(path, f"is JSON but not a Chrome/Kineto trace ({exc})",
+                      "expected an object with 'traceEvents' from torch.profiler or jax.profiler")
+
+
+def invalid_json(path: Path, exc: Exception) -> InputError:
+    """Text that is not JSON, or JSON cut short (msgspec.DecodeError)."""
+    problem = "is truncated JSON" if "truncated" in str(exc) else f"is not valid JSON ({exc})"
+    return InputError(path, problem, "the profiler may not have finished writing it")
+
+
+def no_events(path: Path) -> InputError:
+    return InputError(
+        path, "is JSON but not a trace (no 'traceEvents' list)",
+        "pass the file torch.profiler's export_chrome_trace / tensorboard_trace_handler wrote",
+    )
 
 
 def column(events: list[Any], field: str) -> list[Any]:

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from gpudiag.collectors.chrome_json import Document, Event
+from gpudiag.collectors.chrome_json import Document, Event, invalid_json, no_events, not_a_trace
 from gpudiag.collectors.files import GZIP_MAGIC
 from gpudiag.errors import InputError
 
@@ -36,8 +36,6 @@ _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 _PIECE = msgspec.json.Decoder(list[Event])
 _HEADER = msgspec.json.Decoder(Document)
-NOT_A_TRACE_FIX = "expected an object with 'traceEvents' from torch.profiler or jax.profiler"
-TRUNCATED_FIX = "the profiler may not have finished writing it"
 
 
 class ChromeTraceStream:
@@ -86,21 +84,10 @@ class ChromeTraceStream:
 
     def _no_events(self) -> bytes:
         """The whole text has no traceEvents array: say what it is instead."""
-        data = bytes(self._text.buf)
-        try:
-            doc = _HEADER.decode(data)
-        except msgspec.ValidationError as exc:
-            raise InputError(self.path, f"is JSON but not a Chrome/Kineto trace ({exc})",
-                             NOT_A_TRACE_FIX) from exc
-        except msgspec.DecodeError as exc:
-            raise _decode_error(self.path, exc) from exc
+        doc = self._decode_header(bytes(self._text.buf))
         if doc.traceEvents is None:
-            raise InputError(
-                self.path, "is JSON but not a trace (no 'traceEvents' list)",
-                "pass the file torch.profiler's export_chrome_trace / tensorboard_trace_handler "
-                "wrote")
-        raise InputError(self.path, "has an unexpected layout around 'traceEvents'",
-                         NOT_A_TRACE_FIX)
+            raise no_events(self.path)
+        raise not_a_trace(self.path, ValueError("'traceEvents' is not a list"))
 
     def _events(self, array_form: bool) -> Iterator[list[Event]]:
         text = self._text
@@ -133,16 +120,15 @@ class ChromeTraceStream:
             events = _PIECE.decode(data)
             trail = len(data)
         except msgspec.ValidationError as exc:
-            raise InputError(self.path, f"is JSON but not a Chrome/Kineto trace ({exc})",
-                             NOT_A_TRACE_FIX) from exc
+            raise not_a_trace(self.path, exc) from exc
         except msgspec.DecodeError as exc:
             trailing = _TRAILING.search(str(exc))
             if trailing is None or array_form:
-                raise _decode_error(self.path, exc) from exc
+                raise invalid_json(self.path, exc) from exc
             trail = int(trailing.group(1)) - 1  # msgspec counts from 1
             events = self._try(data[1:trail].rstrip().removesuffix(b"]"))
             if events is None:
-                raise _decode_error(self.path, exc) from exc
+                raise invalid_json(self.path, exc) from exc
         text.consume(trail - 1)
         yield events
 
@@ -153,26 +139,17 @@ class ChromeTraceStream:
         try:
             return _PIECE.decode(piece)
         except msgspec.ValidationError as exc:
-            raise InputError(self.path, f"is JSON but not a Chrome/Kineto trace ({exc})",
-                             NOT_A_TRACE_FIX) from exc
+            raise not_a_trace(self.path, exc) from exc
         except msgspec.DecodeError:
             return None
 
     def _decode_header(self, text: bytes) -> Document:
         try:
-            doc = _HEADER.decode(text)
+            return _HEADER.decode(text)
         except msgspec.ValidationError as exc:
-            raise InputError(self.path, f"is JSON but not a Chrome/Kineto trace ({exc})",
-                             NOT_A_TRACE_FIX) from exc
+            raise not_a_trace(self.path, exc) from exc
         except msgspec.DecodeError as exc:
-            raise _decode_error(self.path, exc) from exc
-        return doc
-
-
-def _decode_error(path: Path, exc: Exception) -> InputError:
-    truncated = "truncated" in str(exc)
-    problem = "is truncated JSON" if truncated else f"is not valid JSON ({exc})"
-    return InputError(path, problem, TRUNCATED_FIX)
+            raise invalid_json(self.path, exc) from exc
 
 
 class _Text:
