@@ -53,20 +53,28 @@ def fill_from_compute_capability(devices: pd.DataFrame) -> pd.DataFrame:
     out = TABLES["devices"].conform(devices)
     if out.empty:
         return out
-    limits = pd.DataFrame(
-        [(major, minor, a.max_blocks_per_sm, a.max_warps_per_sm * 32, a.regs_per_sm,
-          a.max_smem_per_sm_bytes, 32) for (major, minor), a in ARCH_LIMITS.items()],
-        columns=["cc_major", "cc_minor", *_FILLED],
-    ).astype("Int64")
-    known = out[["cc_major", "cc_minor"]].merge(limits, how="left", on=["cc_major", "cc_minor"])
-    nvidia = (out["vendor"] == "nvidia").to_numpy()
+    known = [_defaults(major, minor) if vendor == "nvidia" else {}
+             for major, minor, vendor in zip(out["cc_major"], out["cc_minor"], out["vendor"],
+                                             strict=True)]  # one per GPU: a handful of rows
     for col in _FILLED:
-        out[col] = out[col].fillna(known[col].where(nvidia))
+        fallback = pd.array([row.get(col) for row in known], dtype="Int64")
+        out[col] = out[col].fillna(pd.Series(fallback, index=out.index))
     return out
 
 
-_FILLED = ["max_blocks_per_sm", "max_threads_per_sm", "regs_per_sm", "smem_per_sm_bytes",
-           "warp_size"]
+_FILLED = ("max_blocks_per_sm", "max_threads_per_sm", "regs_per_sm", "smem_per_sm_bytes",
+           "warp_size")
+
+
+def _defaults(major: object, minor: object) -> dict[str, int]:
+    if pd.isna(major) or pd.isna(minor):
+        return {}
+    limits = arch_limits(int(major), int(minor))  # type: ignore[call-overload]
+    if limits is None:
+        return {}
+    return dict(zip(_FILLED, (limits.max_blocks_per_sm, limits.max_warps_per_sm * 32,
+                              limits.regs_per_sm, limits.max_smem_per_sm_bytes, 32),
+                    strict=True))
 
 
 def vendor_of(name: object) -> str:

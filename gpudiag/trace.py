@@ -52,7 +52,7 @@ class Trace:
         if unknown:
             raise TypeError(f"Trace has no tables {sorted(unknown)}")
         for name in TABLE_NAMES:
-            setattr(self, name, TABLES[name].conform(tables.get(name)))
+            setattr(self, name, tables.get(name))  # __setattr__ conforms
         self.meta: dict[str, Any] = dict(meta or {})
         self.meta.setdefault("sources", [])
         self.meta.setdefault("warnings", {})

@@ -125,7 +125,8 @@ def integers(values: list[Any] | np.ndarray) -> pd.Series:
     arr = values if isinstance(values, np.ndarray) and values.dtype.kind == "f" else floats(
         list(values))
     exact = np.isfinite(arr) & (arr == np.floor(arr)) & (np.abs(arr) <= 2.0**53)
-    return pd.Series(np.where(exact, arr, np.nan)).astype("Int64")
+    data = np.where(exact, arr, 0).astype(np.int64)
+    return pd.Series(pd.arrays.IntegerArray(data, ~exact), copy=False)
 
 
 def _hex_int(value: Any) -> Any:

@@ -29,7 +29,7 @@ from gpudiag.collectors.chrome_json import Document, Event, invalid_json, no_eve
 from gpudiag.collectors.files import GZIP_MAGIC
 from gpudiag.errors import InputError
 
-PIECE_BYTES = 2 << 20
+PIECE_BYTES = 1 << 20
 READ_BYTES = 256 << 10
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -99,7 +99,7 @@ class ChromeTraceStream:
                     continue
                 yield from self._last_piece(array_form)
                 return
-            events = self._try(text.head(cut.start() + 1))
+            events = self._try(text.bracketed(cut.start() + 1))
             if events is None:  # a false boundary, inside a string or a nested object
                 search_from = cut.end()
                 continue
@@ -126,16 +126,14 @@ class ChromeTraceStream:
             if trailing is None or array_form:
                 raise invalid_json(self.path, exc) from exc
             trail = int(trailing.group(1)) - 1  # msgspec counts from 1
-            events = self._try(data[1:trail].rstrip().removesuffix(b"]"))
+            events = self._try(b"[" + data[1:trail].rstrip().removesuffix(b"]") + b"]")
             if events is None:
                 raise invalid_json(self.path, exc) from exc
         text.consume(trail - 1)
         yield events
 
-    def _try(self, body: bytes | bytearray) -> list[Event] | None:
-        piece = bytearray(b"[")
-        piece += body
-        piece += b"]"
+    def _try(self, piece: bytes | bytearray) -> list[Event] | None:
+        """The events of `piece` (a JSON array), or None when it is not valid JSON."""
         try:
             return _PIECE.decode(piece)
         except msgspec.ValidationError as exc:
@@ -234,10 +232,12 @@ class _Text:
     def consume(self, n: int) -> None:
         del self.buf[:n]
 
-    def head(self, n: int) -> bytes:
-        """A copy of the first n bytes (a copy: decoded events keep references into it)."""
-        with memoryview(self.buf) as view:
-            return bytes(view[:n])
+    def bracketed(self, n: int) -> bytearray:
+        """'[' + the first n bytes + ']', a copy (decoded events keep references into it)."""
+        piece = bytearray(n + 2)
+        piece[0], piece[-1] = 0x5B, 0x5D  # [ and ]
+        piece[1:-1] = self.buf[:n]
+        return piece
 
     def rest(self) -> bytes:
         """Everything not consumed yet, reading to the end of the file."""

@@ -60,11 +60,13 @@ def _op(norm: str) -> str | None:
 
 def collectives(
     ev: Events, kernels: pd.DataFrame, kernel_idx: np.ndarray, calls: Calls
-) -> pd.DataFrame:
+) -> pd.DataFrame | None:
     """One row per NCCL kernel of `kernels`, with op, bytes, dtype, group size and
     communicator. `kernel_idx` are the event rows of `kernels`, in the same order; `calls`
     finds each kernel's launch call."""
     is_nccl = on_categories(kernels["name"], lambda c: c.str.contains("nccl", case=False))
+    if not is_nccl.any():
+        return None  # an empty collectives table
     k = kernels[is_nccl].reset_index(drop=True)
     k["name"] = k["name"].cat.remove_unused_categories()
     args = ev.args(kernel_idx[is_nccl])
