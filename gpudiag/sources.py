@@ -35,14 +35,20 @@ def load(paths: PathLike | Sequence[PathLike], *, progress: Progress | None = No
     if not items:
         raise InputError(None, "no input path given", "pass a profile file or directory")
     jobs: list[tuple[Path, Reader | None]] = []
+    skipped: list[str] = []
     for item in items:
-        jobs += _expand(Path(item))
+        jobs += _expand(Path(item), skipped)
     traces = []
     for path, reader in jobs:
         if progress is not None:
             progress(f"reading {path.name}" + (f" ({reader.name})" if reader else ""))
         traces.append(read_file(path, reader))
-    return merge(traces)
+    trace = merge(traces)
+    if skipped:  # files in a folder that no reader accepts: said, never silently dropped
+        trace.meta["skipped"] = skipped
+        trace.warn("files in the folder that are not a profile gpudiag reads (meta skipped)",
+                   len(skipped))
+    return trace
 
 
 def read_file(path: Path, reader: Reader | None = None) -> Trace:
@@ -74,14 +80,14 @@ def detect(path: Path) -> Reader:
     return reader
 
 
-def _expand(path: Path) -> list[tuple[Path, Reader | None]]:
+def _expand(path: Path, skipped: list[str]) -> list[tuple[Path, Reader | None]]:
     if not path.exists():
         raise InputError(path, "does not exist", "check the path")
     if path.is_file():
         return [(path, None)]
     if is_trace_dir(path):
         return [(path, None)]
-    found = _readable_files(sorted(p for p in _walk(path)))
+    found = _readable_files(sorted(p for p in _walk(path)), skipped)
     if not found:
         raise InputError(
             path, "is a directory with no profile gpudiag can read",
@@ -98,7 +104,7 @@ def _walk(root: Path) -> Iterable[Path]:
                 yield Path(dirpath) / name
 
 
-def _readable_files(paths: list[Path]) -> list[tuple[Path, Reader | None]]:
+def _readable_files(paths: list[Path], skipped: list[str]) -> list[tuple[Path, Reader | None]]:
     """The files a reader accepts, without reading one run twice.
 
     Two files that are the same run in two formats are read once: an nsys report and its
@@ -110,8 +116,8 @@ def _readable_files(paths: list[Path]) -> list[tuple[Path, Reader | None]]:
     for path in paths:
         try:
             accepted.append((path, detect(path)))
-        except InputError:
-            continue
+        except InputError as exc:
+            skipped.append(str(exc))
     formats = {(p.parent, _stem(p)): r.name for p, r in accepted}
     folders_with_xplane = {p.parent for p, r in accepted if r.name == "xplane"}
     kept: list[tuple[Path, Reader | None]] = []

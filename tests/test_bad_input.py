@@ -97,7 +97,10 @@ def test_debug_flag_shows_the_traceback(tmp_path: Path) -> None:
 def test_a_good_file_among_bad_ones_in_a_directory_is_read(tmp_path: Path) -> None:
     (tmp_path / "empty.json").write_bytes(b"")
     (tmp_path / "rank0.json").write_bytes(_kineto_bytes())
-    assert len(gpudiag.load(tmp_path).kernels) == 1
+    trace = gpudiag.load(tmp_path)
+    assert len(trace.kernels) == 1
+    assert len(trace.meta["skipped"]) == 1 and "empty.json" in trace.meta["skipped"][0]
+    assert sum(trace.meta["warnings"].values()) == 1
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

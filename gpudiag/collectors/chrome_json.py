@@ -226,17 +226,3 @@ class ArgDecoder:
 
 def _default(field: Any) -> Any:
     return None if field.default is msgspec.NODEFAULT else field.default
-
-
-class ArgRows:
-    """Decoded args of a set of events, read a column at a time."""
-
-    def __init__(self, structs: list[Any]) -> None:
-        self.structs = structs
-
-    def values(self, field: str) -> list[Any]:
-        return column(self.structs, field)
-
-    def num(self, field: str) -> pd.Series:
-        """A numeric arg as nullable Int64 (NA where absent or not an integer)."""
-        return integers(floats(self.values(field)))
