@@ -1,0 +1,84 @@
+"""Findings: what every analyzer reports to the user, in one shape.
+
+A finding is one problem at one place: its cause (a loss cause of the waterfall, or
+`fragmentation` / `kernel` for findings that are not a share of the timeline), the GPU time
+it cost, where it happens (a Python call site when the trace has stacks, else the torch
+op, NVTX range or kernel name), how often, the evidence in numbers, and one concrete action.
+`diagnose()` concatenates every analyzer's findings, fills `share` (of the analyzed GPU
+time) and ranks them by `lost_ns`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+#: the time causes of the waterfall, in the order the report draws them
+LOSS_CAUSES = ("useful", "sync_stall", "launch_bound", "host_bound", "copy", "comm_wait",
+               "small_grid")
+
+#: causes a finding may name besides the waterfall's (not shares of the timeline)
+OTHER_CAUSES = ("fragmentation", "kernel", "comm")
+
+COLUMNS = ("cause", "lost_ns", "share", "where", "count", "evidence", "advice")
+
+#: the one action we recommend per finding kind; analyzers refer to these by key so the
+#: wording lives in one place and tests can check a finding carries the right advice
+ADVICE: Mapping[str, str] = {
+    "sync_item": "move `.item()` / `.cpu()` / `.tolist()` out of the step loop (log every N "
+                 "steps, or keep the value on the GPU)",
+    "sync_device": "remove the explicit synchronize from the step loop; time with CUDA events "
+                   "and synchronize only where the host needs a result",
+    "sync_event": "wait on the event from the GPU side (stream.wait_event) instead of "
+                  "blocking the host",
+    "sync_copy": "make the device-to-host copy non_blocking=True into pinned memory and read "
+                 "it a step later",
+    "launch_bound": "fewer, larger launches: CUDA graphs or torch.compile(mode='reduce-overhead') "
+                    "(or jax.jit the step)",
+    "host_bound": "overlap host work with the GPU: DataLoader(num_workers>0, pin_memory=True, "
+                  "prefetch_factor), move Python work out of the step",
+    "copy_pageable": "pinned memory and non_blocking=True (DataLoader(pin_memory=True) or "
+                     "tensor.pin_memory())",
+    "copy_sync": "use cudaMemcpyAsync / non_blocking=True on a side stream so copies overlap "
+                 "compute",
+    "copy_small": "batch small copies into one larger transfer",
+    "comm_wait": "balance work across ranks (the late rank arrives last every step); check "
+                 "data loading and stragglers on that rank",
+    "comm_exposed": "overlap communication with compute (DDP bucket_cap_mb, FSDP prefetch, "
+                    "async collectives) or gradient accumulation to communicate less often",
+    "small_grid": "give the kernel more blocks than the GPU has SMs x blocks/SM: larger batch, "
+                  "split-K / more tiles, or fuse small launches (torch.compile)",
+    "tail": "choose a grid that is a whole number of waves (or many waves), so the last wave "
+            "is not mostly idle",
+    "fragmentation": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    "occupancy": "raise occupancy: fewer registers per thread (__launch_bounds__), less shared "
+                 "memory per block, or a block size that fits more blocks per SM",
+}
+
+
+def frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame | None = None) -> pd.DataFrame:
+    """Findings as a DataFrame with exactly COLUMNS, typed; missing columns filled."""
+    out = pd.DataFrame(list(rows) if rows is not None and not isinstance(rows, pd.DataFrame)
+                       else rows)
+    for col in COLUMNS:
+        if col not in out:
+            out[col] = pd.NA
+    out = out.loc[:, list(COLUMNS)]
+    out["cause"] = out["cause"].astype("string")
+    out["lost_ns"] = pd.to_numeric(out["lost_ns"], errors="coerce").fillna(0).astype("int64")
+    out["share"] = pd.to_numeric(out["share"], errors="coerce").astype("float64")
+    out["count"] = pd.to_numeric(out["count"], errors="coerce").fillna(0).astype("int64")
+    for col in ("where", "evidence", "advice"):
+        out[col] = out[col].astype("string")
+    return out.reset_index(drop=True)
+
+
+def combine(parts: Iterable[pd.DataFrame], window_ns: int) -> pd.DataFrame:
+    """All findings ranked by lost time, `share` = lost_ns / window_ns (NaN without one)."""
+    frames = [frame(p) for p in parts if p is not None and len(p)]
+    out = pd.concat(frames, ignore_index=True) if frames else frame()
+    out["share"] = out["lost_ns"] / window_ns if window_ns > 0 else float("nan")
+    return out.sort_values(["lost_ns", "count"], ascending=False, kind="stable",
+                           ignore_index=True)

@@ -1,0 +1,138 @@
+"""Interval algebra on numpy arrays, for the analyzers.
+
+Every analyzer asks the same few questions of time intervals: what is their union (busy
+time), what is left of a window outside it (idle gaps), how much of each interval lies
+inside a set of disjoint intervals (overlap). Doing these with sorts, cumulative sums and
+`searchsorted` keeps a 10-million-kernel trace free of Python loops per event.
+
+Intervals are half-open `[start, end)` in int64 ns. A "set" is sorted, disjoint and
+non-touching (what `union` returns).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int64]
+Spans = tuple[IntArray, IntArray]
+
+
+def as_ns(values: npt.ArrayLike) -> IntArray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def union(start: npt.ArrayLike, end: npt.ArrayLike) -> Spans:
+    """The union of intervals as a set; intervals that touch are merged (as HTA merges).
+
+    Empty intervals (end <= start) add nothing.
+    """
+    s, e = as_ns(start), as_ns(end)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if len(s) == 0:
+        return s, e
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(s) - 1)
+    return s[first], reach[last]
+
+
+def total(spans: Spans) -> int:
+    s, e = spans
+    return int((e - s).sum())
+
+
+def complement(spans: Spans, lo: int, hi: int) -> Spans:
+    """The parts of `[lo, hi)` outside a set: the gaps."""
+    s, e = clip(spans, lo, hi)
+    starts = np.concatenate([[lo], e]).astype(np.int64)
+    ends = np.concatenate([s, [hi]]).astype(np.int64)
+    keep = ends > starts
+    return starts[keep], ends[keep]
+
+
+def clip(spans: Spans, lo: int, hi: int) -> Spans:
+    """A set restricted to `[lo, hi)`."""
+    s, e = np.maximum(spans[0], lo), np.minimum(spans[1], hi)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def covered_before(spans: Spans, t: npt.ArrayLike) -> IntArray:
+    """For each time t, how much of the set lies before t."""
+    s, e = spans
+    t = as_ns(t)
+    if len(s) == 0:
+        return np.zeros(t.shape, dtype=np.int64)
+    lengths = e - s
+    before = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    idx = np.searchsorted(s, t, side="right") - 1
+    inside = idx >= 0
+    safe = np.maximum(idx, 0)
+    partial = np.clip(t - s[safe], 0, lengths[safe])
+    return np.where(inside, before[safe] + partial, 0)
+
+
+def overlap(start: npt.ArrayLike, end: npt.ArrayLike, spans: Spans) -> IntArray:
+    """For each interval `[start, end)`, the length of it that lies inside the set."""
+    s, e = as_ns(start), as_ns(end)
+    return np.maximum(covered_before(spans, np.maximum(e, s)) - covered_before(spans, s), 0)
+
+
+def intersect(a: Spans, b: Spans) -> Spans:
+    """The intersection of two sets, as a set."""
+    return _where_count(a, b, 2)
+
+
+def subtract(a: Spans, b: Spans) -> Spans:
+    """The parts of set `a` outside set `b`."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return a
+    both = intersect(a, b)
+    lo, hi = int(a[0][0]), int(a[1][-1])
+    return intersect(a, complement(both, lo, hi))
+
+
+def _where_count(a: Spans, b: Spans, level: int) -> Spans:
+    """Where the number of sets covering a time equals `level` (a sweep line)."""
+    times = np.concatenate([a[0], a[1], b[0], b[1]])
+    steps = np.concatenate([np.ones(len(a[0])), -np.ones(len(a[1])),
+                            np.ones(len(b[0])), -np.ones(len(b[1]))]).astype(np.int64)
+    if len(times) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.lexsort((steps, times))  # at one time, ends before starts
+    times, depth = times[order], np.cumsum(steps[order])
+    on = depth[:-1] == level
+    s, e = times[:-1][on], times[1:][on]
+    return union(s, e)
+
+
+def segments(start: npt.ArrayLike, end: npt.ArrayLike,
+             weight: npt.ArrayLike | None = None) -> tuple[IntArray, IntArray, IntArray,
+                                                            npt.NDArray[np.float64]]:
+    """Cut the timeline at every interval boundary: elementary segments `[s, e)` with the
+    number of intervals covering each and the sum of their weights.
+
+    The weights let one sweep answer "how much of the device did the running kernels use"
+    (weights = each kernel's SM efficiency) without visiting kernels one by one.
+    """
+    s, e = as_ns(start), as_ns(end)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    w = np.ones(len(s)) if weight is None else np.asarray(weight, dtype=np.float64)[keep]
+    times = np.concatenate([s, e])
+    count_step = np.concatenate([np.ones(len(s), np.int64), -np.ones(len(e), np.int64)])
+    weight_step = np.concatenate([w, -w])
+    order = np.argsort(times, kind="stable")
+    times = times[order]
+    count = np.cumsum(count_step[order])
+    summed = np.cumsum(weight_step[order])
+    nonempty = times[1:] > times[:-1]
+    return (times[:-1][nonempty], times[1:][nonempty], count[:-1][nonempty],
+            summed[:-1][nonempty])
