@@ -42,7 +42,7 @@ def frame_label(name: str) -> str:
 
 def is_user_frame(name: str) -> bool:
     m = _PY_FRAME.match(name)
-    return bool(m) and not _LIBRARY.search(m["file"])
+    return m is not None and not _LIBRARY.search(m["file"])
 
 
 def launch_calls(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
@@ -91,7 +91,9 @@ def where_at(trace: Trace, pid: npt.ArrayLike, tid: npt.ArrayLike,
         names = layer["name"].astype(str).to_numpy()
         labels = np.full(len(names), None, dtype=object)
         labels[hit] = [label(names[i]) for i in hit]  # one per distinct range hit
-        out[missing] = np.where(found >= 0, labels[np.maximum(found, 0)], None)
+        picked = labels[np.maximum(found, 0)]
+        picked[found < 0] = None
+        out[missing] = picked
     return out
 
 
