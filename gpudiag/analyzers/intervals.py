@@ -114,25 +114,25 @@ def _where_count(a: Spans, b: Spans, level: int) -> Spans:
 
 
 def segments(start: npt.ArrayLike, end: npt.ArrayLike,
-             weight: npt.ArrayLike | None = None) -> tuple[IntArray, IntArray, IntArray,
-                                                            npt.NDArray[np.float64]]:
-    """Cut the timeline at every interval boundary: elementary segments `[s, e)` with the
-    number of intervals covering each and the sum of their weights.
+             weights: npt.ArrayLike | None = None
+             ) -> tuple[IntArray, IntArray, npt.NDArray[np.float64]]:
+    """Cut the timeline at every interval boundary: elementary segments `[s, e)` and, for
+    each, the sum over the intervals covering it of each weight column.
 
-    The weights let one sweep answer "how much of the device did the running kernels use"
-    (weights = each kernel's SM efficiency) without visiting kernels one by one.
+    `weights` is (n,) or (n, k); without it the sum is the number of covering intervals.
+    Several weight columns in one sweep answer "how many kernels, how many copies and how
+    much of the SMs do the running kernels use" on identical segment boundaries, without
+    visiting intervals one by one. Segments covered by nothing are included (sums 0).
     """
     s, e = as_ns(start), as_ns(end)
+    w = np.ones((len(s), 1)) if weights is None else np.asarray(weights, dtype=np.float64)
+    w = w.reshape(len(s), -1)
     keep = e > s
-    s, e = s[keep], e[keep]
-    w = np.ones(len(s)) if weight is None else np.asarray(weight, dtype=np.float64)[keep]
+    s, e, w = s[keep], e[keep], w[keep]
     times = np.concatenate([s, e])
-    count_step = np.concatenate([np.ones(len(s), np.int64), -np.ones(len(e), np.int64)])
-    weight_step = np.concatenate([w, -w])
+    steps = np.concatenate([w, -w])
     order = np.argsort(times, kind="stable")
     times = times[order]
-    count = np.cumsum(count_step[order])
-    summed = np.cumsum(weight_step[order])
+    summed = np.cumsum(steps[order], axis=0)
     nonempty = times[1:] > times[:-1]
-    return (times[:-1][nonempty], times[1:][nonempty], count[:-1][nonempty],
-            summed[:-1][nonempty])
+    return times[:-1][nonempty], times[1:][nonempty], summed[:-1][nonempty]

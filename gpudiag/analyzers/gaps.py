@@ -1,0 +1,234 @@
+"""Idle GPU time, cut into gaps and each gap attributed to one cause.
+
+For each device (a `(rank, device)` pair) the window runs from its first to its last GPU
+event (kernels, copies, memsets, all streams and processes); busy is the union of those
+events and a *gap* is a maximal idle interval inside the window. The GPU event that ends a
+gap is the *next event*; its API call (joined through the correlation id) started at `l0`
+on host thread (pid, tid). Rules, in precedence order:
+
+1. **sync_stall** — the whole gap, when a blocking host wait (see `waits.py`) on the next
+   event's process started no later than the gap's start and returned inside the gap (no
+   later than `l0` when the next event was issued during the gap; `sync_tolerance_ns`
+   absorbs the microsecond rounding of Kineto clocks): the host sat in a synchronize (or
+   `.item()`, a synchronous copy) while the queue drained, and the GPU stayed idle until
+   the host launched again.
+2. **copy** — from the gap's start to the end of a memcpy API call of that process that
+   was in progress when the GPU went idle (pageable staging or a synchronous copy held the
+   host); the rest of the gap goes on to rules 3-5.
+3. When the next event was issued before (what is left of) the gap began (`l0 <= start`),
+   the work was queued: a gap shorter than `launch_gap_ns` is launch and dispatch latency,
+   **launch_bound** (**copy** when the next event is a copy), HTA's "kernel wait"; a longer
+   one is queued work waiting on a dependency that host progress releases (an event the
+   host records later, a stream wait), **host_bound** (HTA's "other").
+4. Otherwise the host had not issued the next event when the GPU went idle (HTA's "host
+   wait"). The gap is split at `l0`: `[start, l0)` is **launch_bound** if shorter than
+   `launch_gap_ns` (per-op host overhead between back-to-back launches, what CUDA graphs
+   remove) and **host_bound** otherwise (data loading, Python, I/O); `[l0, end)` is the
+   launch latency of the next event: **copy** for a copy, else **launch_bound**.
+5. Without a launch call (no `api` table or no correlation): **launch_bound** below
+   `launch_gap_ns`, else **host_bound**.
+
+The output has one row per attributed *piece* (rules 2 and 4 split a gap), so the
+pieces of a device tile its idle time exactly.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from gpudiag.analyzers import callsites, intervals
+from gpudiag.analyzers.waits import blocking_waits
+from gpudiag.collectors.intervals import range_max
+from gpudiag.trace import Trace
+
+#: host calls that copy memory (Async or not): rule 2 looks for one open at a gap's start
+COPY_APIS = re.compile(r"^(?:cuda|hip)Memcpy|^cuMemcpy|^(?:cuda|hip)Memset|^cuMemset")
+
+GAP_COLUMNS = ("rank", "device", "start_ns", "end_ns", "gap_start_ns", "gap_end_ns", "cause",
+               "pid", "tid", "next_table", "next_row", "launch_ns", "wait_kind", "wait_api",
+               "wait_start_ns", "wait_tid")
+
+
+def gpu_events(trace: Trace) -> pd.DataFrame:
+    """Kernels and copies as one table: `rank, device, pid, stream, start_ns, end_ns,
+    correlation, table, row` (row = index in its own table), rank NA -> -1."""
+    parts = []
+    for table in ("kernels", "copies"):
+        frame = getattr(trace, table)
+        part = frame[["rank", "device", "pid", "stream", "start_ns", "end_ns",
+                      "correlation"]].copy()
+        part["table"] = table
+        part["row"] = frame.index.to_numpy()
+        parts.append(part)
+    events = pd.concat(parts, ignore_index=True)
+    events["rank"] = events["rank"].fillna(-1)
+    events["device"] = events["device"].fillna(-1)
+    return events[events["end_ns"] >= events["start_ns"]]
+
+
+def idle_gaps(trace: Trace, *, launch_gap_ns: int = 50_000, sync_tolerance_ns: int = 2_000,
+              window: tuple[int, int] | None = None) -> pd.DataFrame:
+    """Every idle interval of every device with its cause (rules in the module docstring).
+
+        gaps = idle_gaps(trace)
+        gaps.groupby("cause")["end_ns"].count()
+        (gaps.end_ns - gaps.start_ns).groupby(gaps.cause).sum()
+
+    `launch_gap_ns` (default 50 µs, HTA's runtime cutoff) separates per-launch host
+    overhead from host work; `window` = (start_ns, end_ns) limits the analysis.
+    """
+    events = gpu_events(trace)
+    frames = [_device_gaps(group, window)
+              for _, group in events.groupby(["rank", "device"], sort=True)]
+    gaps = pd.concat(frames, ignore_index=True) if frames else _empty_gaps()
+    if gaps.empty:
+        return _empty_gaps()
+    launch = callsites.launch_calls(trace, gaps)
+    gaps["tid"] = launch["tid"]
+    gaps["launch_ns"] = launch["api_start_ns"]
+    _attach_waits(gaps, blocking_waits(trace), sync_tolerance_ns)
+    gaps["copy_until_ns"] = _copy_in_progress(gaps, trace.api)
+    return _pieces(gaps, launch_gap_ns)
+
+
+def _device_gaps(events: pd.DataFrame, window: tuple[int, int] | None) -> pd.DataFrame:
+    start = events["start_ns"].to_numpy(np.int64)
+    end = events["end_ns"].to_numpy(np.int64)
+    lo, hi = int(start.min()), int(end.max())
+    if window is not None:
+        lo, hi = max(lo, window[0]), min(hi, window[1])
+    if hi <= lo:
+        return _empty_gaps()
+    busy = intervals.union(start, end)
+    gs, ge = intervals.complement(busy, lo, hi)
+    order = np.argsort(start, kind="stable")
+    nxt = order[np.minimum(np.searchsorted(start[order], ge, side="left"), len(order) - 1)]
+    has_next = start[nxt] == ge
+    picked = events.iloc[nxt]
+    return pd.DataFrame({
+        "rank": events["rank"].iloc[0], "device": events["device"].iloc[0],
+        "gap_start_ns": gs, "gap_end_ns": ge,
+        "pid": picked["pid"].to_numpy(), "correlation": picked["correlation"].to_numpy(),
+        "next_table": np.where(has_next, picked["table"].to_numpy(), None),
+        "next_row": np.where(has_next, picked["row"].to_numpy(), -1),
+    })
+
+
+def _attach_waits(gaps: pd.DataFrame, waits: pd.DataFrame, tolerance: int) -> None:
+    """Mark gaps that a blocking wait on the next event's process explains (rule 1)."""
+    n = len(gaps)
+    found = np.full(n, -1, dtype=np.int64)
+    if len(waits) and n:
+        found = _find_wait(gaps, waits, tolerance)
+    hit = found >= 0
+    safe = np.maximum(found, 0)
+
+    def pick(col: str, dtype: str) -> pd.Series:
+        values = pd.Series(waits[col].to_numpy()[safe] if len(waits) else [pd.NA] * n,
+                           index=gaps.index).astype(dtype)
+        return values.where(hit)
+
+    gaps["wait_kind"] = pick("kind", "string")
+    gaps["wait_api"] = pick("api", "string")
+    gaps["wait_start_ns"] = pick("start_ns", "Int64")
+    gaps["wait_tid"] = pick("tid", "Int64")
+
+
+def _find_wait(gaps: pd.DataFrame, waits: pd.DataFrame, tolerance: int) -> npt.NDArray[np.int64]:
+    """Index into `waits` of a wait on the gap's process that began by the gap's start and
+    returned inside [start - tolerance, min(end, l0)], else -1.
+
+    Waits of a process are keyed (process code, end time) and sorted; for each gap the
+    candidates form one contiguous run of that order, and the earliest-starting of them is
+    found with one range maximum over all gaps at once, no loop per gap.
+    """
+    pids = pd.Index(pd.concat([waits["pid"], gaps["pid"]]).dropna().unique())
+    wcode = pids.get_indexer(waits["pid"]).astype(np.int64)
+    gcode = pids.get_indexer(gaps["pid"]).astype(np.int64)
+    base = min(int(waits["start_ns"].min()), int(gaps["gap_start_ns"].min())) - tolerance
+    span = np.int64(max(int(waits["end_ns"].max()), int(gaps["gap_end_ns"].max())) - base + 1)
+    wkey = wcode * span + (waits["end_ns"].to_numpy(np.int64) - base)
+    order = np.argsort(wkey, kind="stable")
+    wkey = wkey[order]
+    starts = waits["start_ns"].to_numpy(np.int64)[order]
+    n = np.int64(len(starts))
+    # one int64 holds (earliness rank, position): the range maximum names the wait too
+    earliness = n - 1 - np.argsort(np.argsort(starts, kind="stable"), kind="stable")
+    packed = earliness.astype(np.int64) * n + np.arange(n, dtype=np.int64)
+    g0 = gaps["gap_start_ns"].to_numpy(np.int64)
+    upper = gaps["gap_end_ns"].to_numpy(np.int64)
+    launch = gaps["launch_ns"].to_numpy(dtype="float64", na_value=np.nan)
+    issued_in_gap = ~np.isnan(launch) & (np.nan_to_num(launch) > g0)
+    upper = np.where(issued_in_gap, np.minimum(upper, np.nan_to_num(launch)), upper)
+    lo = np.searchsorted(wkey, gcode * span + (g0 - tolerance - base), side="left")
+    hi = np.searchsorted(wkey, gcode * span + (upper.astype(np.int64) + tolerance - base),
+                         side="right")
+    valid = (gcode >= 0) & (hi > lo)
+    best = range_max(packed, np.where(valid, lo, 0), np.where(valid, hi, 1))
+    pos = best % n
+    ok = valid & (starts[pos] <= g0 + tolerance)
+    return np.where(ok, order[pos], -1)
+
+
+def _copy_in_progress(gaps: pd.DataFrame, api: pd.DataFrame) -> npt.NDArray[np.int64]:
+    """For each gap, the end of a memcpy API call of its process open at the gap's start
+    (clipped to the gap), or the gap's start when there is none (rule 2)."""
+    g0 = gaps["gap_start_ns"].to_numpy(np.int64)
+    g1 = gaps["gap_end_ns"].to_numpy(np.int64)
+    copies = api[api["name"].isin([n for n in api["name"].cat.categories
+                                   if COPY_APIS.search(n)])]
+    if copies.empty:
+        return g0
+    pids = pd.Index(copies["pid"].dropna().unique())
+    ccode = pids.get_indexer(copies["pid"]).astype(np.int64)
+    gcode = pids.get_indexer(gaps["pid"]).astype(np.int64)
+    base = min(int(copies["start_ns"].min()), int(g0.min()))
+    span = np.int64(max(int(copies["end_ns"].max()), int(g1.max())) - base + 1)
+    key = ccode * span + (copies["start_ns"].to_numpy(np.int64) - base)
+    order = np.argsort(key, kind="stable")
+    reach = np.maximum.accumulate(ccode[order] * span
+                                  + (copies["end_ns"].to_numpy(np.int64)[order] - base))
+    i = np.searchsorted(key[order], gcode * span + (g0 - base), side="right") - 1
+    end = reach[np.maximum(i, 0)] - gcode * span + base  # latest end among calls begun
+    open_at_start = (gcode >= 0) & (i >= 0) & (end > g0)
+    return np.where(open_at_start, np.minimum(end, g1), g0)
+
+
+def _pieces(gaps: pd.DataFrame, launch_gap_ns: int) -> pd.DataFrame:
+    """Apply rules 1-5: one row per attributed piece."""
+    g0 = gaps["gap_start_ns"].to_numpy(np.int64)
+    g1 = gaps["gap_end_ns"].to_numpy(np.int64)
+    sync = gaps["wait_kind"].notna().to_numpy()
+    copy_end = np.where(sync, g0, gaps["copy_until_ns"].to_numpy(np.int64))
+    launch = gaps["launch_ns"].to_numpy(dtype="float64", na_value=np.nan)
+    known = ~np.isnan(launch)
+    l0 = np.where(known, np.nan_to_num(launch), 0).astype(np.int64)
+    is_copy = (gaps["next_table"] == "copies").to_numpy()
+    rest = ~sync & (copy_end < g1)
+    queued = known & (l0 <= copy_end)
+    host_wait = known & (l0 > copy_end)
+    split = np.where(host_wait, np.minimum(l0, g1), g1)
+    short = (split - copy_end) < launch_gap_ns
+    middle = np.select([queued & short & is_copy, short], ["copy", "launch_bound"], "host_bound")
+    tail = host_wait & (split < g1) & rest
+    parts = [
+        gaps[sync].assign(start_ns=g0[sync], end_ns=g1[sync], cause="sync_stall"),
+        gaps.assign(start_ns=g0, end_ns=copy_end, cause="copy")[~sync],
+        gaps.assign(start_ns=copy_end, end_ns=split, cause=middle)[rest],
+        gaps.assign(start_ns=split, end_ns=g1,
+                    cause=np.where(is_copy, "copy", "launch_bound"))[tail],
+    ]
+    out = pd.concat(parts, ignore_index=True)
+    out = out[out["end_ns"] > out["start_ns"]]
+    out = out.sort_values(["rank", "device", "start_ns"], kind="stable", ignore_index=True)
+    return out.loc[:, list(GAP_COLUMNS)].astype({"cause": "string"})
+
+
+def _empty_gaps() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="Int64") for c in GAP_COLUMNS}).astype(
+        {"cause": "string", "next_table": "object", "wait_kind": "string",
+         "wait_api": "string"})

@@ -1,0 +1,173 @@
+"""Blocking sync points: where the host waits for the GPU, and what the GPU loses by it.
+
+A sync point is one (kind, call site): every explicit synchronize, synchronous copy and the
+implicit syncs PyTorch makes (`.item()`, `.cpu()`, `.tolist()`, `bool(tensor)`, `nonzero`
+and other ops whose output size depends on GPU data), recognized by the torch op open on
+the thread when the wait began. For each: how often, how long the host waited
+(`host_wait_ns`), how much GPU idle the loss model attributed to it (`gpu_idle_ns`: the
+sync_stall gaps it ended, see `gaps.py`), and how it recurs per training step.
+
+Works on host-only data: an Nsight Systems export without GPU activity still has its
+synchronize calls; they are counted and their host wait reported, with no GPU idle.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.analyzers import callsites
+from gpudiag.analyzers.findings import ADVICE, frame
+from gpudiag.analyzers.gaps import idle_gaps
+from gpudiag.analyzers.waits import blocking_waits
+from gpudiag.trace import Trace
+
+#: innermost torch op at the wait -> the implicit sync it stands for
+TORCH_SYNC_OPS = {
+    "aten::item": "item", "aten::_local_scalar_dense": "item", "aten::is_nonzero": "item",
+    "aten::tolist": "item", "aten::cpu": "to_cpu", "aten::to": "blocking_copy",
+    "aten::_to_copy": "blocking_copy", "aten::copy_": "blocking_copy",
+    "aten::nonzero": "data_dependent",
+    "aten::masked_select": "data_dependent", "aten::unique": "data_dependent",
+    "aten::_unique2": "data_dependent", "aten::repeat_interleave": "data_dependent",
+    "aten::index": "data_dependent",
+}
+
+_ADVICE_BY_KIND = {"item": "sync_item", "to_cpu": "sync_copy", "copy": "sync_copy",
+                   "blocking_copy": "sync_copy",
+                   "event": "sync_event", "data_dependent": "sync_item"}
+
+COLUMNS = ("kind", "where", "count", "host_wait_ns", "gpu_idle_ns", "steps_with",
+           "per_step", "api")
+
+
+def sync_points(trace: Trace, **gap_options: int) -> pd.DataFrame:
+    """One row per (kind, call site), most GPU idle first: `kind, where, count,
+    host_wait_ns, gpu_idle_ns, steps_with, per_step, api`.
+
+        points = sync_points(trace)
+        points.head()                       # the syncs that cost the GPU the most
+        points[points.kind == "item"]       # the .item() calls
+
+    `steps_with` counts the training steps (step ranges) holding such a sync and
+    `per_step` = count / steps; both NA without step markers. `gap_options` go to
+    `gaps.idle_gaps`.
+    """
+    waits = classified_waits(trace, **gap_options)
+    if waits.empty:
+        return _empty()
+    waits["host_wait_ns"] = waits["end_ns"] - waits["start_ns"]
+    grouped = waits.groupby(["kind", "where"], sort=False, dropna=False)
+    out = grouped.agg(count=("start_ns", "size"), host_wait_ns=("host_wait_ns", "sum"),
+                      gpu_idle_ns=("gpu_idle_ns", "sum"), steps_with=("step", "nunique"),
+                      api=("api", _most_common)).reset_index()
+    steps = _steps(trace)
+    if steps.empty:
+        out["steps_with"] = pd.NA
+        out["per_step"] = np.nan
+    else:
+        out["per_step"] = out["count"] / len(steps)
+    out = out.sort_values(["gpu_idle_ns", "host_wait_ns"], ascending=False, ignore_index=True)
+    return out.loc[:, list(COLUMNS)].astype({"kind": "string", "where": "string",
+                                             "steps_with": "Int64", "api": "string"})
+
+
+def classified_waits(trace: Trace, **gap_options: int) -> pd.DataFrame:
+    """`waits.blocking_waits` with `kind` refined by the torch op open at each wait,
+    `where` (the call site), `gpu_idle_ns` (sync_stall time it ended) and `step`."""
+    waits = blocking_waits(trace)
+    if waits.empty:
+        return waits.assign(where=pd.Series(dtype="string"), gpu_idle_ns=pd.Series(dtype="int64"),
+                            step=pd.Series(dtype="Int64"))
+    ops = trace.ranges[trace.ranges["source"] == "torch_op"]
+    if len(ops):
+        hit = callsites.innermost(ops, waits["pid"].array, waits["tid"].array,
+                                  waits["start_ns"].to_numpy(np.int64))
+        op_names = np.where(hit >= 0, ops["name"].astype(str).to_numpy()[np.maximum(hit, 0)], "")
+        implicit = pd.Series(op_names).map(TORCH_SYNC_OPS)
+        waits["kind"] = implicit.fillna(waits["kind"]).astype("string")
+    where = callsites.where_at(trace, waits["pid"], waits["tid"], waits["start_ns"])
+    fallback = waits["api"].fillna(waits["kind"]).astype(str).to_numpy()
+    waits["where"] = pd.array(np.where(pd.isna(where), fallback, where), dtype="string")
+    waits["gpu_idle_ns"] = _idle_ended(trace, waits, gap_options)
+    waits["step"] = _step_of(trace, waits)
+    return waits
+
+
+def _idle_ended(trace: Trace, waits: pd.DataFrame, gap_options: dict[str, int]) -> np.ndarray:
+    gaps = idle_gaps(trace, **gap_options)
+    stalls = gaps[gaps["cause"] == "sync_stall"]
+    if stalls.empty:
+        return np.zeros(len(waits), dtype=np.int64)
+    lost = (stalls["end_ns"] - stalls["start_ns"]).groupby(
+        [stalls["pid"], stalls["wait_start_ns"]]).sum()
+    keys = pd.MultiIndex.from_arrays([waits["pid"], waits["start_ns"]])
+    pos = lost.index.get_indexer(keys)
+    values = lost.to_numpy(np.int64)
+    # several waits may start together (a stream sync under .item()): credit the first
+    first = ~keys.duplicated()
+    return np.where((pos >= 0) & first, values[np.maximum(pos, 0)], 0)
+
+
+def _steps(trace: Trace) -> pd.DataFrame:
+    return trace.ranges[trace.ranges["source"] == "step"]
+
+
+def _step_of(trace: Trace, waits: pd.DataFrame) -> pd.Series:
+    steps = _steps(trace)
+    if steps.empty:
+        return pd.Series(pd.NA, index=waits.index, dtype="Int64")
+    hit = callsites.innermost(steps, waits["pid"].array, waits["tid"].array,
+                              waits["start_ns"].to_numpy(np.int64))
+    if (hit < 0).all():  # step ranges on another thread: match by time on the process
+        order = steps.sort_values("start_ns")
+        i = np.searchsorted(order["start_ns"].to_numpy(np.int64),
+                            waits["start_ns"].to_numpy(np.int64), side="right") - 1
+        inside = (i >= 0) & (order["end_ns"].to_numpy(np.int64)[np.maximum(i, 0)]
+                             > waits["start_ns"].to_numpy(np.int64))
+        return pd.Series(np.where(inside, i, -1), index=waits.index).replace(-1, pd.NA
+                                                                             ).astype("Int64")
+    return pd.Series(hit, index=waits.index).replace(-1, pd.NA).astype("Int64")
+
+
+def _most_common(values: pd.Series) -> object:
+    counts = values.dropna().value_counts()
+    return counts.index[0] if len(counts) else pd.NA
+
+
+def findings(trace: Trace, *, min_lost_ns: int = 0, **gap_options: int) -> pd.DataFrame:
+    """Sync points that cost GPU time (or, on host-only data, host time), as findings.
+
+        findings(trace).head()
+    """
+    points = sync_points(trace, **gap_options)
+    host_only = trace.kernels.empty and trace.copies.empty
+    if host_only:  # no GPU timeline: rank by the host time blocked instead
+        points = points[points["host_wait_ns"] > 0].assign(gpu_idle_ns=points["host_wait_ns"])
+    else:
+        points = points[points["gpu_idle_ns"] > min_lost_ns]
+    note = " (host time: the trace has no GPU activity)" if host_only else ""
+    rows = [{
+        "cause": "sync_stall", "lost_ns": p.gpu_idle_ns, "where": p.where, "count": p.count,
+        "evidence": _evidence(p) + note,
+        "advice": ADVICE[_ADVICE_BY_KIND.get(str(p.kind), "sync_device")],
+    } for p in points.itertuples()]  # one per sync site: a few dozen at most
+    return frame(rows)
+
+
+def _evidence(p: object) -> str:
+    per_step = p.per_step
+    recur = f", {per_step:.1f} per step" if pd.notna(per_step) else ""
+    api = p.api
+    via = f" via {api}" if isinstance(api, str) else ""
+    return (f"{p.count} {p.kind} syncs{via}{recur}; host waited "
+            f"{p.host_wait_ns / 1e6:.2f} ms, GPU idle after them "
+            f"{p.gpu_idle_ns / 1e6:.2f} ms")
+
+
+def _empty() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="string") for c in ("kind", "where", "api")}
+                        | {c: pd.Series(dtype="int64") for c in ("count", "host_wait_ns",
+                                                                 "gpu_idle_ns")}
+                        | {"steps_with": pd.Series(dtype="Int64"),
+                           "per_step": pd.Series(dtype="float64")}).loc[:, list(COLUMNS)]

@@ -1,0 +1,95 @@
+"""Restricting a trace to a time window: a time range or the span of named ranges.
+
+`gpudiag analyze --window` and `diagnose(trace, window=...)` accept either
+`START:END` with units (`ns`, `us`, `ms`, `s`; relative to the first GPU event, an empty
+side meaning the trace's edge) or the name of a range (an NVTX range, annotation or step
+such as `ProfilerStep#3`; a regular expression matching several spans their union).
+Every analyzer then sees a trace whose events are cut to the window, so each one answers
+for the window without knowing about it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.errors import InputError
+from gpudiag.trace import Trace
+
+_UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+_BOUND = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s)?\s*$")
+
+#: tables with start_ns/end_ns intervals; `samples` has instants. The allocator tables stay
+#: whole: the fragmentation analysis replays them back from the snapshot at the end.
+_INTERVALS = ("kernels", "copies", "api", "syncs", "ranges", "collectives")
+
+
+def resolve(trace: Trace, spec: str | tuple[int, int]) -> tuple[int, int]:
+    """Absolute (start_ns, end_ns) of a window spec (see the module docstring).
+
+        resolve(trace, "100ms:250ms")
+        resolve(trace, "ProfilerStep#3")
+    """
+    if isinstance(spec, tuple):
+        return int(spec[0]), int(spec[1])
+    origin, last = _edges(trace)
+    if ":" in spec and all(_BOUND.match(p) or not p.strip() for p in spec.split(":", 1)):
+        lo_text, hi_text = spec.split(":", 1)
+        lo = origin + _parse(lo_text) if lo_text.strip() else origin
+        hi = origin + _parse(hi_text) if hi_text.strip() else last
+        if hi <= lo:
+            raise InputError("--window", f"window '{spec}' ends before it starts",
+                             "give START:END with END after START, e.g. 100ms:300ms")
+        return lo, hi
+    return _named(trace, spec)
+
+
+def _parse(text: str) -> int:
+    m = _BOUND.match(text)
+    assert m is not None  # checked by the caller
+    return int(float(m[1]) * _UNITS[m[2] or "ns"])
+
+
+def _edges(trace: Trace) -> tuple[int, int]:
+    window = trace.gpu_window_ns()
+    if window is not None:
+        return window
+    starts = [int(f["start_ns"].min()) for n in _INTERVALS if len(f := getattr(trace, n))]
+    ends = [int(f["end_ns"].max()) for n in _INTERVALS if len(f := getattr(trace, n))]
+    return (min(starts), max(ends)) if starts else (0, 0)
+
+
+def _named(trace: Trace, spec: str) -> tuple[int, int]:
+    names = trace.ranges["name"].astype(str)
+    exact = trace.ranges[names == spec]
+    if exact.empty:
+        try:
+            exact = trace.ranges[names.str.fullmatch(spec)]
+        except re.error:
+            exact = exact.iloc[0:0]
+    if exact.empty:
+        sample = ", ".join(sorted(set(trace.ranges.loc[trace.ranges["source"].isin(
+            ["step", "nvtx", "annotation"]), "name"].astype(str)))[:5])
+        raise InputError("--window", f"no range named '{spec}' in the trace",
+                         f"give START:END (e.g. 100ms:300ms) or a range name"
+                         f"{' such as ' + sample if sample else ''}")
+    return int(exact["start_ns"].min()), int(exact["end_ns"].max())
+
+
+def within(trace: Trace, window: tuple[int, int]) -> Trace:
+    """A copy of the trace with only what overlaps `[start, end)`, intervals cut to it."""
+    lo, hi = window
+    tables: dict[str, pd.DataFrame] = {}
+    for name in _INTERVALS:
+        frame = getattr(trace, name)
+        keep = frame[(frame["end_ns"] > lo) & (frame["start_ns"] < hi)].copy()
+        keep["start_ns"] = np.maximum(keep["start_ns"].to_numpy(np.int64), lo)
+        keep["end_ns"] = np.minimum(keep["end_ns"].to_numpy(np.int64), hi)
+        tables[name] = keep
+    samples = trace.samples
+    tables["samples"] = samples[(samples["ts_ns"] >= lo) & (samples["ts_ns"] < hi)]
+    return Trace(meta={**trace.meta, "window_ns": [lo, hi]}, devices=trace.devices,
+                 memory=trace.memory, memory_blocks=trace.memory_blocks,
+                 metrics=trace.metrics, **tables)
