@@ -32,15 +32,27 @@ def cli(debug: bool) -> None:
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--top", default=10, show_default=True, help="How many kernels to list.")
-def analyze(paths: tuple[Path, ...], as_json: bool, top: int) -> None:
-    """Read profiles (files or directories) and print what they hold.
+@click.option("--top", default=10, show_default=True,
+              help="How many kernels and findings to list.")
+@click.option("--fail-on", "fail_on", metavar="BUDGETS",
+              help="Exit 1 when a loss exceeds its budget, e.g. 'sync_stall>5%,host_bound>20ms'.")
+@click.option("--window", metavar="RANGE",
+              help="Analyze only START:END (e.g. 100ms:300ms from the first GPU event) or "
+                   "the span of a named range (e.g. ProfilerStep#3).")
+@click.option("--steps", is_flag=True, help="Also show the waterfall of every training step.")
+def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | None,
+            window: str | None, steps: bool) -> None:
+    """Read profiles (files or directories), attribute the lost GPU time and say what to do.
 
     PATHS may be Kineto/PyTorch traces, Nsight Systems exports, Nsight Compute reports,
     JAX XSpace files, torch memory snapshots or gpudiag run directories; several are merged.
     """
-    from gpudiag.reports.terminal import print_summary
+    from gpudiag import budgets as budget_mod
+    from gpudiag.analyzers.diagnosis import diagnose
+    from gpudiag.reports.terminal import print_diagnosis, print_summary
     from gpudiag.summary import summarize
+
+    budgets = budget_mod.parse(fail_on) if fail_on else []
 
     trace = _load(list(paths))
     if not trace.has_gpu_activity():
@@ -51,10 +63,19 @@ def analyze(paths: tuple[Path, ...], as_json: bool, top: int) -> None:
             "[ProfilerActivity.CPU, ProfilerActivity.CUDA])",
         )
     info = summarize(trace, top=top)
+    dx = diagnose(trace, window=window, steps=steps)
+    info["diagnosis"] = dx.to_dict()
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
     else:
-        print_summary(info, Console(highlight=False))
+        console = Console(highlight=False)
+        print_summary(info, console)
+        print_diagnosis(info["diagnosis"], console, top=top)
+    broken = budget_mod.exceeded(budgets, dx.losses)
+    for line in broken:
+        click.echo(f"gpudiag: {line}", err=True)
+    if broken:
+        sys.exit(1)
 
 
 @cli.command()

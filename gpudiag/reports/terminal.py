@@ -86,3 +86,68 @@ def format_bytes(n: int | None) -> str:
             return f"{value:.3g} {unit}"
         value /= 1024
     return f"{value:.3g} TiB"
+
+
+_CAUSE_STYLE = {"useful": "green", "sync_stall": "red", "launch_bound": "magenta",
+                "host_bound": "yellow", "copy": "cyan", "comm_wait": "blue",
+                "small_grid": "bright_red"}
+
+
+def print_diagnosis(dx: dict[str, Any], console: Console, top: int = 10) -> None:
+    """Print `Diagnosis.to_dict()`: the waterfall per device as bars, then the findings."""
+    _waterfall(dx["losses"], console)
+    if dx.get("by_step"):
+        _steps(dx["by_step"], console)
+    _findings(dx["findings"][:top], console)
+    for note in dx["notes"]:
+        console.print(f"[dim]note[/dim]: {note}", highlight=False)
+
+
+def _waterfall(losses: list[dict[str, Any]], console: Console) -> None:
+    if not losses:
+        return
+    table = Table(title="Where the GPU time went (loss waterfall per device)",
+                  title_justify="left")
+    for col, justify in (("device", "left"), ("cause", "left"), ("time", "right"),
+                         ("share", "right"), ("", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for row in losses:
+        if not row["lost_ns"] and row["cause"] != "useful":
+            continue
+        device = str(row["device"]) if row["rank"] is None else f"r{row['rank']}:{row['device']}"
+        share = row["share"] or 0.0
+        bar = "█" * round(30 * share)
+        table.add_row(device, row["cause"], format_ns(row["lost_ns"]), f"{100 * share:.1f}%",
+                      f"[{_CAUSE_STYLE.get(row['cause'], 'white')}]{bar}[/]")
+    console.print(table)
+
+
+def _findings(findings: list[dict[str, Any]], console: Console) -> None:
+    if not findings:
+        console.print("No findings.")
+        return
+    table = Table(title="Findings, by GPU time lost", title_justify="left", show_lines=True)
+    for col, justify in (("#", "right"), ("cause", "left"), ("lost", "right"),
+                         ("where", "left"), ("evidence", "left"), ("what to do", "left")):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for i, f in enumerate(findings, 1):
+        share = f["share"]
+        lost = format_ns(f["lost_ns"]) + (f" ({100 * share:.1f}%)" if share else "")
+        table.add_row(str(i), f["cause"], lost if f["lost_ns"] else "-", f["where"] or "-",
+                      f["evidence"] or "", f["advice"] or "")
+    console.print(table)
+
+
+def _steps(rows: list[dict[str, Any]], console: Console) -> None:
+    by_step: dict[tuple[Any, Any, str], dict[str, float]] = {}
+    for r in rows:
+        by_step.setdefault((r["rank"], r["device"], r["step"]), {})[r["cause"]] = \
+            r["share"] or 0.0
+    causes = [c for c in _CAUSE_STYLE if any(v.get(c) for v in by_step.values())]
+    table = Table(title="Per step (share of the step's GPU time)", title_justify="left")
+    for col in ("device", "step", *causes):
+        table.add_column(col, justify="left" if col in ("device", "step") else "right")
+    for (rank, device, step), shares in by_step.items():
+        label = str(device) if rank is None else f"r{rank}:{device}"
+        table.add_row(label, step, *(f"{100 * shares.get(c, 0.0):.1f}%" for c in causes))
+    console.print(table)
