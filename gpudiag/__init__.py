@@ -2,13 +2,15 @@
 
     import gpudiag
     trace = gpudiag.load("rank0.pt.trace.json.gz")   # Kineto, nsys, ncu, JAX, memory snapshots
-    trace.kernels.head()
+    dx = gpudiag.diagnose(trace)                       # the loss waterfall and the findings
+    dx.findings.head()
 
 Heavy optional packages (torch, jax, cupy, cupti, ncu_report) are never imported here.
 """
 
 from __future__ import annotations
 
+from gpudiag.analyzers.diagnosis import Diagnosis, diagnose
 from gpudiag.errors import (
     CollectorError,
     GpudiagError,
@@ -23,12 +25,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CollectorError",
+    "Diagnosis",
     "GpudiagError",
     "InputError",
     "MissingDependencyError",
     "SchemaError",
     "Trace",
     "__version__",
+    "diagnose",
     "load",
     "merge",
 ]

@@ -1,0 +1,166 @@
+"""Diagnose benchmark: `gpudiag.diagnose` on a synthetic 10-million-kernel trace, and on the
+fixture traces next to HTA's own analyses in the same run.
+
+    python benchmarks/bench_diagnose.py                      # 10M kernels, 8 streams
+    python benchmarks/bench_diagnose.py --kernels 1000000    # smaller
+    python benchmarks/bench_diagnose.py --fixtures           # our analyses vs HTA's
+
+The synthetic trace has every table diagnose uses: kernels with launch configurations on 8
+streams of one H100, one launch call per kernel, a stream sync every 1000 kernels, an NCCL
+all_reduce every 500 kernels on a ninth stream, and copies. Each measurement runs in a
+fresh process; it reports the time of `diagnose` alone and the peak RSS of the process
+(`ru_maxrss`) before and after it. Goal (issue 3): under 60 s on 2 cores, under 6 GB.
+
+HTA comparison: HTA (benchmarks/.venv-hta) loads each Kineto fixture, then
+`get_temporal_breakdown` and `get_idle_time_breakdown` are timed; gpudiag loads the same
+file, then `diagnose` (every analyzer) is timed. Loads are excluded on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+FIXTURES = REPO.parent / "shared" / "fixtures" / "kineto"
+HTA_PYTHON = HERE / ".venv-hta" / "bin" / "python"
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def synthetic(n: int, seed: int = 0) -> Any:
+    """A Trace of n kernels (numpy-built, no Python loop per kernel)."""
+    import numpy as np
+    import pandas as pd
+
+    import gpudiag
+
+    rng = np.random.default_rng(seed)
+    streams = 8
+    dur = rng.integers(2_000, 40_000, n)
+    gap = rng.integers(500, 8_000, n)
+    gap[rng.random(n) < 0.001] = 2_000_000  # occasional host stalls
+    stream = np.arange(n) % streams
+    start = np.cumsum(gap // streams + dur // streams)  # 8 streams overlap
+    end = start + dur
+    corr = np.arange(1, n + 1)
+    grid = rng.choice([1, 16, 132, 264, 1000, 5000], n)
+    kernels = pd.DataFrame({
+        "pid": 1, "device": 0, "stream": stream + 7, "start_ns": start, "end_ns": end,
+        "name": pd.Categorical.from_codes(rng.integers(0, 50, n),
+                                          [f"kernel_{i}" for i in range(49)]
+                                          + ["ncclDevKernel_AllReduce_Sum_bf16_RING_LL"]),
+        "correlation": corr, "kernel_id": np.arange(n), "grid_x": grid, "grid_y": 1,
+        "grid_z": 1, "block_x": 256, "block_y": 1, "block_z": 1, "regs_per_thread": 64,
+        "smem_bytes": 0})
+    api_start = start - rng.integers(5_000, 30_000, n)
+    api = pd.DataFrame({"pid": 1, "tid": 1, "start_ns": api_start, "end_ns": api_start + 4_000,
+                        "name": "cudaLaunchKernel",
+                        "kind": "runtime", "correlation": corr})
+    every = np.arange(0, n, 1000)
+    syncs = pd.DataFrame({"pid": 1, "tid": 1, "device": 0, "stream": 7,
+                          "start_ns": end[every] - 50_000, "end_ns": end[every] + 1_000,
+                          "kind": "stream", "correlation": n + 1 + np.arange(len(every))})
+    coll = np.arange(0, n, 500)
+    collectives = pd.DataFrame({
+        "pid": 1, "rank": 0, "device": 0, "stream": 99, "start_ns": start[coll],
+        "end_ns": start[coll] + 30_000, "op": "all_reduce", "bytes": 1 << 22,
+        "group_size": 8, "comm": "0", "seq": np.arange(len(coll)), "kernel_id": pd.NA})
+    copies = pd.DataFrame({"pid": 1, "device": 0, "stream": 8, "start_ns": end[coll] + 100,
+                           "end_ns": end[coll] + 2_100, "kind": "HtoD", "bytes": 1 << 20,
+                           "host_mem": "pinned"})
+    devices = pd.DataFrame([{"device": 0, "name": "NVIDIA H100 80GB HBM3", "vendor": "nvidia",
+                             "sm_count": 132, "cc_major": 9, "cc_minor": 0}])
+    return gpudiag.Trace(kernels=kernels, api=api, syncs=syncs, collectives=collectives,
+                         copies=copies, devices=devices)
+
+
+def run_synthetic(n: int) -> dict[str, Any]:
+    import gpudiag
+
+    trace = synthetic(n)
+    before = _rss_mb()
+    t0 = time.perf_counter()
+    dx = gpudiag.diagnose(trace)
+    seconds = time.perf_counter() - t0
+    return {"kernels": n, "seconds": seconds, "rss_before_mb": before, "rss_peak_mb": _rss_mb(),
+            "findings": len(dx.findings),
+            "losses": dx.losses.set_index("cause")["share"].round(4).to_dict()}
+
+
+def run_ours(path: str) -> dict[str, Any]:
+    import gpudiag
+
+    trace = gpudiag.load(path)
+    t0 = time.perf_counter()
+    gpudiag.diagnose(trace)
+    return {"seconds": time.perf_counter() - t0}
+
+
+HTA_SCRIPT = """
+import json, shutil, sys, tempfile, time, pathlib
+from hta.trace_analysis import TraceAnalysis
+src = pathlib.Path(sys.argv[1]); d = tempfile.mkdtemp()
+shutil.copy(src, pathlib.Path(d) / ("rank-0." + src.name.split(".", 1)[1]))
+ta = TraceAnalysis(trace_dir=d)
+t0 = time.perf_counter(); ta.get_temporal_breakdown(visualize=False)
+t1 = time.perf_counter(); ta.get_idle_time_breakdown(visualize=False)
+t2 = time.perf_counter()
+print(json.dumps({"temporal_s": t1 - t0, "idle_s": t2 - t1}))
+"""
+
+
+def _child(args: list[str], python: str = sys.executable) -> dict[str, Any]:
+    out = subprocess.run([python, *args], capture_output=True, text=True, check=True,
+                         cwd=REPO)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def fixtures() -> list[dict[str, Any]]:
+    rows = []
+    for path in sorted(FIXTURES.glob("*.json*")):
+        ours = _child([__file__, "--worker-ours", str(path)])
+        row = {"trace": path.name, "gpudiag_diagnose_s": round(ours["seconds"], 3)}
+        if HTA_PYTHON.exists():
+            with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+                f.write(HTA_SCRIPT)
+            try:
+                hta = _child([f.name, str(path)], python=str(HTA_PYTHON))
+                row["hta_temporal_s"] = round(hta["temporal_s"], 3)
+                row["hta_idle_s"] = round(hta["idle_s"], 3)
+            except subprocess.CalledProcessError as exc:
+                row["hta_error"] = exc.stderr.strip().splitlines()[-1][:120]
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", type=int, default=10_000_000)
+    parser.add_argument("--fixtures", action="store_true")
+    parser.add_argument("--worker-synthetic", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-ours", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker_synthetic:
+        print(json.dumps(run_synthetic(args.worker_synthetic)))
+    elif args.worker_ours:
+        print(json.dumps(run_ours(args.worker_ours)))
+    elif args.fixtures:
+        for row in fixtures():
+            print(json.dumps(row))
+    else:
+        print(json.dumps(_child([__file__, "--worker-synthetic", str(args.kernels)]), indent=1))
+
+
+if __name__ == "__main__":
+    main()
