@@ -77,7 +77,8 @@ class Diagnosis:
         shown = self.findings.head(10).copy()
         shown["lost_ms"] = (shown["lost_ns"] / 1e6).round(3)
         parts = ["<h4>gpudiag diagnosis</h4>",
-                 waterfall.style.format("{:.1%}").to_html() if len(waterfall) else "",
+                 waterfall.map(lambda v: f"{v:.1%}").to_html(escape=True)
+                 if len(waterfall) else "",
                  shown[["cause", "lost_ms", "share", "where", "count", "evidence", "advice"]]
                  .to_html(index=False, escape=True, na_rep="")]
         parts += [f"<p>{html.escape(n)}</p>" for n in self.notes]

@@ -48,6 +48,8 @@ ADVICE: Mapping[str, str] = {
                  "data loading and stragglers on that rank",
     "comm_exposed": "overlap communication with compute (DDP bucket_cap_mb, FSDP prefetch, "
                     "async collectives) or gradient accumulation to communicate less often",
+    "comm_slow": "check the transport of these calls (NCCL_DEBUG=INFO: ring/tree, NVLink vs "
+                 "PCIe or sockets) and whether other traffic shares the links at that time",
     "small_grid": "give the kernel more blocks than the GPU has SMs x blocks/SM: larger batch, "
                   "split-K / more tiles, or fuse small launches (torch.compile)",
     "tail": "choose a grid that is a whole number of waves (or many waves), so the last wave "

@@ -1,0 +1,375 @@
+"""Memory copies and memsets: how fast they ran, which ones the GPU waited on, and why.
+
+Three questions, one function each:
+
+- `copy_stats`: per (rank, device, kind, host memory) how many copies, how many bytes, how
+  long, and the achieved bandwidth. Only device-to-device copies are compared with a peak:
+  the devices table's `mem_bandwidth_bytes_per_s` is the DRAM peak, and a host<->device
+  copy is limited by the host link (PCIe or NVLink-C2C, whose peak no profile records),
+  so a share of the DRAM peak would read one to two orders of magnitude too low and
+  mislead. Host copies get achieved bandwidth only.
+- `problem_copies`: one row per copy with the flags of Nsight Systems' expert rules
+  (`cuda_memcpy_async`, `cuda_memcpy_sync`, `cuda_memset_sync`, REFERENCE.md B2), a `small`
+  flag, and the copy's exposed time (no kernel running on its device).
+- `findings`: problem copies grouped by problem and call site, with the GPU time they cost.
+
+Flags are three-valued (pandas `boolean`): NA means the trace cannot tell (the issuing API
+call is unknown: no `api` table, or no correlation), never a guessed False.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from gpudiag.analyzers import callsites, intervals
+from gpudiag.analyzers import findings as found
+from gpudiag.trace import Trace
+
+#: below this a copy is latency-bound: a copy's fixed cost (API call plus DMA setup, a few
+#: µs) exceeds its transfer time (64 KiB over PCIe 4.0 x16 at ~25 GB/s is ~2.6 µs). It is
+#: also the size the CUDA programming guide lists as asynchronous for H2D cudaMemcpy.
+SMALL_BYTES = 64 * 1024
+#: `cuda_memcpy_sync` exempts H2D copies of this many bytes or fewer (the driver returns
+#: before they are done: CUDA guide, "Asynchronous Concurrent Execution")
+SYNC_H2D_EXEMPT_BYTES = 64 * 1024
+
+_MEMCPY_API = r"(?i)^(?:cuda|cu|hip)memcpy"  # runtime, driver and HIP copy calls
+_MEMSET_API = r"(?i)^(?:cuda|cu|hip)memset"
+_ASYNC = r"(?i)async"  # SQL LIKE, which the nsys rules use, ignores case too
+
+STATS_COLUMNS = {
+    "rank": "Int64", "device": "Int64", "kind": "string", "host_mem": "string",
+    "count": "int64", "bytes": "Int64", "dur_ns": "int64", "bytes_per_s": "float64",
+    "median_bytes_per_s": "float64", "peak_ref": "string", "peak_bytes_per_s": "float64",
+    "peak_share": "float64",
+}
+PROBLEM_COLUMNS = {
+    "rank": "Int64", "pid": "Int64", "tid": "Int64", "device": "Int64", "stream": "Int64",
+    "start_ns": "int64", "end_ns": "int64", "dur_ns": "int64", "kind": "string",
+    "bytes": "Int64", "src_mem": "string", "dst_mem": "string", "host_mem": "string",
+    "correlation": "Int64", "api_name": "string", "api_start_ns": "Int64",
+    "api_end_ns": "Int64", "where": "string", "pageable": "boolean", "synchronous": "boolean",
+    "small": "boolean", "exposed_ns": "int64", "exposed_share_ns": "int64",
+    "blocked_ns": "Int64", "idle_blocked_ns": "Int64",
+}
+
+
+# -- statistics ---------------------------------------------------------------------------
+
+
+def copy_stats(trace: Trace) -> pd.DataFrame:
+    """Per (rank, device, kind, host_mem): count, bytes, dur_ns and achieved bandwidth.
+
+        stats = copy_stats(trace)
+        stats[["device", "kind", "host_mem", "count", "bytes_per_s"]]
+        stats.loc[stats.kind == "DtoD", "peak_share"]        # of the DRAM peak
+
+    `bytes_per_s` is summed bytes / summed duration (what the transfers achieved as a
+    whole); `median_bytes_per_s` is the median per-copy rate, which small copies drag down
+    (their fixed cost dominates). Both use only copies with known bytes and a non-zero
+    duration. `peak_share` is filled for DtoD copies on devices whose DRAM peak is known:
+    a DtoD copy reads and writes every byte, so its DRAM traffic is 2 x bytes and
+    `peak_share = 2 * bytes_per_s / peak_bytes_per_s` (as CUDA's bandwidthTest counts it).
+    Host<->device copies go over the host link, whose peak no profile records: they get
+    achieved bandwidth only (`peak_ref` NA).
+    """
+    c = trace.copies
+    dur = (c["end_ns"] - c["start_ns"]).to_numpy(np.int64)
+    rated = (c["bytes"].notna() & (dur > 0)).to_numpy()
+    nbytes = c["bytes"].fillna(0).to_numpy(np.int64)
+    rows = pd.DataFrame({
+        "rank": c["rank"], "device": c["device"], "kind": c["kind"].astype("string"),
+        "host_mem": c["host_mem"].astype("string"), "bytes": c["bytes"], "dur_ns": dur,
+        "rated_bytes": np.where(rated, nbytes, 0), "rated_ns": np.where(rated, dur, 0),
+        "rate": np.where(rated, nbytes / np.maximum(dur, 1) * 1e9, np.nan),
+    })
+    keys = ["rank", "device", "kind", "host_mem"]
+    g = rows.groupby(keys, dropna=False, sort=True)
+    out = g.agg(count=("dur_ns", "size"), bytes=("bytes", lambda b: b.sum(min_count=1)),
+                dur_ns=("dur_ns", "sum"), rated_bytes=("rated_bytes", "sum"),
+                rated_ns=("rated_ns", "sum"), median_bytes_per_s=("rate", "median"))
+    out = out.reset_index()
+    out["bytes_per_s"] = out["rated_bytes"] / out["rated_ns"].where(out["rated_ns"] > 0)
+    out["bytes_per_s"] *= 1e9
+    return _with_peak(out, trace.devices)
+
+
+def _with_peak(stats: pd.DataFrame, devices: pd.DataFrame) -> pd.DataFrame:
+    """Add the DRAM peak and the share of it for DtoD rows (see `copy_stats`)."""
+    peaks = devices[["rank", "device", "mem_bandwidth_bytes_per_s"]].astype(
+        {"rank": "Int64", "device": "Int64"}).fillna({"rank": -1})
+    peaks = peaks.drop_duplicates(["rank", "device"])
+    keyed = stats.astype({"rank": "Int64", "device": "Int64"}).assign(
+        _rank=lambda f: f["rank"].fillna(-1))
+    merged = keyed.merge(peaks.rename(columns={"rank": "_rank"}), on=["_rank", "device"],
+                         how="left")
+    dtod = (merged["kind"] == "DtoD").fillna(False).to_numpy(bool)
+    peak = merged["mem_bandwidth_bytes_per_s"].to_numpy(np.float64)
+    has_peak = dtod & np.isfinite(peak) & (peak > 0)
+    merged["peak_ref"] = pd.Series("dram", index=merged.index, dtype="string").where(has_peak)
+    merged["peak_bytes_per_s"] = np.where(has_peak, peak, np.nan)
+    merged["peak_share"] = 2 * merged["bytes_per_s"] / merged["peak_bytes_per_s"]
+    return _typed(merged, STATS_COLUMNS)
+
+
+# -- per-copy flags and exposure ------------------------------------------------------------
+
+
+def problem_copies(trace: Trace, *, small_bytes: int = SMALL_BYTES,
+                   sync_h2d_exempt_bytes: int = SYNC_H2D_EXEMPT_BYTES) -> pd.DataFrame:
+    """One row per copy (index = `trace.copies` row) with its API call, call site and flags.
+
+        rows = problem_copies(trace)
+        rows[rows.pageable.fillna(False)].groupby("where")["exposed_ns"].sum()
+        rows[["kind", "bytes", "api_name", "synchronous", "exposed_ns"]]
+
+    Flags (NA where the issuing API call is unknown and the flag depends on it):
+    - `pageable`: nsys `cuda_memcpy_async` — a memcpy whose source or destination is
+      pageable host memory, issued by an async memcpy API (`cudaMemcpy*Async*`; driver
+      `cuMemcpy*Async` and HIP too). The memory kinds come from CUPTI (nsys srcKind /
+      dstKind) or from the Kineto event name (`Memcpy HtoD (Pageable -> Device)`), so both
+      sources answer the same question; only the API name may be missing.
+    - `synchronous`: nsys `cuda_memcpy_sync` — a memcpy issued by a non-Async memcpy API,
+      except DtoD copies (same device: CUPTI reports copies between two devices as PtoP)
+      and HtoD copies of <= `sync_h2d_exempt_bytes` (64 KiB = 65536 bytes); and
+      nsys `cuda_memset_sync` — a memset issued by a non-async memset API on pinned or
+      managed memory (the nsys SQL takes memKind 4 only; static managed memory, kind 6,
+      is managed too and counts here).
+    - `small`: a memcpy (not a memset) of fewer than `small_bytes` (default 64 KiB: below
+      it the per-copy fixed cost exceeds the transfer time; see SMALL_BYTES).
+
+    Times, ns:
+    - `exposed_ns`: the part of the copy during which no kernel ran on its device (rank,
+      device) — what the copy cost the GPU timeline;
+    - `exposed_share_ns`: the same, split equally among copies exposed at the same moment,
+      so a device's sum equals the waterfall's `copy` busy time (concurrent copies on two
+      copy engines lose the time once, not twice);
+    - `blocked_ns`: the part of the API call outside its copy (host time blocked beyond the
+      copy's GPU time: implicit stream sync, pageable staging); NA without the call;
+    - `idle_blocked_ns`: the part of that call during which the device ran nothing at all
+      (no kernel, no copy) — GPU time lost while the host was stuck in the call.
+    """
+    c = trace.copies
+    calls = callsites.launch_calls(trace, c)
+    flags = _flags(c, calls["api_name"], small_bytes, sync_h2d_exempt_bytes)
+    start, end = c["start_ns"].to_numpy(np.int64), c["end_ns"].to_numpy(np.int64)
+    exposed, share = _exposure(trace, c)
+    blocked, idle = _blocked(trace, c, calls)
+    out = pd.DataFrame({
+        "rank": c["rank"], "pid": c["pid"], "tid": calls["tid"], "device": c["device"],
+        "stream": c["stream"], "start_ns": start, "end_ns": end, "dur_ns": end - start,
+        "kind": c["kind"], "bytes": c["bytes"], "src_mem": c["src_mem"],
+        "dst_mem": c["dst_mem"], "host_mem": c["host_mem"], "correlation": c["correlation"],
+        "api_name": calls["api_name"], "api_start_ns": calls["api_start_ns"],
+        "api_end_ns": calls["api_end_ns"], "where": _where(trace, c, calls), **flags,
+        "exposed_ns": exposed, "exposed_share_ns": share, "blocked_ns": blocked,
+        "idle_blocked_ns": idle,
+    }, index=c.index)
+    return _typed(out, PROBLEM_COLUMNS)
+
+
+def _flags(c: pd.DataFrame, api_name: pd.Series, small_bytes: int,
+           exempt_bytes: int) -> dict[str, pd.Series]:
+    """The three flags with Kleene logic: an unknown API name makes a flag NA only where
+    the answer depends on it."""
+    kind = c["kind"].to_numpy(dtype=object)  # plain numpy compares: no NA to propagate
+    is_set = kind == "memset"
+    is_copy = c["kind"].notna().to_numpy(bool) & ~is_set
+    memcpy_api = _name_matches(api_name, _MEMCPY_API)
+    async_api = _name_matches(api_name, _ASYNC)
+    src, dst = c["src_mem"].to_numpy(dtype=object), c["dst_mem"].to_numpy(dtype=object)
+    pageable = memcpy_api & async_api & ((src == "pageable") | (dst == "pageable")) & is_copy
+    small_h2d = (c["bytes"] <= exempt_bytes).astype("boolean")  # NA where bytes unknown
+    exempt = (small_h2d & (kind == "HtoD")) | (kind == "DtoD")
+    sync_copy = memcpy_api & ~async_api & ~exempt & is_copy
+    set_mem = (dst == "pinned") | (dst == "managed")
+    sync_set = _name_matches(api_name, _MEMSET_API) & ~async_api & set_mem & is_set
+    small = (c["bytes"] < small_bytes).astype("boolean") & is_copy
+    return {"pageable": pageable, "synchronous": sync_copy | sync_set, "small": small}
+
+
+def _name_matches(names: pd.Series, pattern: str) -> pd.Series:
+    """Does each name match `pattern` (`boolean`, NA for a missing name); one regex per
+    distinct name, not per row."""
+    cat = names.astype("category")
+    cats = cat.cat.categories
+    hit = (np.asarray(cats.astype(str).str.contains(pattern, regex=True), dtype=bool)
+           if len(cats) else np.zeros(0, dtype=bool))
+    codes = cat.cat.codes.to_numpy()
+    values = np.append(hit, False)[codes]
+    return pd.Series(pd.arrays.BooleanArray(values, codes < 0), index=names.index)
+
+
+def _device_codes(*frames: pd.DataFrame) -> list[npt.NDArray[np.int64]]:
+    """One code per (rank, device), shared by all frames: rows that share a GPU."""
+    keys = pd.concat([f[["rank", "device"]].astype("Int64") for f in frames],
+                     ignore_index=True).fillna(-1)
+    codes = pd.MultiIndex.from_frame(keys).factorize()[0].astype(np.int64)
+    return np.split(codes, np.cumsum([len(f) for f in frames])[:-1])
+
+
+def _exposure(trace: Trace, c: pd.DataFrame) -> tuple[npt.NDArray[np.int64],
+                                                       npt.NDArray[np.int64]]:
+    """`exposed_ns` and `exposed_share_ns` of every copy, one pass per device."""
+    k = trace.kernels
+    cs, ce = c["start_ns"].to_numpy(np.int64), c["end_ns"].to_numpy(np.int64)
+    ks, ke = k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)
+    ccode, kcode = _device_codes(c, k)
+    exposed = ce - cs
+    share = np.zeros(len(c), dtype=np.int64)
+    for code in np.unique(ccode):  # a handful of devices, never a loop per copy
+        rows, busy = ccode == code, kcode == code
+        spans = intervals.union(ks[busy], ke[busy])
+        exposed[rows] -= intervals.overlap(cs[rows], ce[rows], spans)
+        share[rows] = _shared(cs[rows], ce[rows], ks[busy], ke[busy])
+    return exposed, share
+
+
+def _shared(cs: npt.NDArray[np.int64], ce: npt.NDArray[np.int64],
+            ks: npt.NDArray[np.int64], ke: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Each copy's share of the copy-only time: elementary segments with no kernel are
+    divided equally among the copies running in them, integrated with one cumulative sum."""
+    is_copy = np.concatenate([np.ones(len(cs)), np.zeros(len(ks))])
+    weights = np.column_stack([is_copy, 1.0 - is_copy])  # copies, kernels covering
+    s, e, n = intervals.segments(np.concatenate([cs, ks]), np.concatenate([ce, ke]), weights)
+    n_copy, n_kernel = n[:, 0], n[:, 1]
+    copy_only = (n_kernel < 0.5) & (n_copy > 0.5)
+    density = np.where(copy_only, 1.0 / np.maximum(n_copy, 1.0), 0.0)
+    cum = np.concatenate([[0.0], np.cumsum((e - s) * density)])
+    at = cum[np.searchsorted(s, cs)], cum[np.searchsorted(s, ce)]
+    return np.where(ce > cs, np.rint(at[1] - at[0]), 0).astype(np.int64)
+
+
+def _blocked(trace: Trace, c: pd.DataFrame, calls: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """`blocked_ns` and `idle_blocked_ns` (see `problem_copies`), NA without the API call."""
+    known = calls["api_start_ns"].notna() & calls["api_end_ns"].notna()
+    a0 = calls["api_start_ns"].fillna(0).to_numpy(np.int64)
+    a1 = np.maximum(calls["api_end_ns"].fillna(0).to_numpy(np.int64), a0)
+    cs, ce = c["start_ns"].to_numpy(np.int64), c["end_ns"].to_numpy(np.int64)
+    own = np.maximum(np.minimum(a1, ce) - np.maximum(a0, cs), 0)
+    gpu = pd.concat([trace.kernels[["rank", "device", "start_ns", "end_ns"]],
+                     c[["rank", "device", "start_ns", "end_ns"]]], ignore_index=True)
+    ccode, gcode = _device_codes(c, gpu)
+    gs, ge = gpu["start_ns"].to_numpy(np.int64), gpu["end_ns"].to_numpy(np.int64)
+    busy = np.zeros(len(c), dtype=np.int64)
+    for code in np.unique(ccode):  # one pass per device
+        rows, on = ccode == code, gcode == code
+        busy[rows] = intervals.overlap(a0[rows], a1[rows], intervals.union(gs[on], ge[on]))
+    blocked = pd.Series(a1 - a0 - own, index=c.index, dtype="Int64").where(known)
+    idle = pd.Series(a1 - a0 - busy, index=c.index, dtype="Int64").where(known)
+    return blocked, idle
+
+
+def _where(trace: Trace, c: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
+    """The user's call site at the API call's start (callsites.where_at), NA without one."""
+    out = pd.Series(pd.NA, index=c.index, dtype="string")
+    known = (calls["api_start_ns"].notna() & calls["tid"].notna() & c["pid"].notna())
+    if known.any():
+        sites = callsites.where_at(trace, c["pid"][known], calls["tid"][known],
+                                   calls["api_start_ns"][known].to_numpy(np.int64))
+        out[known] = pd.array(sites, dtype="string")
+    return out
+
+
+# -- findings ---------------------------------------------------------------------------------
+
+#: a copy with several problems is reported once, under the first of these that applies:
+#: blocking the host is the worst, then pageable staging, then size
+PROBLEMS = (("synchronous", "copy_sync"), ("pageable", "copy_pageable"), ("small", "copy_small"))
+
+
+def findings(trace: Trace, *, small_bytes: int = SMALL_BYTES,
+             sync_h2d_exempt_bytes: int = SYNC_H2D_EXEMPT_BYTES,
+             count_host_blocked: bool = False) -> pd.DataFrame:
+    """Problem copies grouped by problem x call site, as findings of cause `copy`.
+
+        f = findings(trace)
+        f[["where", "lost_ns", "count", "evidence"]]
+        f.advice.iloc[0]
+
+    `where` is the user's call site at the API call (else `api_name (kind)`, else the
+    kind). `lost_ns` is the copies' `exposed_share_ns` (their exposed time, counted once
+    where copies run concurrently), plus for synchronous copies, when `count_host_blocked`,
+    their `idle_blocked_ns`: the time the GPU sat idle while the host was held in the call
+    beyond the copy itself. Off by default: the gaps analyzer attributes that idle time to
+    `sync_stall` (a synchronous memcpy is a blocking wait) and `diagnose` reports the sync
+    findings beside these, so counting it here too would count it twice. NA flags count as not flagged (no claim without
+    evidence), and groups that cost no GPU time are left out.
+    """
+    rows = problem_copies(trace, small_bytes=small_bytes,
+                          sync_h2d_exempt_bytes=sync_h2d_exempt_bytes)
+    groups = _grouped(rows, count_host_blocked)
+    return found.frame(pd.DataFrame({
+        "cause": "copy", "lost_ns": groups["lost_ns"], "where": groups["site"],
+        "count": groups["count"], "evidence": [_evidence(g) for g in groups.itertuples()],
+        "advice": groups["problem"].map(found.ADVICE),
+    }, index=groups.index)).sort_values("lost_ns", ascending=False, kind="stable",
+                                        ignore_index=True)
+
+
+def _grouped(rows: pd.DataFrame, count_host_blocked: bool) -> pd.DataFrame:
+    """Flagged copies summed per (problem, site); groups that lost nothing dropped."""
+    flagged = [rows[flag].fillna(False).to_numpy(bool) for flag, _ in PROBLEMS]
+    problem = np.select(flagged, [key for _, key in PROBLEMS], "")
+    idle = np.where(problem == "copy_sync", rows["idle_blocked_ns"].fillna(0).to_numpy(np.int64), 0)
+    fallback = rows["api_name"] + " (" + rows["kind"] + ")"
+    host_mem = rows["host_mem"].astype(object)
+    rows = rows.assign(problem=problem, idle=idle,
+                       lost=rows["exposed_share_ns"] + (idle if count_host_blocked else 0),
+                       site=rows["where"].fillna(fallback).fillna(rows["kind"] + " copy"),
+                       pageable_n=(host_mem == "pageable").astype(int),
+                       pinned_n=(host_mem == "pinned").astype(int),
+                       nbytes=rows["bytes"].fillna(0).astype("int64"))[problem != ""]
+    groups = rows.groupby(["problem", "site"], sort=False).agg(
+        lost_ns=("lost", "sum"), count=("lost", "size"), nbytes=("nbytes", "sum"),
+        dur_ns=("dur_ns", "sum"), exposed_ns=("exposed_share_ns", "sum"),
+        pageable_n=("pageable_n", "sum"), pinned_n=("pinned_n", "sum"), idle=("idle", "sum"),
+        kinds=("kind", lambda k: ", ".join(sorted(k.dropna().unique()))))  # per group
+    return groups[groups["lost_ns"] > 0].reset_index()
+
+
+def _evidence(g: Any) -> str:
+    """One finding's numbers in words (one call per finding, not per copy)."""
+    noun = "copy" if g.count == 1 else "copies"
+    text = f"{g.count} {g.kinds} {noun}, {_size(g.nbytes)}"
+    if g.dur_ns:
+        text += f" at {_rate(g.nbytes / g.dur_ns * 1e9)}"
+    memory = [f"{n} {name}" for n, name in ((g.pageable_n, "pageable"), (g.pinned_n, "pinned"))
+              if n]
+    if memory:
+        text += "; host memory: " + ", ".join(memory)
+    text += f"; {_time(g.exposed_ns)} with no kernel running"
+    if g.problem == "copy_sync" and g.idle:
+        text += f"; GPU idle {_time(g.idle)} while the host was held in the call"
+    return text
+
+
+def _rate(bytes_per_s: float) -> str:
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.3g} {unit}"
+    return f"{bytes_per_s:.3g} B/s"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} TiB"
+
+
+def _time(ns: float) -> str:
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def _typed(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """Exactly `columns`, in order, at their dtypes (also for zero rows)."""
+    return frame.loc[:, list(columns)].astype(columns)
