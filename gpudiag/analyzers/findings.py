@@ -37,8 +37,13 @@ ADVICE: Mapping[str, str] = {
                  "it a step later",
     "launch_bound": "fewer, larger launches: CUDA graphs or torch.compile(mode='reduce-overhead') "
                     "(or jax.jit the step)",
-    "host_bound": "overlap host work with the GPU: DataLoader(num_workers>0, pin_memory=True, "
-                  "prefetch_factor), move Python work out of the step",
+    "host_bound": "overlap host work with the GPU: move this work out of the step loop or to "
+                  "a background thread, and keep launches queued ahead of the GPU",
+    "host_data": "load data in the background: DataLoader(num_workers>0, pin_memory=True, "
+                 "persistent_workers=True, prefetch_factor>=2)",
+    "host_python": "the host runs Python between launches slower than the GPU runs them: capture "
+                   "the step with CUDA graphs or torch.compile (mode='reduce-overhead'), or "
+                   "batch the small ops",
     "copy_pageable": "pinned memory and non_blocking=True (DataLoader(pin_memory=True) or "
                      "tensor.pin_memory())",
     "copy_sync": "use cudaMemcpyAsync / non_blocking=True on a side stream so copies overlap "

@@ -9,6 +9,8 @@ the middle of the piece (what the host was busy with while the GPU waited: a Dat
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -55,11 +57,15 @@ def _next_names(trace: Trace, pieces: pd.DataFrame) -> np.ndarray:
 
 
 def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
-             **gap_options: int) -> pd.DataFrame:
+             python_gap_ns: int = 1_000_000, **gap_options: int) -> pd.DataFrame:
     """launch_bound and host_bound findings, one per (cause, where), the `top` largest of
     each cause.
 
         findings(trace).head()
+
+    Host-bound advice depends on what the host was doing: data loading when the frame says
+    so (DATA_FRAMES), Python between launches when the median gap is below `python_gap_ns`
+    (1 ms: eager per-op overhead), else host work in the step in general.
     """
     pieces = host_gaps(trace, gaps, **gap_options)
     if pieces.empty:
@@ -75,6 +81,22 @@ def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
                      if g.cause == "launch_bound" else
                      f"GPU idle {g.sum / 1e6:.2f} ms in {g.size} gaps while the host ran "
                      f"this (median gap {g.median / 1e3:.1f} µs) with no CUDA work queued"),
-        "advice": ADVICE[str(g.cause)],
+        "advice": ADVICE[_advice_key(str(g.cause), str(g.where), float(g.median),
+                                     python_gap_ns)],
     } for g in grouped.itertuples()]  # one per call site, bounded by `top`
     return frame(rows)
+
+
+#: frames that load data: a host-bound gap spent there wants a faster input pipeline
+DATA_FRAMES = re.compile(r"dataloader|dataset|__next__|collate|fetch|prefetch|read|decode|"
+                         r"load_batch|get_batch|next_batch", re.IGNORECASE)
+
+
+def _advice_key(cause: str, where: str, median_ns: float, python_gap_ns: int) -> str:
+    """Which advice fits: data loading by the frame's name; Python between launches when
+    the typical gap is short (eager per-op overhead, not one long host task)."""
+    if cause != "host_bound":
+        return cause
+    if DATA_FRAMES.search(where):
+        return "host_data"
+    return "host_python" if median_ns < python_gap_ns else "host_bound"
