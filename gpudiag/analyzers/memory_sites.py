@@ -1,0 +1,135 @@
+"""Which allocations cause the memory the caching allocator cannot use, at the snapshot.
+
+    s = sites(trace)
+    s.head()                          # call sites stranding the most inactive bytes
+    internal_waste(trace).head()      # call sites whose blocks are most over-sized
+
+Two kinds of lost memory have an owner in a snapshot:
+- *stranded* bytes (external fragmentation): an inactive block in a segment that still
+  holds a block in use. It cannot go back to the driver (cudaFree takes whole segments) and
+  cannot merge into a larger free block, because the blocks in use beside it are in the way.
+  Those neighbours are who to blame: each hole is attributed to the blocks in use directly
+  before and after it in its segment, half to each (the left one gets the odd byte), or all
+  to the one neighbour when the hole touches the segment's edge. A segment with no block in
+  use is merely cached (empty_cache would return it), so its bytes are attributed to no one.
+- *internal waste*: the bytes a block in use holds beyond what was requested (512-byte
+  rounding, and remainders too small to split off).
+
+Both are vectorized over the block table: one sort by (device, segment, address), shifts to
+find each hole's neighbours, one group-by.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.trace import Trace
+
+ORDER = ["rank", "device", "segment_addr", "addr"]
+
+
+def sites(trace: Trace) -> pd.DataFrame:
+    """Call sites whose blocks in use strand the most inactive bytes (module docstring).
+
+        s = sites(trace)
+        s[["site", "inactive_bytes", "share", "holes"]].head()
+        s.inactive_bytes.sum()            # all stranded bytes
+
+    Columns `rank, device, site, inactive_bytes, share, holes, blocks, segments`:
+    attributed bytes, their share of the device's stranded bytes, the holes the site's
+    blocks border, how many blocks and segments. `site` is NA where the snapshot was
+    recorded without stacks. Sorted by bytes, largest first.
+    """
+    b = _ordered(trace.memory_blocks)
+    credit, touching = _credits(b)
+    b = b.assign(inactive_bytes=credit, holes=touching)[credit > 0]
+    keys = ["rank", "device", "site"]
+    out = b.groupby(keys, dropna=False, observed=True).agg(
+        inactive_bytes=("inactive_bytes", "sum"), holes=("holes", "sum"),
+        blocks=("inactive_bytes", "size"), segments=("segment_addr", "nunique")).reset_index()
+    total = out.groupby(["rank", "device"], dropna=False)["inactive_bytes"].transform("sum")
+    out.insert(4, "share", out["inactive_bytes"] / total.where(total > 0))
+    out = out.sort_values("inactive_bytes", ascending=False, kind="stable", ignore_index=True)
+    return out.astype({"rank": "Int64", "device": "Int64", "site": "string",
+                       "inactive_bytes": "int64", "share": "float64", "holes": "int64",
+                       "blocks": "int64", "segments": "int64"})
+
+
+def _ordered(blocks: pd.DataFrame) -> pd.DataFrame:
+    usable = blocks[blocks[["segment_addr", "addr", "bytes"]].notna().all(axis=1).to_numpy()]
+    return usable.sort_values(ORDER, kind="stable", na_position="first", ignore_index=True)
+
+
+def _credits(b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Stranded bytes credited to each block in use, and how many holes it borders."""
+    n = len(b)
+    segment = b.groupby(["rank", "device", "segment_addr"], dropna=False, sort=False).ngroup(
+    ).to_numpy(np.int64)
+    free = (b["state"] == "inactive").fillna(False).to_numpy(bool)
+    used = ~free
+    in_use = np.bincount(segment, weights=used, minlength=segment.max() + 1 if n else 0) > 0
+    hole = free & in_use[segment] if n else free
+    size = b["bytes"].to_numpy(np.int64)
+    same_prev = np.r_[False, segment[1:] == segment[:-1]]
+    same_next = np.r_[segment[1:] == segment[:-1], False]
+    left = hole & same_prev & np.r_[False, used[:-1]]
+    right = hole & same_next & np.r_[used[1:], False]
+    both = left & right
+    to_left = np.where(both, size - size // 2, np.where(left, size, 0))
+    to_right = np.where(both, size // 2, np.where(right, size, 0))
+    credit = np.zeros(n, dtype=np.int64)
+    touching = np.zeros(n, dtype=np.int64)
+    credit[:-1] += to_left[1:]  # the block before hole i is i - 1
+    credit[1:] += to_right[:-1]
+    touching[:-1] += left[1:]
+    touching[1:] += right[:-1]
+    return credit, touching
+
+
+def free_pieces(trace: Trace) -> pd.DataFrame:
+    """Per device at the snapshot, the free bytes split into stranded and cached.
+
+        p = free_pieces(trace)
+        p[["stranded_bytes", "stranded_holes", "stranded_segments"]]
+        p.cached_bytes                    # wholly free segments: cache, not fragmentation
+
+    Columns `rank, device, stranded_bytes, stranded_holes, stranded_segments, cached_bytes,
+    cached_segments` (module docstring for the definitions).
+    """
+    b = _ordered(trace.memory_blocks)
+    free = (b["state"] == "inactive").fillna(False).to_numpy(bool)
+    segment = b.groupby(["rank", "device", "segment_addr"], dropna=False, sort=False).ngroup()
+    in_use = pd.Series(~free).groupby(segment.to_numpy()).transform("any").to_numpy(bool)
+    b = b.assign(stranded=np.where(free & in_use, b["bytes"], 0), hole=free & in_use,
+                 cached=np.where(free & ~in_use, b["bytes"], 0),
+                 stranded_seg=segment.where(free & in_use), cached_seg=segment.where(~in_use))
+    out = b.groupby(["rank", "device"], dropna=False).agg(
+        stranded_bytes=("stranded", "sum"), stranded_holes=("hole", "sum"),
+        stranded_segments=("stranded_seg", "nunique"), cached_bytes=("cached", "sum"),
+        cached_segments=("cached_seg", "nunique")).reset_index()
+    return out.astype({"rank": "Int64", "device": "Int64"} | {
+        c: "int64" for c in out.columns if c not in ("rank", "device")})
+
+
+def internal_waste(trace: Trace) -> pd.DataFrame:
+    """Bytes the allocator holds beyond what was requested, per call site, at the snapshot.
+
+        w = internal_waste(trace)
+        w.waste_bytes.sum()               # total internal waste
+        w.head()                          # the sites that waste most
+
+    Columns `rank, device, site, blocks, bytes, requested_bytes, waste_bytes` over blocks in
+    use (waste = block size - requested size). Blocks without a requested size are left out.
+    Sorted by waste, largest first.
+    """
+    b = trace.memory_blocks
+    b = b[((b["state"] != "inactive").fillna(True) & b["requested_bytes"].notna()).to_numpy(bool)]
+    b = b.assign(waste_bytes=b["bytes"] - b["requested_bytes"])
+    out = b.groupby(["rank", "device", "site"], dropna=False, observed=True).agg(
+        blocks=("bytes", "size"), bytes=("bytes", "sum"),
+        requested_bytes=("requested_bytes", "sum"), waste_bytes=("waste_bytes", "sum"))
+    out = out.reset_index().sort_values("waste_bytes", ascending=False, kind="stable")
+    return out.astype({"rank": "Int64", "device": "Int64", "site": "string", "blocks": "int64",
+                       "bytes": "int64", "requested_bytes": "int64", "waste_bytes": "int64"}
+                      ).reset_index(drop=True)
