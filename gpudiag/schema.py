@@ -262,6 +262,7 @@ _table(
     _c("smem_bytes", "Int64", "bytes", "shared memory per block, static + dynamic (what occupancy uses)"),
     _c("smem_static_bytes", "Int64", "bytes", "static shared memory per block, where the source splits it"),
     _c("smem_dynamic_bytes", "Int64", "bytes", "dynamic shared memory per block, where the source splits it"),
+    _c("smem_config_bytes", "Int64", "bytes", "shared memory carveout per SM the launch ran with (ncu launch__shared_mem_config_size, nsys sharedMemoryExecuted); NA: not recorded"),
     _c("nvtx", "category", "", "NVTX range stack at launch, where the source records it (ncu)"),
 )
 

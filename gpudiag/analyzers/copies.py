@@ -297,8 +297,8 @@ def findings(trace: Trace, *, small_bytes: int = SMALL_BYTES,
     their `idle_blocked_ns`: the time the GPU sat idle while the host was held in the call
     beyond the copy itself. Off by default: the gaps analyzer attributes that idle time to
     `sync_stall` (a synchronous memcpy is a blocking wait) and `diagnose` reports the sync
-    findings beside these, so counting it here too would count it twice. NA flags count as not flagged (no claim without
-    evidence), and groups that cost no GPU time are left out.
+    findings beside these, so counting it here too would count it twice. NA flags count as
+    not flagged (no claim without evidence), and groups that cost no GPU time are left out.
     """
     rows = problem_copies(trace, small_bytes=small_bytes,
                           sync_h2d_exempt_bytes=sync_h2d_exempt_bytes)

@@ -100,7 +100,8 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     bounds = window_mod.resolve(trace, window) if window is not None else None
     if bounds is not None:
         trace = window_mod.within(trace, bounds)
-    gap_options = {"launch_gap_ns": launch_gap_ns, "sync_tolerance_ns": sync_tolerance_ns}
+    gap_options: dict[str, Any] = {"launch_gap_ns": launch_gap_ns,
+                                   "sync_tolerance_ns": sync_tolerance_ns}
     notes: list[str] = []
     tables: dict[str, pd.DataFrame] = {}
     parts: list[pd.DataFrame] = []
@@ -126,7 +127,7 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     return dx
 
 
-def _timeline(trace: Trace, gap_options: dict[str, int], notes: list[str],
+def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str],
               tables: dict[str, pd.DataFrame]) -> LossTimeline | None:
     """The waterfall's layers, or None with a note saying why there is no timeline."""
     if trace.kernels.empty and trace.copies.empty:

@@ -10,6 +10,7 @@ the middle of the piece (what the host was busy with while the GPU waited: a Dat
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,7 +22,7 @@ from gpudiag.names import short_names
 from gpudiag.trace import Trace
 
 
-def host_gaps(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: int
+def host_gaps(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any
               ) -> pd.DataFrame:
     """launch_bound and host_bound gap pieces with `where` (call site, else the next
     kernel's short name).
@@ -57,7 +58,7 @@ def _next_names(trace: Trace, pieces: pd.DataFrame) -> np.ndarray:
 
 
 def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
-             python_gap_ns: int = 1_000_000, **gap_options: int) -> pd.DataFrame:
+             python_gap_ns: int = 1_000_000, **gap_options: Any) -> pd.DataFrame:
     """launch_bound and host_bound findings, one per (cause, where), the `top` largest of
     each cause.
 

@@ -13,6 +13,8 @@ synchronize calls; they are counted and their host wait reported, with no GPU id
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -41,7 +43,7 @@ COLUMNS = ("kind", "where", "count", "host_wait_ns", "gpu_idle_ns", "steps_with"
            "per_step", "api")
 
 
-def sync_points(trace: Trace, **gap_options: int) -> pd.DataFrame:
+def sync_points(trace: Trace, **gap_options: Any) -> pd.DataFrame:
     """One row per (kind, call site), most GPU idle first: `kind, where, count,
     host_wait_ns, gpu_idle_ns, steps_with, per_step, api`.
 
@@ -72,7 +74,7 @@ def sync_points(trace: Trace, **gap_options: int) -> pd.DataFrame:
                                              "steps_with": "Int64", "api": "string"})
 
 
-def classified_waits(trace: Trace, **gap_options: int) -> pd.DataFrame:
+def classified_waits(trace: Trace, **gap_options: Any) -> pd.DataFrame:
     """`waits.blocking_waits` with `kind` refined by the torch op open at each wait,
     `where` (the call site), `gpu_idle_ns` (sync_stall time it ended) and `step`."""
     waits = blocking_waits(trace)
@@ -94,7 +96,7 @@ def classified_waits(trace: Trace, **gap_options: int) -> pd.DataFrame:
     return waits
 
 
-def _idle_ended(trace: Trace, waits: pd.DataFrame, gap_options: dict[str, int]) -> np.ndarray:
+def _idle_ended(trace: Trace, waits: pd.DataFrame, gap_options: dict[str, Any]) -> np.ndarray:
     gaps = idle_gaps(trace, **gap_options)
     stalls = gaps[gaps["cause"] == "sync_stall"]
     if stalls.empty:
@@ -135,7 +137,7 @@ def _most_common(values: pd.Series) -> object:
     return counts.index[0] if len(counts) else pd.NA
 
 
-def findings(trace: Trace, *, min_lost_ns: int = 0, **gap_options: int) -> pd.DataFrame:
+def findings(trace: Trace, *, min_lost_ns: int = 0, **gap_options: Any) -> pd.DataFrame:
     """Sync points that cost GPU time (or, on host-only data, host time), as findings.
 
         findings(trace).head()
@@ -155,7 +157,7 @@ def findings(trace: Trace, *, min_lost_ns: int = 0, **gap_options: int) -> pd.Da
     return frame(rows)
 
 
-def _evidence(p: object) -> str:
+def _evidence(p: Any) -> str:
     per_step = p.per_step
     recur = f", {per_step:.1f} per step" if pd.notna(per_step) else ""
     api = p.api

@@ -224,6 +224,7 @@ def launch(
         "smem_dynamic_bytes": dynamic,
         "smem_bytes": static + dynamic if static is not None and dynamic is not None
         else number(action, "launch__shared_mem_per_block", kinds),
+        "smem_config_bytes": number(action, "launch__shared_mem_config_size", kinds),
         "duration_ns": duration,
         "nvtx": nvtx_text(action.nvtx_state()),
     }

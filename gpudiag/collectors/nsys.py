@@ -213,15 +213,32 @@ def _fill_pid(frame: pd.DataFrame, api: pd.DataFrame) -> pd.DataFrame:
 # -- GPU activity -------------------------------------------------------------------------
 
 
+#: CUPTI's sharedMemoryExecuted: the carveout the launch ran with (exports from 2021 on)
+CARVEOUT_FIELD: ns.Fields = {"smem_config_bytes": ("sharedMemoryExecuted",)}
+IMPLAUSIBLE_CARVEOUT = ("kernels whose sharedMemoryExecuted is not above zero or is below their "
+                        "shared memory per block (carveout left NA)")
+
+
 def _kernels(db: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame | None:
     if not db.has(ns.KERNEL):
         return None
-    frame = db.rows(ns.KERNEL, ns.KERNEL_FIELDS, ns.KERNEL_NAME_IDS,
+    frame = db.rows(ns.KERNEL, {**ns.KERNEL_FIELDS, **CARVEOUT_FIELD}, ns.KERNEL_NAME_IDS,
                     order='ORDER BY t."start", t."end"')
     frame = _fill_pid(_timed(frame, "kernels", repairs), api)
     repairs["kernels whose name id is not in StringIds"] += int(frame["name"].isna().sum())
     smem = frame["smem_static_bytes"] + frame["smem_dynamic_bytes"]
-    return frame.assign(smem_bytes=smem, kernel_id=np.arange(len(frame), dtype=np.int64))
+    return frame.assign(smem_bytes=smem, kernel_id=np.arange(len(frame), dtype=np.int64),
+                        smem_config_bytes=_carveout(frame["smem_config_bytes"], smem, repairs))
+
+
+def _carveout(executed: pd.Series, smem: pd.Series, repairs: Repairs) -> pd.Series:
+    """sharedMemoryExecuted where it can be the carveout a launch ran with: above zero and
+    holding the block's own shared memory; other values are counted and left NA."""
+    executed = pd.to_numeric(executed, errors="coerce").astype("Int64")
+    too_small = (executed < smem).fillna(False)
+    plausible = ((executed > 0) & ~too_small).fillna(False).astype(bool)
+    repairs[IMPLAUSIBLE_CARVEOUT] += int((executed.notna() & ~plausible).sum())
+    return executed.where(plausible)
 
 
 def _copies(db: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame | None:
