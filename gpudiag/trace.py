@@ -12,14 +12,16 @@ source has none of that kind, so code never checks whether a table exists.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pandas as pd
 
 from gpudiag.errors import InputError, SchemaError
 from gpudiag.schema import GPU_TABLES, TABLE_NAMES, TABLES
+
+T = TypeVar("T")
 
 #: marks a directory written by Trace.save
 FORMAT_NAME = "gpudiag-trace"
@@ -59,10 +61,21 @@ class Trace:
         self.meta.setdefault("timeline", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """Assigning a table conforms it to the schema, so a Trace is always valid."""
+        """Assigning a table conforms it to the schema, so a Trace is always valid (and
+        forgets what was derived from the old tables)."""
         if name in TABLES:
             value = TABLES[name].conform(value)
+            self.__dict__.pop("_derived", None)
         super().__setattr__(name, value)
+
+    def derived(self, key: str, compute: Callable[[], T]) -> T:
+        """`compute()` once per trace: analyzers share derived tables (occupancy, idle gaps,
+        launch joins) instead of each recomputing them. Assigning any table resets it;
+        callers must not modify what they get back."""
+        cache: dict[str, Any] = self.__dict__.setdefault("_derived", {})
+        if key not in cache:
+            cache[key] = compute()
+        return cast(T, cache[key])
 
     # -- inspection ---------------------------------------------------------------------
 

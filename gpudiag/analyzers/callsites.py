@@ -48,10 +48,8 @@ def is_user_frame(name: str) -> bool:
 def launch_calls(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
     """For GPU rows with `pid` and `correlation`, the issuing API call: `tid, api_start_ns,
     api_end_ns, api_name` (NA where the trace has no matching call), index aligned."""
-    api = trace.api.dropna(subset=["correlation"])
-    api = api.drop_duplicates(subset=["pid", "correlation"], keep="first")
+    api, lookup = trace.derived("api_by_correlation", lambda: _api_lookup(trace))
     keys = pd.MultiIndex.from_arrays([rows["pid"], rows["correlation"]])
-    lookup = pd.MultiIndex.from_arrays([api["pid"], api["correlation"]])
     pos = lookup.get_indexer(keys)
     found = (pos >= 0) & rows["correlation"].notna().to_numpy()
     safe = np.where(found, pos, 0)
@@ -65,6 +63,13 @@ def launch_calls(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"tid": take("tid", "Int64"), "api_start_ns": take("start_ns", "Int64"),
                          "api_end_ns": take("end_ns", "Int64"),
                          "api_name": take("name", "string")}, index=rows.index)
+
+
+def _api_lookup(trace: Trace) -> tuple[pd.DataFrame, pd.MultiIndex]:
+    """API calls with a correlation id (first per (pid, correlation)) and their index."""
+    api = trace.api.dropna(subset=["correlation"])
+    api = api.drop_duplicates(subset=["pid", "correlation"], keep="first")
+    return api, pd.MultiIndex.from_arrays([api["pid"], api["correlation"]])
 
 
 def where_at(trace: Trace, pid: npt.ArrayLike, tid: npt.ArrayLike,

@@ -79,8 +79,17 @@ def idle_gaps(trace: Trace, *, launch_gap_ns: int = 50_000, sync_tolerance_ns: i
         (gaps.end_ns - gaps.start_ns).groupby(gaps.cause).sum()
 
     `launch_gap_ns` (default 50 µs, HTA's runtime cutoff) separates per-launch host
-    overhead from host work; `window` = (start_ns, end_ns) limits the analysis.
+    overhead from host work; `window` = (start_ns, end_ns) limits the analysis. Computed
+    once per trace and options (the sync, host and loss analyses share it): do not modify
+    the result.
     """
+    key = f"idle_gaps:{launch_gap_ns}:{sync_tolerance_ns}:{window}"
+    return trace.derived(key, lambda: _idle_gaps(trace, launch_gap_ns, sync_tolerance_ns,
+                                                 window))
+
+
+def _idle_gaps(trace: Trace, launch_gap_ns: int, sync_tolerance_ns: int,
+               window: tuple[int, int] | None) -> pd.DataFrame:
     events = gpu_events(trace)
     frames = [_device_gaps(group, window)
               for _, group in events.groupby(["rank", "device"], sort=True)]
