@@ -503,12 +503,16 @@ def test_rule_row_is_compact_and_tolerates_missing_parts() -> None:
     full = {"rule_identifier": "LaunchConfiguration", "name": "Launch Configuration",
             "section_identifier": "LaunchStats",
             "rule_message": {"title": "Small Grid", "message": "grid too small", "type": 2},
-            "speedup_estimation": {"type": 2, "speedup": 61.7}, "focus_metrics": []}
+            "speedup_estimation": {"type": 2, "speedup": 61.7},
+            "focus_metrics": [{"name": "launch__grid_size", "value": 50, "severity": 2,
+                               "info": "raise the grid"}]}
     row = ncu.rule_row(3, full, msg, speed)
     assert row == {"kernel_id": 3, "rule_identifier": "LaunchConfiguration",
                    "name": "Launch Configuration", "section_identifier": "LaunchStats",
                    "title": "Small Grid", "message": "grid too small", "type": "optimization",
-                   "speedup_type": "global", "speedup": 61.7}
+                   "speedup_type": "global", "speedup": 61.7,
+                   "focus_metrics": [{"name": "launch__grid_size", "value": 50.0,
+                                      "severity": 2, "info": "raise the grid"}]}
     bare = ncu.rule_row(0, {"rule_identifier": "X"}, msg, speed)
     assert bare["speedup"] is None and bare["speedup_type"] is None and bare["type"] is None
 

@@ -74,7 +74,12 @@ def occupancy(trace: Trace) -> pd.DataFrame:
     Computed as the CUDA occupancy calculator does (see `occupancy.py`), never read from
     ncu's own occupancy metrics.
     """
-    return occ.for_kernels(trace.kernels, trace.devices).loc[:, list(occ.COLUMNS)]
+    return _occupancy(trace).loc[:, list(occ.COLUMNS)]
+
+
+def _occupancy(trace: Trace) -> pd.DataFrame:
+    """The calculation once per trace (the waterfall, `small_grid` and `findings` share it)."""
+    return trace.derived("occupancy", lambda: occ.for_kernels(trace.kernels, trace.devices))
 
 
 def per_launch(trace: Trace, *, tail_min_speedup: float = 0.2) -> pd.DataFrame:
@@ -95,7 +100,7 @@ def per_launch(trace: Trace, *, tail_min_speedup: float = 0.2) -> pd.DataFrame:
     blocks are by design and its time is communication, the collectives analyzer's part).
     """
     k = trace.kernels
-    out = occ.for_kernels(k, trace.devices)
+    out = _occupancy(trace).copy()
     out.insert(0, "full_name", k["name"].astype("string"))
     out.insert(0, "name", short_names(k["name"]).astype("string"))
     dur = (k["end_ns"] - k["start_ns"]).clip(lower=0).to_numpy(np.int64)

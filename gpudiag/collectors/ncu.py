@@ -305,7 +305,16 @@ def rule_row(kernel_id: int, result: dict[str, Any], msg_types: dict[int, str],
         "type": _label(message.get("type"), msg_types),
         "speedup_type": _label(speedup.get("type"), speedup_types),
         "speedup": None if speedup.get("speedup") is None else float(speedup["speedup"]),
+        "focus_metrics": [_focus(m) for m in result.get("focus_metrics") or []] or None,
     }
+
+
+def _focus(metric: dict[str, Any]) -> dict[str, Any]:
+    """A rule's focus metric as plain JSON data (the reason the rule fired, in numbers)."""
+    value = metric.get("value")
+    return {"name": metric.get("name"), "value": None if value is None else float(value),
+            "severity": None if metric.get("severity") is None else int(metric["severity"]),
+            "info": metric.get("info")}
 
 
 def _enum_names(enum: Iterable[Any]) -> dict[int, str]:
