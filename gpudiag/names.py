@@ -33,10 +33,11 @@ def short_name(name: str, width: int = 80) -> str:
 
 
 def short_names(names: pd.Series, width: int = 80) -> pd.Series:
-    """short_name over a Series, computed once per distinct name."""
+    """short_name over a Series, computed once per distinct name; categorical, like the
+    names (a long trace repeats a few hundred names millions of times)."""
     cat = names.astype("category")
     shorts = [short_name(str(c), width) for c in cat.cat.categories]
-    return cat.cat.rename_categories(_dedupe(shorts)).astype(str).where(names.notna())
+    return cat.cat.rename_categories(_dedupe(shorts))
 
 
 def _strip_parameters(text: str) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from gpudiag.analyzers import keys
 from gpudiag.trace import Trace
 
 #: Python frames from these top-level packages are library code, not the user's call site
@@ -48,28 +49,22 @@ def is_user_frame(name: str) -> bool:
 def launch_calls(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
     """For GPU rows with `pid` and `correlation`, the issuing API call: `tid, api_start_ns,
     api_end_ns, api_name` (NA where the trace has no matching call), index aligned."""
-    api, lookup = trace.derived("api_by_correlation", lambda: _api_lookup(trace))
-    keys = pd.MultiIndex.from_arrays([rows["pid"], rows["correlation"]])
-    pos = lookup.get_indexer(keys)
-    found = (pos >= 0) & rows["correlation"].notna().to_numpy()
+    api = trace.derived("api_with_correlation",
+                        lambda: trace.api.dropna(subset=["correlation"]))
+    pos = keys.join([rows["pid"], rows["correlation"]], [api["pid"], api["correlation"]])
+    found = (pos >= 0) & rows["correlation"].notna().to_numpy(bool)
     safe = np.where(found, pos, 0)
 
-    def take(col: str, dtype: str) -> pd.Series:
+    def take(col: str) -> pd.Series:
         if api.empty:
+            dtype = "category" if col == "name" else "Int64"
             return pd.Series(pd.NA, index=rows.index, dtype=dtype)
-        values = pd.Series(api[col].to_numpy()[safe], index=rows.index).astype(dtype)
+        values = pd.Series(api[col].array.take(safe), index=rows.index)
         return values.where(found)
 
-    return pd.DataFrame({"tid": take("tid", "Int64"), "api_start_ns": take("start_ns", "Int64"),
-                         "api_end_ns": take("end_ns", "Int64"),
-                         "api_name": take("name", "string")}, index=rows.index)
-
-
-def _api_lookup(trace: Trace) -> tuple[pd.DataFrame, pd.MultiIndex]:
-    """API calls with a correlation id (first per (pid, correlation)) and their index."""
-    api = trace.api.dropna(subset=["correlation"])
-    api = api.drop_duplicates(subset=["pid", "correlation"], keep="first")
-    return api, pd.MultiIndex.from_arrays([api["pid"], api["correlation"]])
+    return pd.DataFrame({"tid": take("tid"), "api_start_ns": take("start_ns").astype("Int64"),
+                         "api_end_ns": take("end_ns").astype("Int64"),
+                         "api_name": take("name")}, index=rows.index)
 
 
 def where_at(trace: Trace, pid: npt.ArrayLike, tid: npt.ArrayLike,

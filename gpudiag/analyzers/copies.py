@@ -27,6 +27,7 @@ import pandas as pd
 
 from gpudiag.analyzers import callsites, intervals
 from gpudiag.analyzers import findings as found
+from gpudiag.analyzers.keys import codes as key_codes
 from gpudiag.trace import Trace
 
 #: below this a copy is latency-bound: a copy's fixed cost (API call plus DMA setup, a few
@@ -208,7 +209,7 @@ def _device_codes(*frames: pd.DataFrame) -> list[npt.NDArray[np.int64]]:
     """One code per (rank, device), shared by all frames: rows that share a GPU."""
     keys = pd.concat([f[["rank", "device"]].astype("Int64") for f in frames],
                      ignore_index=True).fillna(-1)
-    codes = pd.MultiIndex.from_frame(keys).factorize()[0].astype(np.int64)
+    codes = key_codes(keys["rank"], keys["device"])
     return np.split(codes, np.cumsum([len(f) for f in frames])[:-1])
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpudiag.analyzers import callsites
+from gpudiag.analyzers import callsites, keys
 from gpudiag.analyzers import occupancy as occ
 from gpudiag.analyzers.findings import ADVICE, frame
 from gpudiag.analyzers.losses import COMM_KERNEL
@@ -101,15 +101,15 @@ def per_launch(trace: Trace, *, tail_min_speedup: float = 0.2) -> pd.DataFrame:
     """
     k = trace.kernels
     out = _occupancy(trace).copy()
-    out.insert(0, "full_name", k["name"].astype("string"))
-    out.insert(0, "name", short_names(k["name"]).astype("string"))
+    out.insert(0, "full_name", k["name"])
+    out.insert(0, "name", short_names(k["name"]))
     dur = (k["end_ns"] - k["start_ns"]).clip(lower=0).to_numpy(np.int64)
     idle = np.nan_to_num(dur * (1 - out["tail_efficiency"].to_numpy(np.float64)))
     waves = out["waves"].to_numpy(np.float64)
     out["dur_ns"] = dur
-    out["collective"] = (k["name"].astype("string").str.contains(COMM_KERNEL).fillna(False)
+    out["collective"] = (keys.matches(k["name"], COMM_KERNEL)
                          | k["kernel_id"].isin(trace.collectives["kernel_id"].dropna())
-                         ).to_numpy(bool)
+                         .to_numpy(bool))
     out["small_grid_ns"] = np.where(waves < 1, idle, 0.0)
     out["tail_ns"] = np.where(waves >= 1, idle, 0.0)
     return _ncu_rules(out, tail_min_speedup)
@@ -252,17 +252,17 @@ def launch_rate(trace: Trace) -> pd.DataFrame:
     launch calls, overlaps counted once) and `launch_share` (= launch_ns / window_ns).
     """
     api, k = trace.api, trace.kernels
-    launched = pd.MultiIndex.from_arrays([k["pid"], k["correlation"]])
-    keys = pd.MultiIndex.from_arrays([api["pid"], api["correlation"]])
-    is_launch = keys.isin(launched) & api["correlation"].notna().to_numpy(bool)
+    launched = [k["pid"], k["correlation"]]
+    is_launch = (keys.isin([api["pid"], api["correlation"]], launched)
+                 & api["correlation"].notna().to_numpy(bool))
     calls = api.loc[is_launch, ["pid", "tid", "start_ns", "end_ns", "correlation"]]
     calls = calls.drop_duplicates(["pid", "correlation"]).dropna(subset=["pid", "tid"])
     if calls.empty:
         return _typed(pd.DataFrame(), RATE_COLUMNS)
     thread = ["pid", "tid"]
-    per_call = launched.value_counts()
-    calls["kernels"] = per_call.reindex(pd.MultiIndex.from_arrays(
-        [calls["pid"], calls["correlation"]])).fillna(0).to_numpy(np.int64)
+    # kernels per launch call (a graph launch starts many): count kernels by their call
+    pos = keys.join(launched, [calls["pid"], calls["correlation"]])
+    calls["kernels"] = np.bincount(pos[pos >= 0], minlength=len(calls)).astype(np.int64)
     calls = calls.sort_values([*thread, "start_ns"], kind="stable")
     reach = calls.groupby(thread)["end_ns"].cummax()
     before = reach.groupby([calls["pid"], calls["tid"]]).shift(1)

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from gpudiag.analyzers import intervals
+from gpudiag.analyzers import intervals, keys
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.analyzers.gaps import gpu_events, idle_gaps
 from gpudiag.trace import Trace
@@ -147,7 +147,7 @@ def _kernel_weights(trace: Trace, events: pd.DataFrame,
     if efficiency is not None and len(rows):
         eff = efficiency.reindex(rows).fillna(1.0).clip(0.0, 1.0).to_numpy(np.float64)
     names = kernels["name"].loc[rows]
-    by_name = names.astype(str).str.contains(COMM_KERNEL).to_numpy(bool)
+    by_name = keys.matches(names, COMM_KERNEL)
     listed = kernels["kernel_id"].loc[rows].isin(trace.collectives["kernel_id"].dropna())
     comm = by_name | listed.to_numpy(bool)
     weight[is_kernel] = np.where(comm, 0.0, eff)

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from gpudiag.analyzers import keys
 from gpudiag.devices import fill_from_compute_capability, vendor_of
 from gpudiag.schema import TABLES
 
@@ -185,11 +186,8 @@ def _device_rows(kernels: pd.DataFrame, limits: pd.DataFrame) -> npt.NDArray[np.
     device = kernels["device"].astype("Int64").fillna(-2).to_numpy(np.int64)
     dev_rank = limits["rank"].fillna(-1).to_numpy(np.int64)
     dev_device = limits["device"].to_numpy(np.int64)
-    exact = pd.Series(np.arange(len(limits)),
-                      index=pd.MultiIndex.from_arrays([dev_rank, dev_device]))
-    exact = exact[~exact.index.duplicated(keep="first")]
-    found = exact.index.get_indexer(pd.MultiIndex.from_arrays([rank, device]))
-    pos = np.where(found >= 0, exact.to_numpy()[np.maximum(found, 0)], none)
+    pos = keys.join([pd.Series(rank), pd.Series(device)],
+                    [pd.Series(dev_rank), pd.Series(dev_device)])  # first row per key
     pos = np.where(pos >= 0, pos, _only_row(dev_device, dev_rank == -1, device))
     return np.where((pos >= 0) | (rank != -1), pos,
                     _only_row(dev_device, np.ones(len(limits), dtype=bool), device))

@@ -1,0 +1,59 @@
+"""Joins and matches on multi-column keys without building Python tuples.
+
+A pandas MultiIndex over millions of rows materializes a tuple per row for most
+operations; joining kernels to their launch calls that way cost more than the whole loss
+model. Here each key column is factorized once (NA is a value of its own), the codes are
+combined into one int64 per row, and joins are a sort plus `searchsorted`. Regexes run
+once per distinct name (pandas categories), never once per row.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+IntArray = npt.NDArray[np.int64]
+
+
+def codes(*columns: pd.Series | npt.ArrayLike, sizes: list[int] | None = None) -> IntArray:
+    """One int64 per row identifying the combination of the columns' values."""
+    out = np.zeros(len(columns[0]), dtype=np.int64)  # type: ignore[arg-type]
+    for col in columns:
+        c, uniques = pd.factorize(pd.Series(col), use_na_sentinel=False)
+        out = out * np.int64(len(uniques) + 1) + c.astype(np.int64)
+    return out
+
+
+def join(left: list[pd.Series], right: list[pd.Series]) -> IntArray:
+    """For each left row, the position of the first right row with equal key columns
+    (NA equals NA), or -1."""
+    n_left = len(left[0])
+    both = [pd.concat([pd.Series(a).reset_index(drop=True), pd.Series(b).reset_index(drop=True)],
+                      ignore_index=True) for a, b in zip(left, right, strict=True)]
+    key = codes(*both)
+    lkey, rkey = key[:n_left], key[n_left:]
+    order = np.argsort(rkey, kind="stable")
+    sorted_keys = rkey[order]
+    i = np.searchsorted(sorted_keys, lkey, side="left")
+    safe = np.minimum(i, max(len(order) - 1, 0))
+    hit = (i < len(order)) & (sorted_keys[safe] == lkey) if len(order) else np.zeros(
+        n_left, dtype=bool)
+    return np.where(hit, order[safe] if len(order) else 0, -1).astype(np.int64)
+
+
+def isin(left: list[pd.Series], right: list[pd.Series]) -> npt.NDArray[np.bool_]:
+    """Whether each left row's key occurs among the right rows."""
+    return join(left, right) >= 0
+
+
+def matches(names: pd.Series, pattern: str | re.Pattern[str]) -> npt.NDArray[np.bool_]:
+    """Does each name match (re.search) `pattern`; False for missing names. One regex
+    call per distinct name."""
+    regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+    cat = names if isinstance(names.dtype, pd.CategoricalDtype) else names.astype("category")
+    hit = np.array([bool(regex.search(str(c))) for c in cat.cat.categories] + [False],
+                   dtype=bool)
+    return hit[cat.cat.codes.to_numpy()]
