@@ -77,7 +77,7 @@ def test_theoretical_occupancy_equals_ncu_on_every_real_report(name: str) -> Non
         if (name, kid) in ORACLE_EXCEPTIONS:
             assert pd.isna(want_pct.iloc[i]) and pd.notna(ours["unavailable"].iloc[i])
             continue
-        assert ours["unavailable"].iloc[i] is pd.NA, (kid, ours["unavailable"].iloc[i])
+        assert pd.isna(ours["unavailable"].iloc[i]), (kid, ours["unavailable"].iloc[i])
         assert ours["theoretical_occupancy"].iloc[i] * 100 == pytest.approx(
             want_pct.iloc[i], rel=0, abs=1e-9), kid
         assert ours["blocks_per_sm"].iloc[i] == want_blocks.iloc[i], kid
@@ -158,7 +158,7 @@ def test_each_limiter_on_an_a100(block: int, regs: int, smem: int, blocks: int,
     row = launch(block=block, regs=regs, smem=smem)
     assert (row["blocks_per_sm"], row["limiter"]) == (blocks, limiter)
     assert row["theoretical_occupancy"] == blocks * (block // 32) / 64
-    assert row["unavailable"] is pd.NA
+    assert pd.isna(row["unavailable"])
 
 
 def test_registers_are_allocated_per_warp_in_units_of_256() -> None:
@@ -259,7 +259,7 @@ def test_limits_come_from_the_compute_capability_or_a_known_name() -> None:
                                                  "name": "NVIDIA A100-SXM4-80GB"})
     for row in (by_cc, by_name):
         assert (row["blocks_per_sm"], row["limiter"]) == (4, "registers")
-        assert row["unavailable"] is pd.NA
+        assert pd.isna(row["unavailable"])
 
 
 def test_a_known_name_without_an_sm_count_gives_occupancy_but_no_waves() -> None:
@@ -318,15 +318,15 @@ def test_result_is_aligned_with_the_kernels_table_in_order() -> None:
 def test_empty_trace_gives_an_empty_typed_frame() -> None:
     out = occupancy(Trace())
     assert list(out.columns) == list(occ.COLUMNS) and out.empty
-    assert out.dtypes.astype(str).tolist() == ["float64", "Int64", "string", "float64",
-                                                "float64", "string"]
+    assert out.dtypes.astype(str).tolist() == ["float64", "Int64", "category", "float64",
+                                                "float64", "category"]
 
 
 def test_types_of_a_computed_frame() -> None:
     out = occupancy(trace(kernels=[kernel(0, 1, regs_per_thread=16, smem_bytes=0)],
                           devices=pd.DataFrame([A100])))
-    assert out.dtypes.astype(str).tolist() == ["float64", "Int64", "string", "float64",
-                                                "float64", "string"]
+    assert out.dtypes.astype(str).tolist() == ["float64", "Int64", "category", "float64",
+                                                "float64", "category"]
 
 
 @pytest.mark.parametrize("name", ["NVIDIA A100-SXM4-80GB", "NVIDIA A10G", "Tesla T4",

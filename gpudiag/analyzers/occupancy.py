@@ -246,7 +246,7 @@ def calculate(kernels: pd.DataFrame, limits: pd.DataFrame) -> pd.DataFrame:
         ok = pd.isna(reason) & ~np.isnan(stacked).any(axis=0)
         usable = np.where(ok, stacked, 0)  # argmin takes the first minimum: LIMITERS order
         blocks = usable.min(axis=0)
-        limiter = np.array(LIMITERS, dtype=object)[usable.argmin(axis=0)]
+        limiter = usable.argmin(axis=0)  # position in LIMITERS
         max_warps = np.floor(dev["max_threads_per_sm"] / dev["warp_size"])
         warps = np.ceil(launch.block_threads / dev["warp_size"])
         occupancy = np.where(ok, blocks * warps / max_warps, np.nan)
@@ -256,23 +256,25 @@ def calculate(kernels: pd.DataFrame, limits: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "theoretical_occupancy": occupancy,
         "blocks_per_sm": pd.arrays.IntegerArray(np.where(ok, blocks, 0).astype(np.int64), ~ok),
-        "limiter": pd.array(np.where(ok, limiter, None), dtype="string"),
+        # categorical: millions of launches share four limiters and a few reasons
+        "limiter": pd.Categorical.from_codes(np.where(ok, limiter, -1),
+                                             categories=list(LIMITERS)),
         "waves": waves, "tail_efficiency": tail,
-        "unavailable": pd.array(_after(reason, ok, blocks, limiter, limits),
-                                dtype="string"),
+        "unavailable": pd.Categorical(_after(reason, ok, blocks, limiter, limits)),
         "grid_blocks": launch.grid_blocks, "block_threads": launch.block_threads,
         "sm_count": dev["sm_count"],
     })
 
 
 def _after(reason: npt.NDArray[np.object_], ok: npt.NDArray[np.bool_],
-           blocks: npt.NDArray[np.float64], limiter: npt.NDArray[np.object_],
+           blocks: npt.NDArray[np.float64], limiter: npt.NDArray[np.intp],
            limits: pd.DataFrame) -> npt.NDArray[np.object_]:
     """The reasons for computed occupancy without waves: a block that fits nowhere (0
     blocks per SM: the limiter says which per-block limit it breaks), or no SM count."""
     reason = reason.copy()
     stuck = ok & (blocks == 0)
-    reason[stuck] = "the block does not fit on an SM (" + limiter[stuck] + ")"
+    names = np.array(LIMITERS, dtype=object)[limiter[stuck]]
+    reason[stuck] = "the block does not fit on an SM (" + names + ")"
     no_sms = ok & ~stuck & np.isnan(_floats(limits, "sm_count"))
     reason[no_sms] = "no sm_count for device " + limits["device"].to_numpy(dtype=object)[
         no_sms].astype(str)
