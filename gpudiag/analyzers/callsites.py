@@ -67,6 +67,12 @@ def launch_calls(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
                          "api_name": take("name")}, index=rows.index)
 
 
+def kernel_launches(trace: Trace) -> pd.DataFrame:
+    """`launch_calls` for every kernel, computed once per trace (several analyzers need it);
+    do not modify the result."""
+    return trace.derived("kernel_launches", lambda: launch_calls(trace, trace.kernels))
+
+
 def where_at(trace: Trace, pid: npt.ArrayLike, tid: npt.ArrayLike,
              t: npt.ArrayLike) -> npt.NDArray[np.object_]:
     """The call site label at each host time (None where nothing is known)."""

@@ -251,7 +251,7 @@ def _step_windows(trace: Trace) -> dict[int, iv.Spans]:
     if steps.empty or trace.kernels.empty:
         return {}
     k = trace.kernels
-    launch = callsites.launch_calls(trace, k)["api_start_ns"]
+    launch = callsites.kernel_launches(trace)["api_start_ns"]
     ok = (launch.notna() & k["pid"].notna()).to_numpy()
     left = pd.DataFrame({"pid": k["pid"][ok].astype("int64"),
                          "t": launch[ok].astype("int64"), "gpu_end": k["end_ns"][ok]})

@@ -48,6 +48,7 @@ from gpudiag.trace import Trace
 #: host calls that copy memory (Async or not): rule 2 looks for one open at a gap's start
 COPY_APIS = re.compile(r"^(?:cuda|hip)Memcpy|^cuMemcpy|^(?:cuda|hip)Memset|^cuMemset")
 
+TABLE_CODES = ("kernels", "copies")
 GAP_COLUMNS = ("rank", "device", "start_ns", "end_ns", "gap_start_ns", "gap_end_ns", "cause",
                "pid", "tid", "next_table", "next_row", "launch_ns", "wait_kind", "wait_api",
                "wait_start_ns", "wait_tid")
@@ -57,11 +58,11 @@ def gpu_events(trace: Trace) -> pd.DataFrame:
     """Kernels and copies as one table: `rank, device, pid, stream, start_ns, end_ns,
     correlation, table, row` (row = index in its own table), rank NA -> -1."""
     parts = []
-    for table in ("kernels", "copies"):
+    for i, table in enumerate(TABLE_CODES):
         frame = getattr(trace, table)
         part = frame[["rank", "device", "pid", "stream", "start_ns", "end_ns",
                       "correlation"]].copy()
-        part["table"] = table
+        part["table"] = pd.Categorical.from_codes(np.full(len(frame), i), TABLE_CODES)
         part["row"] = frame.index.to_numpy()
         parts.append(part)
     events = pd.concat(parts, ignore_index=True)

@@ -130,9 +130,11 @@ def segments(start: npt.ArrayLike, end: npt.ArrayLike,
     keep = e > s
     s, e, w = s[keep], e[keep], w[keep]
     times = np.concatenate([s, e])
-    steps = np.concatenate([w, -w])
     order = np.argsort(times, kind="stable")
     times = times[order]
-    summed = np.cumsum(steps[order], axis=0)
-    nonempty = times[1:] > times[:-1]
-    return times[:-1][nonempty], times[1:][nonempty], summed[:-1][nonempty]
+    nonempty = np.flatnonzero(times[1:] > times[:-1])
+    sums = np.empty((len(nonempty), w.shape[1]))
+    for j in range(w.shape[1]):  # one column at a time: memory stays a few n-arrays
+        steps = np.concatenate([w[:, j], -w[:, j]])[order]
+        sums[:, j] = np.cumsum(steps)[nonempty]
+    return times[nonempty], times[nonempty + 1], sums

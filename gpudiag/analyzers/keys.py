@@ -18,12 +18,17 @@ import pandas as pd
 IntArray = npt.NDArray[np.int64]
 
 
-def codes(*columns: pd.Series | npt.ArrayLike, sizes: list[int] | None = None) -> IntArray:
+def codes(*columns: pd.Series | npt.ArrayLike) -> IntArray:
     """One int64 per row identifying the combination of the columns' values."""
     out = np.zeros(len(columns[0]), dtype=np.int64)  # type: ignore[arg-type]
+    top = 1
     for col in columns:
         c, uniques = pd.factorize(pd.Series(col), use_na_sentinel=False)
+        if top * (len(uniques) + 1) >= 2**62:  # renumber densely before it could overflow
+            out, _ = pd.factorize(out)
+            top = int(out.max()) + 1
         out = out * np.int64(len(uniques) + 1) + c.astype(np.int64)
+        top *= len(uniques) + 1
     return out
 
 

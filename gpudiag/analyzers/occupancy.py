@@ -156,9 +156,31 @@ def _reason(row: dict[str, Any]) -> str | None:
     return None
 
 
+#: the kernels columns occupancy depends on: launches that agree on all of them share it
+CONFIG_COLUMNS = ("rank", "device", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
+                  "block_z", "regs_per_thread", "smem_bytes", "smem_static_bytes",
+                  "smem_dynamic_bytes", "smem_config_bytes")
+
+
 def for_kernels(kernels: pd.DataFrame, devices: pd.DataFrame) -> pd.DataFrame:
     """`calculate` for a kernels table against a devices table, index aligned with `kernels`:
-    COLUMNS plus `grid_blocks`, `block_threads` and `sm_count` (the other inputs of waves)."""
+    COLUMNS plus `grid_blocks`, `block_threads` and `sm_count` (the other inputs of waves).
+
+    Computed once per distinct launch configuration and spread to every launch: a trace
+    of millions of launches holds a few thousand configurations."""
+    if kernels.empty:
+        return _for_configs(kernels, devices)
+    config = keys.codes(*(kernels[c] for c in CONFIG_COLUMNS))
+    inverse, uniques = pd.factorize(config)  # hashing: no sort of millions of keys
+    first = np.zeros(len(uniques), dtype=np.int64)
+    first[inverse[::-1]] = np.arange(len(inverse) - 1, -1, -1)  # last write = first seen
+    unique = _for_configs(kernels.iloc[first], devices)
+    out = unique.iloc[inverse].reset_index(drop=True)
+    out.index = kernels.index
+    return out
+
+
+def _for_configs(kernels: pd.DataFrame, devices: pd.DataFrame) -> pd.DataFrame:
     limits = device_limits(devices)
     pos = _device_rows(kernels, limits)
     per_kernel = limits.reindex(pos).reset_index(drop=True)  # all-NA rows where pos is -1
