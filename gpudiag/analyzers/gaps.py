@@ -35,15 +35,18 @@ pieces of a device tile its idle time exactly.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from gpudiag.analyzers import callsites, intervals
+from gpudiag.analyzers import callsites, intervals, keys
 from gpudiag.analyzers.waits import blocking_waits
 from gpudiag.collectors.intervals import range_max
 from gpudiag.trace import Trace
+
+IntArray = npt.NDArray[np.int64]
 
 #: host calls that copy memory (Async or not): rule 2 looks for one open at a gap's start
 COPY_APIS = re.compile(r"^(?:cuda|hip)Memcpy|^cuMemcpy|^(?:cuda|hip)Memset|^cuMemset")
@@ -54,21 +57,41 @@ GAP_COLUMNS = ("rank", "device", "start_ns", "end_ns", "gap_start_ns", "gap_end_
                "wait_start_ns", "wait_tid")
 
 
-def gpu_events(trace: Trace) -> pd.DataFrame:
-    """Kernels and copies as one table: `rank, device, pid, stream, start_ns, end_ns,
-    correlation, table, row` (row = index in its own table), rank NA -> -1."""
-    parts = []
-    for i, table in enumerate(TABLE_CODES):
-        frame = getattr(trace, table)
-        part = frame[["rank", "device", "pid", "stream", "start_ns", "end_ns",
-                      "correlation"]].copy()
-        part["table"] = pd.Categorical.from_codes(np.full(len(frame), i), TABLE_CODES)
-        part["row"] = frame.index.to_numpy()
-        parts.append(part)
-    events = pd.concat(parts, ignore_index=True)
-    events["rank"] = events["rank"].fillna(-1)
-    events["device"] = events["device"].fillna(-1)
-    return events[events["end_ns"] >= events["start_ns"]]
+@dataclass(frozen=True)
+class DeviceEvents:
+    """Kernels and copies as flat arrays grouped by device: what the loss model needs of
+    10 million events in ~35 bytes each (a DataFrame with its Int64 columns and a groupby
+    copy per device took ten times that). `table` is 0 for kernels, 1 for copies; `row` is
+    the index label in that table; `by_device[key]` the positions of a device's events."""
+
+    start: IntArray
+    end: IntArray
+    table: npt.NDArray[np.int8]
+    row: IntArray
+    by_device: dict[tuple[int, int], IntArray]
+
+
+def device_events(trace: Trace) -> DeviceEvents:
+    """The trace's GPU events by `(rank, device)` (NA -> -1), computed once per trace."""
+    return trace.derived("device_events", lambda: _device_events(trace))
+
+
+def _device_events(trace: Trace) -> DeviceEvents:
+    frames = [trace.kernels, trace.copies]
+    rank = np.concatenate([f["rank"].fillna(-1).to_numpy(np.int64) for f in frames])
+    device = np.concatenate([f["device"].fillna(-1).to_numpy(np.int64) for f in frames])
+    start = np.concatenate([f["start_ns"].to_numpy(np.int64) for f in frames])
+    end = np.concatenate([f["end_ns"].to_numpy(np.int64) for f in frames])
+    table = np.repeat(np.array([0, 1], dtype=np.int8), [len(f) for f in frames])
+    row = np.concatenate([f.index.to_numpy(np.int64) for f in frames])
+    valid = end >= start
+    code = keys.codes(rank, device)
+    order = np.argsort(code, kind="stable")
+    order = order[valid[order]]
+    bounds = np.flatnonzero(np.diff(code[order])) + 1
+    by_device = {(int(rank[g[0]]), int(device[g[0]])): g
+                 for g in np.split(order, bounds) if len(g)}  # one per device
+    return DeviceEvents(start, end, table, row, dict(sorted(by_device.items())))
 
 
 def idle_gaps(trace: Trace, *, launch_gap_ns: int = 50_000, sync_tolerance_ns: int = 2_000,
@@ -91,9 +114,8 @@ def idle_gaps(trace: Trace, *, launch_gap_ns: int = 50_000, sync_tolerance_ns: i
 
 def _idle_gaps(trace: Trace, launch_gap_ns: int, sync_tolerance_ns: int,
                window: tuple[int, int] | None) -> pd.DataFrame:
-    events = gpu_events(trace)
-    frames = [_device_gaps(group, window)
-              for _, group in events.groupby(["rank", "device"], sort=True)]
+    ev = device_events(trace)
+    frames = [_device_gaps(trace, ev, key, idx, window) for key, idx in ev.by_device.items()]
     gaps = pd.concat(frames, ignore_index=True) if frames else _empty_gaps()
     if gaps.empty:
         return _empty_gaps()
@@ -105,9 +127,9 @@ def _idle_gaps(trace: Trace, launch_gap_ns: int, sync_tolerance_ns: int,
     return _pieces(gaps, launch_gap_ns)
 
 
-def _device_gaps(events: pd.DataFrame, window: tuple[int, int] | None) -> pd.DataFrame:
-    start = events["start_ns"].to_numpy(np.int64)
-    end = events["end_ns"].to_numpy(np.int64)
+def _device_gaps(trace: Trace, ev: DeviceEvents, key: tuple[int, int], idx: IntArray,
+                 window: tuple[int, int] | None) -> pd.DataFrame:
+    start, end = ev.start[idx], ev.end[idx]
     lo, hi = int(start.min()), int(end.max())
     if window is not None:
         lo, hi = max(lo, window[0]), min(hi, window[1])
@@ -118,14 +140,28 @@ def _device_gaps(events: pd.DataFrame, window: tuple[int, int] | None) -> pd.Dat
     order = np.argsort(start, kind="stable")
     nxt = order[np.minimum(np.searchsorted(start[order], ge, side="left"), len(order) - 1)]
     has_next = start[nxt] == ge
-    picked = events.iloc[nxt]
+    table, row = ev.table[idx][nxt], ev.row[idx][nxt]
+    pid = pd.array(np.full(len(nxt), pd.NA), dtype="Int64")
+    correlation = pid.copy()
+    for code, name in enumerate(TABLE_CODES):  # join each next event to its own table
+        mine = table == code
+        if mine.any():
+            frame = getattr(trace, name).loc[row[mine], ["pid", "correlation"]]
+            pid[mine] = frame["pid"].array
+            correlation[mine] = frame["correlation"].array
     return pd.DataFrame({
-        "rank": events["rank"].iloc[0], "device": events["device"].iloc[0],
-        "gap_start_ns": gs, "gap_end_ns": ge,
-        "pid": picked["pid"].to_numpy(), "correlation": picked["correlation"].to_numpy(),
-        "next_table": np.where(has_next, picked["table"].to_numpy(), None),
-        "next_row": np.where(has_next, picked["row"].to_numpy(), -1),
+        "rank": key[0], "device": key[1], "gap_start_ns": gs, "gap_end_ns": ge,
+        "pid": pid, "correlation": correlation,
+        "next_table": _table_names(table, has_next),
+        "next_row": np.where(has_next, row, -1),
     })
+
+
+def _table_names(table: npt.NDArray[np.int8], has_next: npt.NDArray[np.bool_]
+                 ) -> npt.NDArray[np.object_]:
+    names = np.array(TABLE_CODES, dtype=object)[table]
+    names[~has_next] = None
+    return names
 
 
 def _attach_waits(gaps: pd.DataFrame, waits: pd.DataFrame, tolerance: int) -> None:

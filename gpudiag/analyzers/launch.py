@@ -18,9 +18,11 @@ replays of each kernel: real kernel times, but not a timeline; findings say so.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from gpudiag.analyzers import callsites, keys
@@ -99,17 +101,30 @@ def per_launch(trace: Trace, *, tail_min_speedup: float = 0.2) -> pd.DataFrame:
     `collective` (an NCCL/RCCL kernel, which `small_grid` and `findings` leave out: its few
     blocks are by design and its time is communication, the collectives analyzer's part).
     """
-    k = trace.kernels
-    out = _occupancy(trace).copy()
+    return _per_launch(trace, tail_min_speedup, None)
+
+
+def _per_launch(trace: Trace, tail_min_speedup: float,
+                keep: Callable[[pd.DataFrame], npt.NDArray[np.bool_]] | None,
+                timed_only: bool = False) -> pd.DataFrame:
+    """`per_launch`, built only for the non-collective launches `keep(occupancy)` selects
+    (and only those with a duration when `timed_only`): findings and `small_grid` need a
+    part of a 10-million-launch trace, whose full table is over a GB."""
+    k, occupancy_ = trace.kernels, _occupancy(trace)
+    dur = (k["end_ns"] - k["start_ns"]).clip(lower=0).to_numpy(np.int64)
+    collective = (keys.matches(k["name"], COMM_KERNEL)
+                  | k["kernel_id"].isin(trace.collectives["kernel_id"].dropna()).to_numpy(bool))
+    if keep is not None:
+        chosen = keep(occupancy_) & ~collective & ((dur > 0) | (not timed_only))
+        k, occupancy_ = k[chosen], occupancy_[chosen]
+        dur, collective = dur[chosen], collective[chosen]
+    out = occupancy_.copy()
     out.insert(0, "full_name", k["name"])
     out.insert(0, "name", short_names(k["name"]))
-    dur = (k["end_ns"] - k["start_ns"]).clip(lower=0).to_numpy(np.int64)
     idle = np.nan_to_num(dur * (1 - out["tail_efficiency"].to_numpy(np.float64)))
     waves = out["waves"].to_numpy(np.float64)
     out["dur_ns"] = dur
-    out["collective"] = (keys.matches(k["name"], COMM_KERNEL)
-                         | k["kernel_id"].isin(trace.collectives["kernel_id"].dropna())
-                         .to_numpy(bool))
+    out["collective"] = collective
     out["small_grid_ns"] = np.where(waves < 1, idle, 0.0)
     out["tail_ns"] = np.where(waves >= 1, idle, 0.0)
     return _ncu_rules(out, tail_min_speedup)
@@ -153,8 +168,7 @@ def small_grid(trace: Trace, *, tail_min_speedup: float = 0.2) -> pd.DataFrame:
     `blocks_per_sm`, `sm_count`) with duration-weighted `waves` and
     `theoretical_occupancy` and that launch's `limiter`.
     """
-    pl = per_launch(trace, tail_min_speedup=tail_min_speedup)
-    pl = pl[~pl["collective"]]
+    pl = _per_launch(trace, tail_min_speedup, lambda o: np.ones(len(o), dtype=bool))
     if pl.empty:
         return _typed(pd.DataFrame(), SMALL_GRID_COLUMNS)
     pl["lost_ns"] = pl["small_grid_ns"] + pl["tail_ns"]
@@ -306,9 +320,8 @@ def findings(trace: Trace, *, tail_min_speedup: float = 0.2,
     (a tail of 1 % of a kernel is noise). Only launches with a duration count; collective
     kernels are left out (see `per_launch`).
     """
-    pl = per_launch(trace, tail_min_speedup=tail_min_speedup)
-    pl = pl[~pl["collective"] & (pl["dur_ns"] > 0) & pl["waves"].notna()
-            & ((pl["small_grid_ns"] > 0) | (pl["tail_ns"] > 0))]  # only these need a site
+    pl = _per_launch(trace, tail_min_speedup,  # only launches that leave SMs idle
+                     lambda o: (o["tail_efficiency"] < 1).to_numpy(bool), timed_only=True)
     if pl.empty:
         return frame()
     pl = pl.assign(where=_sites(trace, pl))

@@ -32,7 +32,7 @@ import pandas as pd
 
 from gpudiag.analyzers import intervals, keys
 from gpudiag.analyzers.findings import LOSS_CAUSES
-from gpudiag.analyzers.gaps import gpu_events, idle_gaps
+from gpudiag.analyzers.gaps import device_events, idle_gaps
 from gpudiag.trace import Trace
 
 #: collective kernels by name, as HTA classifies COMMUNICATION (plus RCCL)
@@ -99,21 +99,27 @@ def loss_timeline(trace: Trace, *, efficiency: pd.Series | None = None,
     timeline = LossTimeline()
     if not trace.meta.get("timeline", True):  # e.g. Nsight Compute's serialized replays
         return timeline
-    events = gpu_events(trace)
-    events["weight"] = _kernel_weights(trace, events, efficiency)
+    ev = device_events(trace)
+    weight, comm = _kernel_weights(trace, efficiency)
     gaps = idle_gaps(trace, launch_gap_ns=launch_gap_ns, sync_tolerance_ns=sync_tolerance_ns,
                      window=window)
     waits = comm_waits if comm_waits is not None else pd.DataFrame(
         columns=["rank", "device", "start_ns", "end_ns"])
-    for (rank, device), group in events.groupby(["rank", "device"], sort=True):
-        key = (int(rank), int(device))
-        lo, hi = int(group["start_ns"].min()), int(group["end_ns"].max())
+    for key, idx in ev.by_device.items():
+        lo, hi = int(ev.start[idx].min()), int(ev.end[idx].max())
         if window is not None:
             lo, hi = max(lo, window[0]), min(hi, window[1])
         if hi <= lo:
             continue
         timeline.windows[key] = (lo, hi)
-        layers = _busy_layers(group, _device_rows(waits, key), lo, hi)
+        is_kernel = ev.table[idx] == 0
+        rows = ev.row[idx]
+        w = np.full(len(idx), np.nan)  # NaN marks copies
+        w[is_kernel] = weight.reindex(rows[is_kernel]).to_numpy(np.float64)
+        c = np.zeros(len(idx), dtype=bool)
+        c[is_kernel] = comm.reindex(rows[is_kernel]).to_numpy(bool)
+        layers = _busy_layers(ev.start[idx], ev.end[idx], w=w, is_comm=c,
+                              waits=_device_rows(waits, key), lo=lo, hi=hi)
         for cause, layer in _idle_layers(_device_rows(gaps, key)).items():
             old = layers.get(cause)
             layers[cause] = layer if old is None else (  # disjoint: busy vs idle copy time
@@ -135,34 +141,24 @@ def losses(trace: Trace, **options: object) -> pd.DataFrame:
     return loss_timeline(trace, **options).totals()  # type: ignore[arg-type]
 
 
-def _kernel_weights(trace: Trace, events: pd.DataFrame,
-                    efficiency: pd.Series | None) -> npt.NDArray[np.float64]:
-    """Per event: NaN for copies, 0 for collective kernels, else the SM efficiency (1 when
-    unknown)."""
-    weight = np.full(len(events), np.nan)
-    is_kernel = (events["table"] == "kernels").to_numpy()
-    rows = events["row"].to_numpy()[is_kernel]
+def _kernel_weights(trace: Trace, efficiency: pd.Series | None
+                    ) -> tuple[pd.Series, pd.Series]:
+    """Per kernel (index of `trace.kernels`): the SM efficiency used by the small-grid
+    rule (1 when unknown, 0 for collective kernels) and whether it is a collective."""
     kernels = trace.kernels
-    eff = np.ones(len(rows))
-    if efficiency is not None and len(rows):
-        eff = efficiency.reindex(rows).fillna(1.0).clip(0.0, 1.0).to_numpy(np.float64)
-    names = kernels["name"].loc[rows]
-    by_name = keys.matches(names, COMM_KERNEL)
-    listed = kernels["kernel_id"].loc[rows].isin(trace.collectives["kernel_id"].dropna())
-    comm = by_name | listed.to_numpy(bool)
-    weight[is_kernel] = np.where(comm, 0.0, eff)
-    events["comm"] = False
-    events.loc[is_kernel, "comm"] = comm
-    return weight
+    eff = pd.Series(1.0, index=kernels.index)
+    if efficiency is not None and len(kernels):
+        eff = efficiency.reindex(kernels.index).fillna(1.0).clip(0.0, 1.0).astype("float64")
+    comm = (keys.matches(kernels["name"], COMM_KERNEL)
+            | kernels["kernel_id"].isin(trace.collectives["kernel_id"].dropna()).to_numpy(bool))
+    return eff.where(~comm, 0.0), pd.Series(comm, index=kernels.index)
 
 
-def _busy_layers(events: pd.DataFrame, waits: pd.DataFrame, lo: int, hi: int
-                 ) -> dict[str, Layer]:
-    start = np.clip(events["start_ns"].to_numpy(np.int64), lo, hi)
-    end = np.clip(events["end_ns"].to_numpy(np.int64), lo, hi)
-    w = events["weight"].to_numpy(np.float64)
+def _busy_layers(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], *,
+                 w: npt.NDArray[np.float64], is_comm: npt.NDArray[np.bool_],
+                 waits: pd.DataFrame, lo: int, hi: int) -> dict[str, Layer]:
+    start, end = np.clip(start, lo, hi), np.clip(end, lo, hi)
     is_copy = np.isnan(w)
-    is_comm = events["comm"].to_numpy(bool)
     compute = ~is_copy & ~is_comm
     columns = np.column_stack([compute, np.where(compute, w, 0.0), is_comm, is_copy])
     s, e, sums = intervals.segments(start, end, columns)
