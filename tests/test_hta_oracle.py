@@ -99,9 +99,9 @@ def hta(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.parametrize("path", TRACES, ids=[p.name for p in TRACES])
 def test_breakdowns_agree_with_hta(hta: dict[str, Any], path: Path, mode: str) -> None:
     result = hta["traces"][path.name][mode]
-    if "error" in result:
+    if "error" in result:  # the check is that HTA fails exactly where we know it does
         assert (path.name, mode) in HTA_FAILS, f"HTA failed: {result['error']}"
-        pytest.skip(f"HTA cannot analyze it ({mode}): {HTA_FAILS[path.name, mode]}")
+        return
     assert (path.name, mode) not in HTA_FAILS, "HTA now handles this trace: update HTA_FAILS"
     trace = gpudiag.load(path)
     ours = hta_rounded(trace) if mode == "rounded" else trace

@@ -168,28 +168,82 @@ def small_grid(trace: Trace, *, tail_min_speedup: float = 0.2) -> pd.DataFrame:
     `blocks_per_sm`, `sm_count`) with duration-weighted `waves` and
     `theoretical_occupancy` and that launch's `limiter`.
     """
-    pl = _per_launch(trace, tail_min_speedup, lambda o: np.ones(len(o), dtype=bool))
-    if pl.empty:
+    g = _launch_groups(trace, tail_min_speedup, timed_only=False)
+    if g.empty:
         return _typed(pd.DataFrame(), SMALL_GRID_COLUMNS)
-    pl["lost_ns"] = pl["small_grid_ns"] + pl["tail_ns"]
-    pl["odd_block_launches"] = (pl["ncu_block_size_speedup"] > 0).astype("int64")
-    pl["unknown_launches"] = pl["waves"].isna().astype("int64")
-    groups = pl.groupby("full_name", observed=True, dropna=False, sort=False)
-    out = groups.agg(name=("name", "first"), count=("dur_ns", "size"),
-                     dur_ns=("dur_ns", "sum"), small_grid_ns=("small_grid_ns", "sum"),
-                     tail_ns=("tail_ns", "sum"), lost_ns=("lost_ns", "sum"),
-                     odd_block_launches=("odd_block_launches", "sum"),
-                     unknown_launches=("unknown_launches", "sum"))
+    g["odd_block_launches"] = np.where(g["ncu_block_size_speedup"] > 0, g["count"], 0)
+    g["unknown_launches"] = np.where(g["waves"].isna(), g["count"], 0)
+    by = ["full_name"]
+    out = g.groupby(by, observed=True, dropna=False, sort=False).agg(
+        name=("name", "first"), count=("count", "sum"), dur_ns=("dur_ns", "sum"),
+        small_grid_ns=("small_grid_ns", "sum"), tail_ns=("tail_ns", "sum"),
+        lost_ns=("lost_ns", "sum"), odd_block_launches=("odd_block_launches", "sum"),
+        unknown_launches=("unknown_launches", "sum"))
     for col in ("ncu_small_grid_speedup", "ncu_tail_speedup", "ncu_block_size_speedup",
                 "waves", "theoretical_occupancy"):
-        out[col] = _weighted(pl, col, ["full_name"])
-    worst = pl.sort_values(["lost_ns", "dur_ns"], kind="stable").groupby(
-        "full_name", observed=True, dropna=False, sort=False).tail(1).set_index("full_name")
+        out[col] = _weighted(g, col, by)
+    worst = _worst(g, by).set_index("full_name")
     for col in ("grid_blocks", "block_threads", "blocks_per_sm", "sm_count", "limiter"):
         out[col] = worst[col].reindex(out.index)
     out = out.reset_index().sort_values(["lost_ns", "dur_ns"], ascending=False,
                                         kind="stable", ignore_index=True)
     return _typed(out, SMALL_GRID_COLUMNS)
+
+
+def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
+                   idle_only: bool = False, sites: bool = False) -> pd.DataFrame:
+    """Non-collective launches aggregated by (launch configuration, kernel name[, call
+    site]): `count`, `dur_ns` (sum), `max_dur_ns`, the configuration's occupancy columns and
+    ncu rule speedups, and the SM time its grids leave idle (`small_grid_ns`, `tail_ns`,
+    `lost_ns`).
+
+    Every quantity of `small_grid` and `findings` is either fixed by the configuration or
+    a sum of durations, so millions of launches reduce to a few thousand groups before any
+    column is computed (a per-launch table of a 10-million-kernel trace is over a GB). The
+    worst launch of a group is its longest: its idle share is the configuration's."""
+    k, occupancy_ = trace.kernels, _occupancy(trace)
+    dur = (k["end_ns"] - k["start_ns"]).clip(lower=0).to_numpy(np.int64)
+    keep = ~(keys.matches(k["name"], COMM_KERNEL)
+             | k["kernel_id"].isin(trace.collectives["kernel_id"].dropna()).to_numpy(bool))
+    if timed_only:
+        keep &= dur > 0
+    if idle_only:
+        keep &= (occupancy_["tail_efficiency"] < 1).to_numpy(bool)
+    chosen = np.flatnonzero(keep)
+    columns = [occupancy_["config"].to_numpy()[chosen], k["name"].cat.codes.to_numpy()[chosen]]
+    where = _sites(trace, k.index[chosen]) if sites else None
+    if where is not None:
+        columns.append(where)
+    code = keys.codes(*columns)
+    frame_ = pd.DataFrame({"code": code, "dur": dur[chosen], "pos": chosen})
+    agg = frame_.groupby("code", sort=False).agg(count=("dur", "size"), dur_ns=("dur", "sum"),
+                                                 max_dur_ns=("dur", "max"), pos=("pos", "first"))
+    rep = agg["pos"].to_numpy()
+    out = occupancy_.iloc[rep].reset_index(drop=True)
+    out.insert(0, "full_name", k["name"].iloc[rep].to_numpy())
+    out.insert(0, "name", short_names(k["name"].iloc[rep]).to_numpy())
+    if where is not None:
+        first = pd.Series(np.arange(len(chosen))).groupby(code, sort=False).first()
+        out["where"] = where[first.reindex(agg.index).to_numpy()]
+    for col in ("count", "dur_ns", "max_dur_ns"):
+        out[col] = agg[col].to_numpy()
+    idle_share = np.nan_to_num(1 - out["tail_efficiency"].to_numpy(np.float64))
+    waves = out["waves"].to_numpy(np.float64)
+    for col, dur_col in (("", "dur_ns"), ("max_", "max_dur_ns")):
+        idle = out[dur_col].to_numpy(np.float64) * idle_share
+        out[f"{col}small_grid_ns"] = np.where(waves < 1, idle, 0.0)
+        out[f"{col}tail_ns"] = np.where(waves >= 1, idle, 0.0)
+    out["lost_ns"] = out["small_grid_ns"] + out["tail_ns"]
+    return _ncu_rules(out, tail_min_speedup)
+
+
+def _worst(g: pd.DataFrame, by: list[str], part: str = "lost_ns") -> pd.DataFrame:
+    """Per group of `by`, the row holding the launch that lost the most `part` (its
+    longest launch times the configuration's idle share; ties: the longer launch)."""
+    lost = g[f"max_{part}"] if f"max_{part}" in g else (g["max_small_grid_ns"]
+                                                        + g["max_tail_ns"])
+    ordered = g.assign(_lost=lost).sort_values(["_lost", "max_dur_ns"], kind="stable")
+    return ordered.groupby(by, observed=True, dropna=False, sort=False).tail(1)
 
 
 def _weighted(pl: pd.DataFrame, col: str, by: list[str]) -> pd.Series:
@@ -320,54 +374,45 @@ def findings(trace: Trace, *, tail_min_speedup: float = 0.2,
     (a tail of 1 % of a kernel is noise). Only launches with a duration count; collective
     kernels are left out (see `per_launch`).
     """
-    pl = _per_launch(trace, tail_min_speedup,  # only launches that leave SMs idle
-                     lambda o: (o["tail_efficiency"] < 1).to_numpy(bool), timed_only=True)
-    if pl.empty:
+    g = _launch_groups(trace, tail_min_speedup, timed_only=True, idle_only=True, sites=True)
+    if g.empty:
         return frame()
-    pl = pl.assign(where=_sites(trace, pl))
     note = "" if trace.meta.get("timeline", True) else "; " + NO_TIMELINE_NOTE
     rows = []
     for part, advice in (("small_grid_ns", "small_grid"), ("tail_ns", "tail")):
-        for g in _groups(pl, part, min_share).to_dict("records"):  # one per kernel x site
-            rows.append({"cause": "small_grid", "lost_ns": round(g["lost"]), "where": g["where"],
-                         "count": g["count"], "evidence": _evidence(g, part) + note,
+        for f in _groups(g, part, min_share).to_dict("records"):  # one per kernel x site
+            rows.append({"cause": "small_grid", "lost_ns": round(f["lost"]), "where": f["where"],
+                         "count": f["count"], "evidence": _evidence(f, part) + note,
                          "advice": ADVICE[advice]})
     return frame(rows)
 
 
-def _sites(trace: Trace, pl: pd.DataFrame) -> pd.Series:
-    """Per launch: the call site at its launch call, else the kernel's short name."""
-    k = trace.kernels.loc[pl.index]
-    calls = callsites.kernel_launches(trace).loc[pl.index]
+def _sites(trace: Trace, index: pd.Index) -> npt.NDArray[np.object_]:
+    """Per launch (kernels index labels): the call site at its launch call, else the
+    kernel's short name."""
+    k = trace.kernels.loc[index]
+    calls = callsites.kernel_launches(trace).loc[index]
     known = calls["api_start_ns"].notna().to_numpy(bool)
-    where = pd.Series(pl["name"].astype(object), index=pl.index)
+    where = np.array(short_names(k["name"]).astype(object).to_numpy(), dtype=object)
     if known.any():
         c = calls[known]
         site = callsites.where_at(trace, k["pid"][known], c["tid"], c["api_start_ns"])
-        where[known] = np.where(pd.isna(site), where[known].to_numpy(), site)
+        where[known] = np.where(pd.isna(site), where[known], site)
     return where
 
 
-def _groups(pl: pd.DataFrame, part: str, min_share: float) -> pd.DataFrame:
-    """Launches with `part` > 0 per (kernel, site): totals and the worst launch's numbers.
-
-    Grouped on one int64 code per (kernel, site) and the worst launch found with one
-    lexsort: grouping millions of launches on a categorical and an object column costs
-    seconds."""
-    hit = pl[pl[part] > 0]
-    code = keys.codes(hit["full_name"], hit["where"])
-    lost = hit[part].to_numpy(np.float64)
-    dur = hit["dur_ns"].to_numpy(np.float64)
-    order = np.lexsort((dur, lost, code))  # worst launch last within each group
-    ordered = code[order]
-    last = np.append(ordered[1:] != ordered[:-1], True) if len(order) else order > 0
-    worst = hit.iloc[order[last]].assign(_code=ordered[last]).set_index("_code")
-    weight = np.where(hit[RULE_OF[part]].notna(), dur, 0.0)
-    rule = np.nan_to_num(hit[RULE_OF[part]].to_numpy(np.float64)) * weight
-    sums = pd.DataFrame({"lost": lost, "count": 1, "dur": dur, "num": rule, "den": weight}
-                        ).groupby(code).sum()
+def _groups(g: pd.DataFrame, part: str, min_share: float) -> pd.DataFrame:
+    """Launch groups with `part` > 0 per (kernel, site): totals and the worst launch."""
+    hit = g[g[part] > 0]
+    by = ["full_name", "where"]
+    rule = RULE_OF[part]
+    weight = np.where(hit[rule].notna(), hit["dur_ns"], 0.0)
+    sums = hit.assign(lost=hit[part], dur=hit["dur_ns"], num=np.nan_to_num(hit[rule]) * weight,
+                      den=weight).groupby(by, observed=True, dropna=False, sort=False)[
+        ["lost", "count", "dur", "num", "den"]].sum()
     sums["speedup"] = sums["num"] / sums["den"].where(sums["den"] > 0)
-    out = worst.join(sums[["lost", "count", "dur", "speedup"]]).reset_index(drop=True)
+    worst = _worst(hit, by, part).drop(columns=["count"]).set_index(by)
+    out = worst.join(sums[["lost", "count", "dur", "speedup"]]).reset_index()
     out = out[out["lost"] >= min_share * out["dur"]]
     return out.sort_values("lost", ascending=False, kind="stable")
 

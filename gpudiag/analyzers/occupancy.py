@@ -164,18 +164,20 @@ CONFIG_COLUMNS = ("rank", "device", "grid_x", "grid_y", "grid_z", "block_x", "bl
 
 def for_kernels(kernels: pd.DataFrame, devices: pd.DataFrame) -> pd.DataFrame:
     """`calculate` for a kernels table against a devices table, index aligned with `kernels`:
-    COLUMNS plus `grid_blocks`, `block_threads` and `sm_count` (the other inputs of waves).
+    COLUMNS plus `grid_blocks`, `block_threads` and `sm_count` (the other inputs of waves)
+    and `config` (a code per distinct launch configuration).
 
     Computed once per distinct launch configuration and spread to every launch: a trace
     of millions of launches holds a few thousand configurations."""
     if kernels.empty:
-        return _for_configs(kernels, devices)
+        return _for_configs(kernels, devices).assign(config=pd.Series(dtype="int64"))
     config = keys.codes(*(kernels[c] for c in CONFIG_COLUMNS))
     inverse, uniques = pd.factorize(config)  # hashing: no sort of millions of keys
     first = np.zeros(len(uniques), dtype=np.int64)
     first[inverse[::-1]] = np.arange(len(inverse) - 1, -1, -1)  # last write = first seen
     unique = _for_configs(kernels.iloc[first], devices)
     out = unique.iloc[inverse].reset_index(drop=True)
+    out["config"] = inverse.astype(np.int64)  # launches with one code share every column
     out.index = kernels.index
     return out
 
