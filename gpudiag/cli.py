@@ -71,6 +71,11 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
         console = Console(highlight=False)
         print_summary(info, console)
         print_diagnosis(info["diagnosis"], console, top=top)
+    if budgets and dx.losses.empty:
+        raise InputError(", ".join(str(p) for p in paths),
+                         "has no GPU timeline, so the --fail-on budgets cannot be checked",
+                         "gate on a profile with kernels on a timeline (PyTorch profiler, "
+                         "Nsight Systems, JAX), not an Nsight Compute report or a snapshot")
     broken = budget_mod.exceeded(budgets, dx.losses)
     for line in broken:
         click.echo(f"gpudiag: {line}", err=True)

@@ -131,3 +131,37 @@ def test_cli_unknown_window_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no range named 'NoSuchStep'" in err[0]
+
+
+def test_window_waterfall_equals_the_whole_trace_cut_to_it() -> None:
+    t = gpudiag.load(fixture("kineto/a100_80gb_rank0of16_nccl_streamsync.json.gz"))
+    steps = t.ranges[t.ranges["source"] == "step"]
+    lo, hi = int(steps["start_ns"].iloc[1]), int(steps["end_ns"].iloc[1])
+    windowed = diagnose(t, window=(lo, hi)).losses
+    whole = diagnose(t).timeline
+    assert whole is not None
+    cut = whole.totals((lo, hi))
+    assert windowed["lost_ns"].tolist() == cut["lost_ns"].tolist()
+
+
+def test_steps_tile_without_holes_or_overlaps() -> None:
+    t = gpudiag.load(fixture("kineto/v100_rank1of2_nccl_profile_memory.json.gz"))
+    from gpudiag.analyzers.steps import step_windows
+    w = step_windows(t)
+    assert len(w) >= 2
+    assert (w["end_ns"].to_numpy()[:-1] == w["start_ns"].to_numpy()[1:]).all()
+    dx = diagnose(t, steps=True)
+    assert dx.by_step is not None and dx.timeline is not None
+    lo, hi = next(iter(dx.timeline.windows.values()))
+    inside = (w["end_ns"].clip(lo, hi) - w["start_ns"].clip(lo, hi)).sum()
+    assert dx.by_step["lost_ns"].sum() == inside
+
+
+def test_fail_on_without_a_timeline_is_an_input_error(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    from gpudiag.cli import main
+    path = fixture("ncu/rtx3050laptop_filter_nvtx.ncu-rep")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", str(path), "--fail-on", "small_grid>10%"])
+    assert exit_info.value.code == 2
+    assert "budgets cannot be checked" in capsys.readouterr().err

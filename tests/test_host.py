@@ -60,3 +60,23 @@ def test_without_stacks_where_is_the_next_kernel() -> None:
 
 def test_empty() -> None:
     assert host.findings(trace()).empty
+
+
+def test_queued_work_waiting_on_a_dependency_is_said_so() -> None:
+    t = trace(kernels=[kernel(0, 10 * U, "a", correlation=1),
+                       kernel(200 * U, 210 * U, "softmax_kernel", correlation=2)],
+              api=[api_call(0, 1, correlation=1), api_call(2 * U, 4 * U, correlation=2)])
+    found = host.findings(t)
+    top = found.iloc[0]
+    assert top["cause"] == "host_bound" and top["advice"] == ADVICE["dependency"]
+    assert "already queued" in top["evidence"] and "host ran" not in top["evidence"]
+
+
+def test_a_gap_split_in_pieces_counts_once() -> None:
+    t = trace(kernels=[kernel(0, 10 * U, "a", correlation=1),
+                       kernel(25 * U, 30 * U, "b", correlation=2)],
+              api=[api_call(0, 1, correlation=1), api_call(20 * U, 22 * U, correlation=2)])
+    found = host.findings(t)
+    assert found["count"].tolist() == [1]            # one 15 µs gap, in two pieces
+    assert found.loc[0, "lost_ns"] == 15 * U
+    assert "median 15.0 µs" in found.loc[0, "evidence"]

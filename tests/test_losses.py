@@ -206,3 +206,41 @@ def test_sync_tolerance_absorbs_rounded_clocks(tolerance: int) -> None:
     tl.launch(150, 160, 200)
     got = by_cause(tl.build(), sync_tolerance_ns=tolerance)
     assert ("sync_stall" in got) == (tolerance > 0)
+
+
+# -- regressions found in review --------------------------------------------------------
+
+EPOCH = 1_682_700_000_000_000_000  # Kineto times are epoch ns: float64 would lose 128 ns
+
+
+def test_epoch_times_keep_every_nanosecond() -> None:
+    tl = Timeline()
+    tl.launch(0, 10, 20)
+    tl.launch(220, 226, 230)
+    t = tl.build()
+    for table in (t.kernels, t.api):
+        table["start_ns"] += EPOCH
+        table["end_ns"] += EPOCH
+    assert by_cause(t) == {"useful": 14, "host_bound": 200, "launch_bound": 6}
+
+
+def test_ranks_that_reuse_a_pid_keep_their_own_launches_and_syncs() -> None:
+    def rank_rows(rank: int, next_launch: float, sync: bool) -> Timeline:
+        tl = Timeline()
+        tl.launch(0, 10, 110)
+        if sync:
+            tl.stream_sync(20, 111)
+        tl.launch(next_launch, next_launch + 6, next_launch + 50)
+        for rows in (tl.kernels, tl.api, tl.syncs):
+            for row in rows:
+                row["rank"] = rank
+        return tl
+
+    a, b = rank_rows(0, 150, True), rank_rows(1, 330, False)
+    t = trace(kernels=a.kernels + b.kernels, api=a.api + b.api, syncs=a.syncs)
+    table = losses(t)
+    got = {(int(r), c): int(v) // U for r, c, v in
+           zip(table["rank"], table["cause"], table["lost_ns"], strict=True) if v}
+    assert got[(0, "sync_stall")] == 46
+    assert (1, "sync_stall") not in got            # only rank 0 synchronized
+    assert got[(1, "host_bound")] == 220 and got[(1, "launch_bound")] == 6

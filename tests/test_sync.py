@@ -116,3 +116,27 @@ def test_nsys_waits_equal_sql(name: str) -> None:
     points = sync.sync_points(t)
     assert points["count"].sum() == n_sync_rows + calls
     assert (points["host_wait_ns"] > 0).all()
+
+
+def test_waits_without_correlation_and_repeated_keys_do_not_crash() -> None:
+    t = trace(api=[api_call(0, 50 * U, "cudaDeviceSynchronize"),
+                   api_call(60 * U, 70 * U, "cudaDeviceSynchronize")])
+    assert len(blocking_waits(t)) == 2
+    path = fixture("kineto/a100_alexnet_sync_critical_path.json.gz")
+    one, other = gpudiag.load(path), gpudiag.load(path)
+    for name in ("api", "syncs", "kernels", "copies", "ranges"):  # rank 1 reuses the pid
+        setattr(other, name, getattr(other, name).assign(rank=1))
+    twice = gpudiag.merge([one, other])
+    assert sync.sync_points(twice)["count"].sum() == 2 * 21
+    assert len(gpudiag.diagnose(twice).losses) == 2 * 7
+
+
+def test_steps_marked_on_another_thread_of_the_process() -> None:
+    t = _item_loop()
+    ranges = t.ranges.copy()
+    steps = ranges["source"] == "step"
+    ranges.loc[steps, "tid"] = 999                     # the step markers' own thread
+    t.ranges = ranges
+    p = sync.sync_points(t).iloc[0]
+    assert (p["steps_with"], p["per_step"]) == (3, 1.0)
+    assert p["where"] == "train.py:12 (train_step)"    # step names are never call sites

@@ -46,12 +46,25 @@ def is_user_frame(name: str) -> bool:
     return m is not None and not _LIBRARY.search(m["file"])
 
 
+class _UserFrame:
+    """`is_user_frame` with the `search` interface `keys.matches` takes (one call per
+    distinct frame name, not per range)."""
+
+    def search(self, name: str) -> bool:
+        return is_user_frame(name)
+
+
+USER_FRAME = _UserFrame()
+
+
 def launch_calls(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
-    """For GPU rows with `pid` and `correlation`, the issuing API call: `tid, api_start_ns,
-    api_end_ns, api_name` (NA where the trace has no matching call), index aligned."""
+    """For GPU rows with `rank`, `pid` and `correlation`, the issuing API call: `tid,
+    api_start_ns, api_end_ns, api_name` (NA where the trace has no matching call), index
+    aligned. Correlation ids restart in every process and pids repeat across ranks."""
     api = trace.derived("api_with_correlation",
                         lambda: trace.api.dropna(subset=["correlation"]))
-    pos = keys.join([rows["pid"], rows["correlation"]], [api["pid"], api["correlation"]])
+    pos = keys.join([_rank(rows), rows["pid"], rows["correlation"]],
+                    [_rank(api), api["pid"], api["correlation"]])
     found = (pos >= 0) & rows["correlation"].notna().to_numpy(bool)
     safe = np.where(found, pos, 0)
 
@@ -67,32 +80,42 @@ def launch_calls(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
                          "api_name": take("name")}, index=rows.index)
 
 
+def _rank(frame: pd.DataFrame) -> pd.Series:
+    """The rank column with NA as -1 (the analyzers' convention), or -1 without one."""
+    if "rank" not in frame:
+        return pd.Series(-1, index=frame.index, dtype="int64")
+    return frame["rank"].astype("Int64").fillna(-1).astype("int64")
+
+
 def kernel_launches(trace: Trace) -> pd.DataFrame:
     """`launch_calls` for every kernel, computed once per trace (several analyzers need it);
     do not modify the result."""
     return trace.derived("kernel_launches", lambda: launch_calls(trace, trace.kernels))
 
 
-def where_at(trace: Trace, pid: npt.ArrayLike, tid: npt.ArrayLike,
-             t: npt.ArrayLike) -> npt.NDArray[np.object_]:
-    """The call site label at each host time (None where nothing is known)."""
-    pid_a = pd.array(pid, dtype="Int64")
-    tid_a = pd.array(tid, dtype="Int64")
+def where_at(trace: Trace, pid: npt.ArrayLike, tid: npt.ArrayLike, t: npt.ArrayLike,
+             rank: npt.ArrayLike | None = None) -> npt.NDArray[np.object_]:
+    """The call site label at each host time (None where nothing is known). With `rank`
+    (NA or -1: none), threads of different ranks that reuse a pid are kept apart."""
     t_a = np.asarray(t, dtype=np.int64)
     out = np.full(len(t_a), None, dtype=object)
     ranges = trace.ranges
     if ranges.empty or len(t_a) == 0:
         return out
+    query = pd.DataFrame({"pid": pd.array(pid, dtype="Int64"), "tid": pd.array(tid, dtype="Int64"),
+                          "rank": pd.array(rank if rank is not None else [pd.NA] * len(t_a),
+                                           dtype="Int64")})
     host = ranges[ranges["tid"].notna() & ranges["pid"].notna()]
     python = host[host["source"] == "python"]
-    user = python[python["name"].astype(str).map(is_user_frame)] if len(python) else python
+    user = python[keys.matches(python["name"], USER_FRAME)] if len(python) else python
     ops = host[host["source"] == "torch_op"]
-    marks = host[host["source"].isin(["nvtx", "annotation", "step"])]
+    marks = host[host["source"].isin(["nvtx", "annotation"])]  # not steps: one per step
     for layer, label in ((user, frame_label), (ops, str), (marks, str)):
         missing = pd.isna(out)
         if not missing.any() or layer.empty:
             continue
-        found = innermost(layer, pid_a[missing], tid_a[missing], t_a[missing])
+        found = innermost(layer, query[missing], t_a[missing],
+                          ("rank", "pid", "tid") if rank is not None else ("pid", "tid"))
         hit = np.unique(found[found >= 0])
         names = layer["name"].astype(str).to_numpy()
         labels = np.full(len(names), None, dtype=object)
@@ -103,31 +126,37 @@ def where_at(trace: Trace, pid: npt.ArrayLike, tid: npt.ArrayLike,
     return out
 
 
-def innermost(ranges: pd.DataFrame, pid: pd.api.extensions.ExtensionArray,
-              tid: pd.api.extensions.ExtensionArray, t: npt.NDArray[np.int64]
-              ) -> npt.NDArray[np.int64]:
-    """Row position in `ranges` of the deepest range on (pid, tid) containing t, or -1."""
-    threads = pd.MultiIndex.from_arrays([ranges["pid"], ranges["tid"]])
-    codes, uniques = pd.factorize(threads)
-    qcodes = uniques.get_indexer(pd.MultiIndex.from_arrays([pid, tid]))
+def innermost(ranges: pd.DataFrame, query: pd.DataFrame, t: npt.NDArray[np.int64],
+              thread: tuple[str, ...] = ("rank", "pid", "tid")) -> npt.NDArray[np.int64]:
+    """Row position in `ranges` of the deepest range containing t on the query row's
+    thread (the `thread` columns: rank NA counts as one rank; pid or tid NA never matches),
+    or -1."""
+    cols = list(thread)
+    both = pd.concat([ranges[cols].reset_index(drop=True), query[cols].reset_index(drop=True)],
+                     ignore_index=True)
+    if "rank" in cols:
+        both["rank"] = both["rank"].astype("Int64").fillna(-1)
+    codes_all = keys.codes(*(both[c] for c in cols))
+    codes_, qcodes = codes_all[:len(ranges)], codes_all[len(ranges):]
+    unknown = np.zeros(len(query), dtype=bool)
+    for c in cols:
+        if c != "rank":
+            unknown |= query[c].isna().to_numpy()
+    qcodes = np.where(unknown, -1, qcodes)
     start = ranges["start_ns"].to_numpy(np.int64)
     end = ranges["end_ns"].to_numpy(np.int64)
     depth = ranges["depth"].fillna(0).to_numpy(np.int64)
-    span = np.int64(max(int(end.max()), int(t.max()) if len(t) else 0) + 1
-                    - min(int(start.min()), int(t.min()) if len(t) else 0))
-    base = np.int64(min(int(start.min()), int(t.min()) if len(t) else 0))
+    (rkey, qkey), _ = keys.time_keys([codes_, qcodes], [start, t])
     best = np.full(len(t), -1, dtype=np.int64)
     best_depth = np.full(len(t), -1, dtype=np.int64)
-    qkey = np.where(qcodes >= 0, qcodes.astype(np.int64) * span + (t - base), -1)
-    for d in np.unique(depth):
+    for d in np.unique(depth):  # ranges of one depth on one thread never overlap
         rows = np.flatnonzero(depth == d)
-        key = codes[rows].astype(np.int64) * span + (start[rows] - base)
-        order = np.argsort(key, kind="stable")
-        rows, key = rows[order], key[order]
-        i = np.searchsorted(key, qkey, side="right") - 1
-        hit = (i >= 0) & (qcodes >= 0)
+        order = np.argsort(rkey[rows], kind="stable")
+        rows = rows[order]
+        i = np.searchsorted(rkey[rows], qkey, side="right") - 1
         cand = rows[np.maximum(i, 0)]
-        hit &= (codes[cand] == qcodes) & (end[cand] > t) & (d > best_depth)
+        hit = ((i >= 0) & (qcodes >= 0) & (codes_[cand] == qcodes) & (end[cand] > t)
+               & (d > best_depth))
         best = np.where(hit, cand, best)
         best_depth = np.where(hit, d, best_depth)
     return best

@@ -373,7 +373,8 @@ def _sites(trace: Trace, rows: pd.DataFrame) -> pd.Series:
     ok = api["tid"].notna() & api["api_start_ns"].notna()
     if ok.any():
         out[ok[ok].index] = callsites.where_at(
-            trace, launched["pid"][ok], api["tid"][ok], api["api_start_ns"][ok].astype("int64"))
+            trace, launched["pid"][ok], api["tid"][ok], api["api_start_ns"][ok].astype("int64"),
+            launched["rank"][ok])
     return out.where(~out.isin(BARE_SITES), None)
 
 

@@ -271,7 +271,8 @@ def _where(trace: Trace, c: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
     known = (calls["api_start_ns"].notna() & calls["tid"].notna() & c["pid"].notna())
     if known.any():
         sites = callsites.where_at(trace, c["pid"][known], calls["tid"][known],
-                                   calls["api_start_ns"][known].to_numpy(np.int64))
+                                   calls["api_start_ns"][known].to_numpy(np.int64),
+                                   c["rank"][known])
         out[known] = pd.array(sites, dtype="string")
     return out
 

@@ -98,6 +98,7 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     waterfall of each training step (`by_step`). The thresholds go to the gap rules.
     """
     bounds = window_mod.resolve(trace, window) if window is not None else None
+    whole = trace  # the waterfall's rules see the whole trace, then its layers are cut
     if bounds is not None:
         trace = window_mod.within(trace, bounds)
     gap_options: dict[str, Any] = {"launch_gap_ns": launch_gap_ns,
@@ -105,11 +106,11 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     notes: list[str] = []
     tables: dict[str, pd.DataFrame] = {}
     parts: list[pd.DataFrame] = []
-    timeline = _timeline(trace, gap_options, notes, tables)
+    timeline = _timeline(whole, gap_options, notes, tables)
     if timeline is not None:
-        gaps = tables.pop("_gaps")
+        gaps = _cut(tables.pop("_gaps"), bounds)
         from gpudiag.analyzers import host
-        parts.append(host.findings(trace, gaps))
+        parts.append(host.findings(whole, gaps))
     for analyzer in ANALYZERS:
         if not _applies(trace, analyzer, notes):
             continue
@@ -117,7 +118,7 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
         parts.append(module.findings(trace))
         for name in analyzer.tables:
             tables[name] = getattr(module, name)(trace)
-    loss = timeline.totals() if timeline is not None else losses_frame()
+    loss = timeline.totals(bounds) if timeline is not None else losses_frame()
     total = int(loss.groupby(["rank", "device"], dropna=False)["lost_ns"].sum().sum())
     dx = Diagnosis(losses=loss, findings=findings_mod.combine(parts, total), tables=tables,
                    notes=notes, window_ns=bounds, timeline=timeline)
@@ -125,6 +126,15 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
         from gpudiag.analyzers.steps import losses_by_step
         dx.by_step = losses_by_step(trace, timeline)
     return dx
+
+
+def _cut(gaps: pd.DataFrame, bounds: tuple[int, int] | None) -> pd.DataFrame:
+    """Gap pieces inside the window, cut to it."""
+    if bounds is None:
+        return gaps
+    inside = gaps[(gaps["end_ns"] > bounds[0]) & (gaps["start_ns"] < bounds[1])]
+    return inside.assign(start_ns=inside["start_ns"].clip(lower=bounds[0]),
+                         end_ns=inside["end_ns"].clip(upper=bounds[1]))
 
 
 def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str],
@@ -148,7 +158,7 @@ def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str],
         notes.append(f"small_grid not measured for {int(unknown.sum())} of {len(unknown)} "
                      "kernels (launch configuration or device properties missing)")
     waits = collectives.wait_intervals(trace) if len(trace.collectives) else None
-    if waits is None or waits.empty:
+    if waits is not None and waits.empty:
         notes.append("comm_wait needs collectives from two or more ranks; not measured")
     tables["_gaps"] = idle_gaps(trace, **gap_options)
     return loss_timeline(trace, efficiency=occupancy["tail_efficiency"], comm_waits=waits,

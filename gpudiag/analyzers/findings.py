@@ -39,6 +39,9 @@ ADVICE: Mapping[str, str] = {
                     "(or jax.jit the step)",
     "host_bound": "overlap host work with the GPU: move this work out of the step loop or to "
                   "a background thread, and keep launches queued ahead of the GPU",
+    "dependency": "find what the queued work waits on (cudaStreamWaitEvent on an event recorded "
+                  "late, another stream, a collective of another rank) and record or launch "
+                  "the producing work earlier",
     "host_data": "load data in the background: DataLoader(num_workers>0, pin_memory=True, "
                  "persistent_workers=True, prefetch_factor>=2)",
     "host_python": "the host runs Python between launches slower than the GPU runs them: capture "

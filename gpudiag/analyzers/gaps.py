@@ -53,8 +53,10 @@ COPY_APIS = re.compile(r"^(?:cuda|hip)Memcpy|^cuMemcpy|^(?:cuda|hip)Memset|^cuMe
 
 TABLE_CODES = ("kernels", "copies")
 GAP_COLUMNS = ("rank", "device", "start_ns", "end_ns", "gap_start_ns", "gap_end_ns", "cause",
-               "pid", "tid", "next_table", "next_row", "launch_ns", "wait_kind", "wait_api",
-               "wait_start_ns", "wait_tid")
+               "rule", "pid", "tid", "next_table", "next_row", "launch_ns", "wait_kind",
+               "wait_api", "wait_start_ns", "wait_tid")
+#: which rule attributed a piece (docs/analysis.md): the evidence a finding can state
+RULES = ("sync", "copy_in_progress", "queued", "host_wait", "launch_latency", "no_launch")
 
 
 @dataclass(frozen=True)
@@ -192,12 +194,15 @@ def _find_wait(gaps: pd.DataFrame, waits: pd.DataFrame, tolerance: int) -> npt.N
     candidates form one contiguous run of that order, and the earliest-starting of them is
     found with one range maximum over all gaps at once, no loop per gap.
     """
-    pids = pd.Index(pd.concat([waits["pid"], gaps["pid"]]).dropna().unique())
-    wcode = pids.get_indexer(waits["pid"]).astype(np.int64)
-    gcode = pids.get_indexer(gaps["pid"]).astype(np.int64)
-    base = min(int(waits["start_ns"].min()), int(gaps["gap_start_ns"].min())) - tolerance
-    span = np.int64(max(int(waits["end_ns"].max()), int(gaps["gap_end_ns"].max())) - base + 1)
-    wkey = wcode * span + (waits["end_ns"].to_numpy(np.int64) - base)
+    wcode, gcode = keys.process_codes(waits, gaps)
+    g0 = gaps["gap_start_ns"].to_numpy(np.int64)
+    upper = gaps["gap_end_ns"].to_numpy(np.int64)
+    known = gaps["launch_ns"].notna().to_numpy(bool)
+    l0 = gaps["launch_ns"].to_numpy(np.int64, na_value=0)
+    upper = np.where(known & (l0 > g0), np.minimum(upper, l0), upper)
+    (wkey, lo_key, hi_key), _ = keys.time_keys(
+        [wcode, gcode, gcode], [waits["end_ns"].to_numpy(np.int64), g0 - tolerance,
+                                upper + tolerance])
     order = np.argsort(wkey, kind="stable")
     wkey = wkey[order]
     starts = waits["start_ns"].to_numpy(np.int64)[order]
@@ -205,14 +210,8 @@ def _find_wait(gaps: pd.DataFrame, waits: pd.DataFrame, tolerance: int) -> npt.N
     # one int64 holds (earliness rank, position): the range maximum names the wait too
     earliness = n - 1 - np.argsort(np.argsort(starts, kind="stable"), kind="stable")
     packed = earliness.astype(np.int64) * n + np.arange(n, dtype=np.int64)
-    g0 = gaps["gap_start_ns"].to_numpy(np.int64)
-    upper = gaps["gap_end_ns"].to_numpy(np.int64)
-    launch = gaps["launch_ns"].to_numpy(dtype="float64", na_value=np.nan)
-    issued_in_gap = ~np.isnan(launch) & (np.nan_to_num(launch) > g0)
-    upper = np.where(issued_in_gap, np.minimum(upper, np.nan_to_num(launch)), upper)
-    lo = np.searchsorted(wkey, gcode * span + (g0 - tolerance - base), side="left")
-    hi = np.searchsorted(wkey, gcode * span + (upper.astype(np.int64) + tolerance - base),
-                         side="right")
+    lo = np.searchsorted(wkey, lo_key, side="left")
+    hi = np.searchsorted(wkey, hi_key, side="right")
     valid = (gcode >= 0) & (hi > lo)
     best = range_max(packed, np.where(valid, lo, 0), np.where(valid, hi, 1))
     pos = best % n
@@ -229,18 +228,18 @@ def _copy_in_progress(gaps: pd.DataFrame, api: pd.DataFrame) -> npt.NDArray[np.i
                                    if COPY_APIS.search(n)])]
     if copies.empty:
         return g0
-    pids = pd.Index(copies["pid"].dropna().unique())
-    ccode = pids.get_indexer(copies["pid"]).astype(np.int64)
-    gcode = pids.get_indexer(gaps["pid"]).astype(np.int64)
-    base = min(int(copies["start_ns"].min()), int(g0.min()))
-    span = np.int64(max(int(copies["end_ns"].max()), int(g1.max())) - base + 1)
-    key = ccode * span + (copies["start_ns"].to_numpy(np.int64) - base)
-    order = np.argsort(key, kind="stable")
-    reach = np.maximum.accumulate(ccode[order] * span
-                                  + (copies["end_ns"].to_numpy(np.int64)[order] - base))
-    i = np.searchsorted(key[order], gcode * span + (g0 - base), side="right") - 1
-    end = reach[np.maximum(i, 0)] - gcode * span + base  # latest end among calls begun
-    open_at_start = (gcode >= 0) & (i >= 0) & (end > g0)
+    ccode, gcode = keys.process_codes(copies, gaps)
+    (skey, ekey, qkey), times = keys.time_keys(
+        [ccode, ccode, gcode], [copies["start_ns"].to_numpy(np.int64),
+                                copies["end_ns"].to_numpy(np.int64), g0])
+    order = np.argsort(skey, kind="stable")
+    reach = np.maximum.accumulate(ekey[order])  # latest end among calls begun, per process
+    i = np.searchsorted(skey[order], qkey, side="right") - 1
+    best = reach[np.maximum(i, 0)]
+    n = np.int64(len(times))
+    same = (best // n) == gcode
+    end = times[best % n]
+    open_at_start = (gcode >= 0) & (i >= 0) & same & (end > g0)
     return np.where(open_at_start, np.minimum(end, g1), g0)
 
 
@@ -250,9 +249,8 @@ def _pieces(gaps: pd.DataFrame, launch_gap_ns: int) -> pd.DataFrame:
     g1 = gaps["gap_end_ns"].to_numpy(np.int64)
     sync = gaps["wait_kind"].notna().to_numpy()
     copy_end = np.where(sync, g0, gaps["copy_until_ns"].to_numpy(np.int64))
-    launch = gaps["launch_ns"].to_numpy(dtype="float64", na_value=np.nan)
-    known = ~np.isnan(launch)
-    l0 = np.where(known, np.nan_to_num(launch), 0).astype(np.int64)
+    known = gaps["launch_ns"].notna().to_numpy(bool)
+    l0 = gaps["launch_ns"].to_numpy(np.int64, na_value=0)  # int64: epoch ns lose bits in float
     is_copy = (gaps["next_table"] == "copies").to_numpy()
     rest = ~sync & (copy_end < g1)
     queued = known & (l0 <= copy_end)
@@ -260,21 +258,22 @@ def _pieces(gaps: pd.DataFrame, launch_gap_ns: int) -> pd.DataFrame:
     split = np.where(host_wait, np.minimum(l0, g1), g1)
     short = (split - copy_end) < launch_gap_ns
     middle = np.select([queued & short & is_copy, short], ["copy", "launch_bound"], "host_bound")
+    middle_rule = np.select([queued, host_wait], ["queued", "host_wait"], "no_launch")
     tail = host_wait & (split < g1) & rest
     parts = [
-        gaps[sync].assign(start_ns=g0[sync], end_ns=g1[sync], cause="sync_stall"),
-        gaps.assign(start_ns=g0, end_ns=copy_end, cause="copy")[~sync],
-        gaps.assign(start_ns=copy_end, end_ns=split, cause=middle)[rest],
-        gaps.assign(start_ns=split, end_ns=g1,
-                    cause=np.where(is_copy, "copy", "launch_bound"))[tail],
+        gaps[sync].assign(start_ns=g0[sync], end_ns=g1[sync], cause="sync_stall", rule="sync"),
+        gaps.assign(start_ns=g0, end_ns=copy_end, cause="copy", rule="copy_in_progress")[~sync],
+        gaps.assign(start_ns=copy_end, end_ns=split, cause=middle, rule=middle_rule)[rest],
+        gaps.assign(start_ns=split, end_ns=g1, cause=np.where(is_copy, "copy", "launch_bound"),
+                    rule="launch_latency")[tail],
     ]
     out = pd.concat(parts, ignore_index=True)
     out = out[out["end_ns"] > out["start_ns"]]
     out = out.sort_values(["rank", "device", "start_ns"], kind="stable", ignore_index=True)
-    return out.loc[:, list(GAP_COLUMNS)].astype({"cause": "string"})
+    return out.loc[:, list(GAP_COLUMNS)].astype({"cause": "string", "rule": "string"})
 
 
 def _empty_gaps() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype="Int64") for c in GAP_COLUMNS}).astype(
-        {"cause": "string", "next_table": "object", "wait_kind": "string",
+        {"cause": "string", "rule": "string", "next_table": "object", "wait_kind": "string",
          "wait_api": "string"})

@@ -34,12 +34,15 @@ def host_gaps(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any
     pieces = gaps[gaps["cause"].isin(["launch_bound", "host_bound"])].copy()
     if pieces.empty:
         return pieces.assign(where=pd.Series(dtype="string"))
-    at = np.where(pieces["cause"] == "host_bound",
-                  (pieces["start_ns"] + pieces["end_ns"]) // 2,
-                  pieces["start_ns"]).astype(np.int64)
-    where = callsites.where_at(trace, pieces["pid"], pieces["tid"], at)
+    # a host wait: what the host ran mid-piece; otherwise: the op that launched the work
+    host_wait = (pieces["rule"] == "host_wait").to_numpy(bool)
+    launch = pieces["launch_ns"].to_numpy(np.int64, na_value=-1)
+    at = np.where(host_wait, (pieces["start_ns"] + pieces["end_ns"]) // 2,
+                  np.where(launch >= 0, launch, pieces["start_ns"])).astype(np.int64)
+    where = callsites.where_at(trace, pieces["pid"], pieces["tid"], at, pieces["rank"])
     pieces["where"] = pd.array(np.where(pd.isna(where), _next_names(trace, pieces), where),
                                dtype="string")
+    pieces["site_known"] = ~pd.isna(where)
     return pieces
 
 
@@ -72,32 +75,49 @@ def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
     if pieces.empty:
         return frame()
     pieces["length"] = pieces["end_ns"] - pieces["start_ns"]
-    grouped = pieces.groupby(["cause", "where"], observed=True)["length"].agg(
-        ["sum", "size", "median"]).reset_index()
-    grouped = grouped.sort_values("sum", ascending=False).groupby("cause").head(top)
+    pieces["queued"] = pieces["rule"] == "queued"
+    by = ["cause", "queued", "where"]
+    grouped = pieces.groupby(by, observed=True).agg(
+        lost=("length", "sum"), site_known=("site_known", "any"),
+        # one gap may be split in pieces: count and measure whole gaps
+        gaps=("gap_start_ns", "nunique")).reset_index()
+    sizes = pieces.drop_duplicates(["rank", "device", "gap_start_ns", *by]).assign(
+        size=lambda d: d["gap_end_ns"] - d["gap_start_ns"]).groupby(by, observed=True)[
+        "size"].median().rename("median")
+    grouped = grouped.join(sizes, on=by)
+    grouped = grouped.sort_values("lost", ascending=False).groupby("cause").head(top)
     rows = [{
-        "cause": g.cause, "lost_ns": g.sum, "where": g.where, "count": g.size,
-        "evidence": (f"{g.size} idle gaps before launches from here, median "
-                     f"{g.median / 1e3:.1f} µs, {g.sum / 1e6:.2f} ms in all"
-                     if g.cause == "launch_bound" else
-                     f"GPU idle {g.sum / 1e6:.2f} ms in {g.size} gaps while the host ran "
-                     f"this (median gap {g.median / 1e3:.1f} µs) with no CUDA work queued"),
-        "advice": ADVICE[_advice_key(str(g.cause), str(g.where), float(g.median),
-                                     python_gap_ns)],
+        "cause": g.cause, "lost_ns": g.lost, "where": g.where, "count": g.gaps,
+        "evidence": _evidence(g), "advice": ADVICE[_advice_key(g, python_gap_ns)],
     } for g in grouped.itertuples()]  # one per call site, bounded by `top`
     return frame(rows)
 
 
+def _evidence(g: Any) -> str:
+    gaps = f"{g.gaps} idle gap{'s' if g.gaps != 1 else ''} (median {g.median / 1e3:.1f} µs)"
+    if g.queued:
+        return (f"GPU idle {g.lost / 1e6:.2f} ms in {gaps} although this work was already "
+                "queued: it waited on a dependency (an event, another stream or rank)")
+    if g.cause == "launch_bound":
+        return (f"{gaps} before launches from here, {g.lost / 1e6:.2f} ms in all: the host "
+                "issued the next launch after the GPU ran out of work")
+    ran = "while the host ran this" if g.site_known else "before this kernel was launched"
+    return f"GPU idle {g.lost / 1e6:.2f} ms in {gaps} {ran}, with no CUDA work queued"
+
+
 #: frames that load data: a host-bound gap spent there wants a faster input pipeline
-DATA_FRAMES = re.compile(r"dataloader|dataset|__next__|collate|fetch|prefetch|read|decode|"
-                         r"load_batch|get_batch|next_batch", re.IGNORECASE)
+DATA_FRAMES = re.compile(r"data_?load|dataset|__next__|collate|fetch|prefetch|decode|"
+                         r"load_batch|get_batch|next_batch|\bread_", re.IGNORECASE)
 
 
-def _advice_key(cause: str, where: str, median_ns: float, python_gap_ns: int) -> str:
-    """Which advice fits: data loading by the frame's name; Python between launches when
-    the typical gap is short (eager per-op overhead, not one long host task)."""
-    if cause != "host_bound":
-        return cause
-    if DATA_FRAMES.search(where):
+def _advice_key(g: Any, python_gap_ns: int) -> str:
+    """Which advice fits: a dependency for queued work; data loading by the frame's name;
+    Python between launches when the typical gap is short (eager per-op overhead, not one
+    long host task)."""
+    if g.queued and g.cause == "host_bound":
+        return "dependency"
+    if g.cause != "host_bound":
+        return str(g.cause)
+    if DATA_FRAMES.search(str(g.where)):
         return "host_data"
-    return "host_python" if median_ns < python_gap_ns else "host_bound"
+    return "host_python" if g.median < python_gap_ns else "host_bound"

@@ -10,6 +10,7 @@ once per distinct name (pandas categories), never once per row.
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -54,7 +55,13 @@ def isin(left: list[pd.Series], right: list[pd.Series]) -> npt.NDArray[np.bool_]
     return join(left, right) >= 0
 
 
-def matches(names: pd.Series, pattern: str | re.Pattern[str]) -> npt.NDArray[np.bool_]:
+class Searcher(Protocol):
+    """Anything with `re.Pattern.search`'s shape (a compiled regex, or a predicate)."""
+
+    def search(self, string: str, /) -> object: ...
+
+
+def matches(names: pd.Series, pattern: str | Searcher) -> npt.NDArray[np.bool_]:
     """Does each name match (re.search) `pattern`; False for missing names. One regex
     call per distinct name."""
     regex = re.compile(pattern) if isinstance(pattern, str) else pattern
@@ -62,3 +69,27 @@ def matches(names: pd.Series, pattern: str | re.Pattern[str]) -> npt.NDArray[np.
     hit = np.array([bool(regex.search(str(c))) for c in cat.cat.categories] + [False],
                    dtype=bool)
     return hit[cat.cat.codes.to_numpy()]
+
+
+def process_codes(*frames: pd.DataFrame) -> list[IntArray]:
+    """One code per (rank, pid) shared by all frames (rank NA counts as one rank of its
+    own), -1 where pid is NA: host-side joins must never match a process of one rank with
+    a process of another that reuses its pid (containers all run pid 1)."""
+    rank = pd.concat([f["rank"].astype("Int64").fillna(-1) for f in frames], ignore_index=True)
+    pid = pd.concat([f["pid"].astype("Int64") for f in frames], ignore_index=True)
+    out = codes(rank, pid)
+    out[pid.isna().to_numpy()] = -1
+    return np.split(out, np.cumsum([len(f) for f in frames])[:-1])
+
+
+def time_keys(group: list[IntArray], times: list[IntArray]) -> tuple[list[IntArray],
+                                                                     IntArray]:
+    """Order-preserving int64 keys for (group, time) pairs, and the sorted distinct times.
+
+    `group * span + time` overflows int64 when a merged trace mixes clocks (nsys counts
+    from the session start, Kineto from the epoch); ranking the times first keeps every
+    key below (groups x distinct times). `key % len(times)` indexes the returned times."""
+    uniq, inverse = np.unique(np.concatenate(times), return_inverse=True)
+    n = np.int64(len(uniq))
+    split = np.split(inverse.astype(np.int64), np.cumsum([len(t) for t in times])[:-1])
+    return [g.astype(np.int64) * n + r for g, r in zip(group, split, strict=True)], uniq

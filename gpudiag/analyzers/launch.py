@@ -396,7 +396,8 @@ def _sites(trace: Trace, index: pd.Index) -> npt.NDArray[np.object_]:
     where = np.array(short_names(k["name"]).astype(object).to_numpy(), dtype=object)
     if known.any():
         c = calls[known]
-        site = callsites.where_at(trace, k["pid"][known], c["tid"], c["api_start_ns"])
+        site = callsites.where_at(trace, k["pid"][known], c["tid"], c["api_start_ns"],
+                                  k["rank"][known])
         where[known] = np.where(pd.isna(site), where[known], site)
     return where
 

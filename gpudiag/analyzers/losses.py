@@ -66,6 +66,8 @@ class LossTimeline:
             lo, hi = (first, last) if window is None else (max(first, window[0]),
                                                           min(last, window[1]))
             length = max(hi - lo, 0)
+            if window is not None and length == 0:
+                continue  # the device ran nothing in the window
             amounts = self.amounts(key, [lo, max(lo, hi)])
             lost = {c: round(float(amounts.get(c, [0.0])[0])) for c in LOSS_CAUSES
                     if c != "useful"}

@@ -29,8 +29,8 @@ def step_windows(trace: Trace) -> pd.DataFrame:
         return pd.DataFrame(columns=["rank", "step", "start_ns", "end_ns"])
     steps["rank"] = steps["rank"].fillna(-1)
     steps = steps.sort_values(["rank", "start_ns"], kind="stable")
-    nxt = steps.groupby("rank")["start_ns"].shift(-1)
-    end = nxt.fillna(steps["end_ns"]).astype("int64")
+    nxt = steps["start_ns"].astype("Int64").groupby(steps["rank"]).shift(-1)  # exact ns
+    end = nxt.fillna(steps["end_ns"].astype("Int64")).astype("int64")
     return pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["name"].astype(str),
                          "start_ns": steps["start_ns"].to_numpy(), "end_ns": end.to_numpy()})
 

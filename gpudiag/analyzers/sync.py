@@ -83,12 +83,12 @@ def classified_waits(trace: Trace, **gap_options: Any) -> pd.DataFrame:
                             step=pd.Series(dtype="Int64"))
     ops = trace.ranges[trace.ranges["source"] == "torch_op"]
     if len(ops):
-        hit = callsites.innermost(ops, waits["pid"].array, waits["tid"].array,
-                                  waits["start_ns"].to_numpy(np.int64))
+        hit = callsites.innermost(ops, waits, waits["start_ns"].to_numpy(np.int64))
         op_names = np.where(hit >= 0, ops["name"].astype(str).to_numpy()[np.maximum(hit, 0)], "")
         implicit = pd.Series(op_names).map(TORCH_SYNC_OPS)
         waits["kind"] = implicit.fillna(waits["kind"]).astype("string")
-    where = callsites.where_at(trace, waits["pid"], waits["tid"], waits["start_ns"])
+    where = callsites.where_at(trace, waits["pid"], waits["tid"], waits["start_ns"],
+                               waits["rank"])
     fallback = waits["api"].fillna(waits["kind"]).astype(str).to_numpy()
     waits["where"] = pd.array(np.where(pd.isna(where), fallback, where), dtype="string")
     waits["gpu_idle_ns"] = _idle_ended(trace, waits, gap_options)
@@ -119,16 +119,11 @@ def _step_of(trace: Trace, waits: pd.DataFrame) -> pd.Series:
     steps = _steps(trace)
     if steps.empty:
         return pd.Series(pd.NA, index=waits.index, dtype="Int64")
-    hit = callsites.innermost(steps, waits["pid"].array, waits["tid"].array,
-                              waits["start_ns"].to_numpy(np.int64))
-    if (hit < 0).all():  # step ranges on another thread: match by time on the process
-        order = steps.sort_values("start_ns")
-        i = np.searchsorted(order["start_ns"].to_numpy(np.int64),
-                            waits["start_ns"].to_numpy(np.int64), side="right") - 1
-        inside = (i >= 0) & (order["end_ns"].to_numpy(np.int64)[np.maximum(i, 0)]
-                             > waits["start_ns"].to_numpy(np.int64))
-        return pd.Series(np.where(inside, i, -1), index=waits.index).replace(-1, pd.NA
-                                                                             ).astype("Int64")
+    t = waits["start_ns"].to_numpy(np.int64)
+    hit = callsites.innermost(steps, waits, t)
+    # steps marked on another thread of the process: match by time within (rank, pid)
+    other = callsites.innermost(steps, waits, t, ("rank", "pid"))
+    hit = np.where(hit >= 0, hit, other)
     return pd.Series(hit, index=waits.index).replace(-1, pd.NA).astype("Int64")
 
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
+from gpudiag.analyzers import keys
 from gpudiag.trace import Trace
 
 #: host calls that block until the GPU has finished the work they wait for
@@ -30,11 +32,12 @@ _API_KIND = {"DeviceSynchronize": "device", "ThreadSynchronize": "device",
              "StreamSynchronize": "stream", "EventSynchronize": "event",
              "CtxSynchronize": "context"}
 
-WAIT_COLUMNS = ("pid", "tid", "device", "start_ns", "end_ns", "kind", "api", "correlation")
+WAIT_COLUMNS = ("rank", "pid", "tid", "device", "start_ns", "end_ns", "kind", "api",
+                "correlation")
 
 
 def blocking_waits(trace: Trace) -> pd.DataFrame:
-    """One row per blocking wait: `pid, tid, device, start_ns, end_ns, kind, api,
+    """One row per blocking wait: `rank, pid, tid, device, start_ns, end_ns, kind, api,
     correlation`, sorted by start. `kind` is device/stream/event/context, `copy` for a
     synchronous memcpy, `unknown` otherwise.
 
@@ -53,22 +56,22 @@ def blocking_waits(trace: Trace) -> pd.DataFrame:
 
     syncs = trace.syncs[trace.syncs["kind"] != "stream_wait"].copy()
     syncs["kind"] = syncs["kind"].astype("string")
-    key_api = pd.MultiIndex.from_arrays([calls["pid"], calls["correlation"]])
-    key_sync = pd.MultiIndex.from_arrays([syncs["pid"], syncs["correlation"]])
-    pos = key_api.get_indexer(key_sync)
-    matched = (pos >= 0) & syncs["correlation"].notna().to_numpy()
-    # a syncs row takes the thread and API name of its call
-    if matched.any():
+    # a syncs row and the API call with its (rank, pid, correlation) are one wait
+    pos = keys.join([syncs["rank"], syncs["pid"], syncs["correlation"]],
+                    [calls["rank"], calls["pid"], calls["correlation"]])
+    matched = (pos >= 0) & syncs["correlation"].notna().to_numpy(bool)
+    syncs["api"] = pd.array([pd.NA] * len(syncs), dtype="string")
+    if matched.any():  # the syncs row takes the thread and API name of its call
         src = calls.iloc[pos[matched]]
         syncs.loc[matched, "tid"] = syncs.loc[matched, "tid"].fillna(
             pd.Series(src["tid"].to_numpy(), index=syncs.index[matched]))
-    syncs["api"] = pd.array([pd.NA] * len(syncs), dtype="string")
-    if matched.any():
-        syncs.loc[matched, "api"] = calls["api"].to_numpy()[pos[matched]]
-    extra = calls[~key_api.isin(key_sync[matched])]
+        syncs.loc[matched, "api"] = src["api"].to_numpy()
+    used = np.zeros(len(calls), dtype=bool)
+    used[pos[matched]] = True
+    extra = calls[~used]
     cols = list(WAIT_COLUMNS)
     out = pd.concat([syncs[cols], extra[cols]], ignore_index=True)
-    out = out.astype({"pid": "Int64", "tid": "Int64", "device": "Int64",
+    out = out.astype({"rank": "Int64", "pid": "Int64", "tid": "Int64", "device": "Int64",
                       "start_ns": "int64", "end_ns": "int64", "kind": "string",
                       "api": "string", "correlation": "Int64"})
     return out.sort_values("start_ns", kind="stable", ignore_index=True)

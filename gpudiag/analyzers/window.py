@@ -15,6 +15,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from gpudiag.analyzers import keys
 from gpudiag.errors import InputError
 from gpudiag.trace import Trace
 
@@ -49,7 +50,7 @@ def resolve(trace: Trace, spec: str | tuple[int, int]) -> tuple[int, int]:
 def _parse(text: str) -> int:
     m = _BOUND.match(text)
     assert m is not None  # checked by the caller
-    return int(float(m[1]) * _UNITS[m[2] or "ns"])
+    return round(float(m[1]) * _UNITS[m[2] or "ns"])
 
 
 def _edges(trace: Trace) -> tuple[int, int]:
@@ -79,14 +80,24 @@ def _named(trace: Trace, spec: str) -> tuple[int, int]:
 
 
 def within(trace: Trace, window: tuple[int, int]) -> Trace:
-    """A copy of the trace with only what overlaps `[start, end)`, intervals cut to it."""
+    """A copy of the trace with only what overlaps `[start, end)`, intervals cut to it (API
+    calls that launched kept GPU work stay whole: the gap rules need their start)."""
     lo, hi = window
     tables: dict[str, pd.DataFrame] = {}
+    launched = pd.concat([f.loc[(f["end_ns"] > lo) & (f["start_ns"] < hi),
+                                ["rank", "pid", "correlation"]]
+                          for f in (trace.kernels, trace.copies)])
     for name in _INTERVALS:
         frame = getattr(trace, name)
-        keep = frame[(frame["end_ns"] > lo) & (frame["start_ns"] < hi)].copy()
-        keep["start_ns"] = np.maximum(keep["start_ns"].to_numpy(np.int64), lo)
-        keep["end_ns"] = np.minimum(keep["end_ns"].to_numpy(np.int64), hi)
+        inside = (frame["end_ns"] > lo) & (frame["start_ns"] < hi)
+        if name == "api":  # the launch calls of kept GPU work, even from before the window
+            inside |= keys.isin([frame["rank"], frame["pid"], frame["correlation"]],
+                                [launched["rank"], launched["pid"], launched["correlation"]]
+                                ) & frame["correlation"].notna().to_numpy(bool)
+        keep = frame[inside].copy()
+        if name != "api":
+            keep["start_ns"] = np.maximum(keep["start_ns"].to_numpy(np.int64), lo)
+            keep["end_ns"] = np.minimum(keep["end_ns"].to_numpy(np.int64), hi)
         tables[name] = keep
     samples = trace.samples
     tables["samples"] = samples[(samples["ts_ns"] >= lo) & (samples["ts_ns"] < hi)]
