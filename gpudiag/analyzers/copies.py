@@ -216,10 +216,11 @@ def _device_codes(*frames: pd.DataFrame) -> list[npt.NDArray[np.int64]]:
 def _exposure(trace: Trace, c: pd.DataFrame) -> tuple[npt.NDArray[np.int64],
                                                        npt.NDArray[np.int64]]:
     """`exposed_ns` and `exposed_share_ns` of every copy, one pass per device."""
-    k = trace.kernels
     cs, ce = c["start_ns"].to_numpy(np.int64), c["end_ns"].to_numpy(np.int64)
+    k = trace.kernels
+    k = k[_touching(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64), cs, ce)]
     ks, ke = k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)
-    ccode, kcode = _device_codes(c, k)
+    ccode, kcode = _device_codes(c, k)  # only kernels that overlap some copy matter
     exposed = ce - cs
     share = np.zeros(len(c), dtype=np.int64)
     for code in np.unique(ccode):  # a handful of devices, never a loop per copy
@@ -228,6 +229,14 @@ def _exposure(trace: Trace, c: pd.DataFrame) -> tuple[npt.NDArray[np.int64],
         exposed[rows] -= intervals.overlap(cs[rows], ce[rows], spans)
         share[rows] = _shared(cs[rows], ce[rows], ks[busy], ke[busy])
     return exposed, share
+
+
+def _touching(starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
+              qs: npt.NDArray[np.int64], qe: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Which intervals overlap the union of the query intervals: copies are few and
+    kernels many, so the per-device sweeps only need the kernels near some copy."""
+    spans = intervals.union(qs, qe)
+    return intervals.overlap(starts, ends, spans) > 0
 
 
 def _shared(cs: npt.NDArray[np.int64], ce: npt.NDArray[np.int64],
@@ -252,7 +261,9 @@ def _blocked(trace: Trace, c: pd.DataFrame, calls: pd.DataFrame) -> tuple[pd.Ser
     a1 = np.maximum(calls["api_end_ns"].fillna(0).to_numpy(np.int64), a0)
     cs, ce = c["start_ns"].to_numpy(np.int64), c["end_ns"].to_numpy(np.int64)
     own = np.maximum(np.minimum(a1, ce) - np.maximum(a0, cs), 0)
-    gpu = pd.concat([trace.kernels[["rank", "device", "start_ns", "end_ns"]],
+    k = trace.kernels
+    near = _touching(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64), a0, a1)
+    gpu = pd.concat([k.loc[near, ["rank", "device", "start_ns", "end_ns"]],
                      c[["rank", "device", "start_ns", "end_ns"]]], ignore_index=True)
     ccode, gcode = _device_codes(c, gpu)
     gs, ge = gpu["start_ns"].to_numpy(np.int64), gpu["end_ns"].to_numpy(np.int64)

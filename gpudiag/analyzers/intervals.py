@@ -113,28 +113,41 @@ def _where_count(a: Spans, b: Spans, level: int) -> Spans:
     return union(s, e)
 
 
+class Sweep:
+    """The timeline cut at every boundary of a set of intervals, into elementary segments
+    `[start, end)`; `sum(weights)` gives, per segment, the sum of a weight over the
+    intervals covering it (weights of 1: how many cover it).
+
+    One column at a time, so a caller can reduce each to what it needs (a flag, a lost
+    fraction) before the next: with ten million kernels a segments x columns matrix was
+    the largest allocation of the whole diagnosis. Segments covered by nothing are
+    included (sums 0)."""
+
+    def __init__(self, start: npt.ArrayLike, end: npt.ArrayLike) -> None:
+        s, e = as_ns(start), as_ns(end)
+        self._keep = e > s
+        times = np.concatenate([s[self._keep], e[self._keep]])
+        self._order = np.argsort(times, kind="stable")
+        times = times[self._order]
+        self._nonempty = np.flatnonzero(times[1:] > times[:-1])
+        self.start = times[self._nonempty]
+        self.end = times[self._nonempty + 1]
+
+    def sum(self, weight: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        w = np.asarray(weight, dtype=np.float64)[self._keep]
+        steps = np.concatenate([w, -w])[self._order]
+        return np.cumsum(steps)[self._nonempty]
+
+
 def segments(start: npt.ArrayLike, end: npt.ArrayLike,
              weights: npt.ArrayLike | None = None
              ) -> tuple[IntArray, IntArray, npt.NDArray[np.float64]]:
-    """Cut the timeline at every interval boundary: elementary segments `[s, e)` and, for
-    each, the sum over the intervals covering it of each weight column.
-
-    `weights` is (n,) or (n, k); without it the sum is the number of covering intervals.
-    Several weight columns in one sweep answer "how many kernels, how many copies and how
-    much of the SMs do the running kernels use" on identical segment boundaries, without
-    visiting intervals one by one. Segments covered by nothing are included (sums 0).
-    """
-    s, e = as_ns(start), as_ns(end)
-    w = np.ones((len(s), 1)) if weights is None else np.asarray(weights, dtype=np.float64)
-    w = w.reshape(len(s), -1)
-    keep = e > s
-    s, e, w = s[keep], e[keep], w[keep]
-    times = np.concatenate([s, e])
-    order = np.argsort(times, kind="stable")
-    times = times[order]
-    nonempty = np.flatnonzero(times[1:] > times[:-1])
-    sums = np.empty((len(nonempty), w.shape[1]))
-    for j in range(w.shape[1]):  # one column at a time: memory stays a few n-arrays
-        steps = np.concatenate([w[:, j], -w[:, j]])[order]
-        sums[:, j] = np.cumsum(steps)[nonempty]
-    return times[nonempty], times[nonempty + 1], sums
+    """`Sweep` in one call: segments `[s, e)` and a (segments x k) matrix of the sums of
+    each weight column (`weights` (n,) or (n, k); without it, the covering count)."""
+    sweep = Sweep(start, end)
+    s_arr = as_ns(start)
+    w = np.ones((len(s_arr), 1)) if weights is None else np.asarray(weights, dtype=np.float64)
+    w = w.reshape(len(s_arr), -1)
+    sums = np.column_stack([sweep.sum(w[:, j]) for j in range(w.shape[1])]) if w.shape[1] \
+        else np.zeros((len(sweep.start), 0))
+    return sweep.start, sweep.end, sums

@@ -390,14 +390,14 @@ def findings(trace: Trace, *, tail_min_speedup: float = 0.2,
 def _sites(trace: Trace, index: pd.Index) -> npt.NDArray[np.object_]:
     """Per launch (kernels index labels): the call site at its launch call, else the
     kernel's short name."""
-    k = trace.kernels.loc[index]
+    k = trace.kernels
+    pid, rank = k["pid"].loc[index], k["rank"].loc[index]  # not the whole rows: 20 columns
     calls = callsites.kernel_launches(trace).loc[index]
     known = calls["api_start_ns"].notna().to_numpy(bool)
-    where = np.array(short_names(k["name"]).astype(object).to_numpy(), dtype=object)
+    where = np.array(short_names(k["name"].loc[index]).astype(object).to_numpy(), dtype=object)
     if known.any():
         c = calls[known]
-        site = callsites.where_at(trace, k["pid"][known], c["tid"], c["api_start_ns"],
-                                  k["rank"][known])
+        site = callsites.where_at(trace, pid[known], c["tid"], c["api_start_ns"], rank[known])
         where[known] = np.where(pd.isna(site), where[known], site)
     return where
 

@@ -162,14 +162,15 @@ def _busy_layers(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], *,
     start, end = np.clip(start, lo, hi), np.clip(end, lo, hi)
     is_copy = np.isnan(w)
     compute = ~is_copy & ~is_comm
-    columns = np.column_stack([compute, np.where(compute, w, 0.0), is_comm, is_copy])
-    s, e, sums = intervals.segments(start, end, columns)
-    n_compute, used, n_comm, n_copy = (sums[:, i] for i in range(4))
-    has_compute = n_compute > 0.5
-    copy_only = ~has_compute & (n_comm < 0.5) & (n_copy > 0.5)
-    comm_only = ~has_compute & (n_comm > 0.5)
-    small = np.where(has_compute, np.clip(1.0 - used, 0.0, 1.0), 0.0)
+    sweep = intervals.Sweep(start, end)  # each column reduced before the next is summed
+    s, e = sweep.start, sweep.end
+    has_compute = sweep.sum(compute) > 0.5
+    small = np.where(has_compute, np.clip(1.0 - sweep.sum(np.where(compute, w, 0.0)), 0.0,
+                                          1.0), 0.0)
     small[small < 1e-9] = 0.0
+    has_comm = sweep.sum(is_comm) > 0.5
+    copy_only = ~has_compute & ~has_comm & (sweep.sum(is_copy) > 0.5)
+    comm_only = ~has_compute & has_comm
     keep = small > 0
     waiting = intervals.union(waits["start_ns"], waits["end_ns"])
     comm_wait = intervals.intersect(intervals.union(s[comm_only], e[comm_only]), waiting)
