@@ -16,3 +16,19 @@ never plot, print or write files. See docs/analysis.md for the rules.
 | `memory` | allocator fragmentation over time, OOM verdicts, sites |
 | `kernel_metrics` | Nsight Compute per-kernel bottlenecks |
 """
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+#: the analyzer modules, importable as attributes (`gpudiag.analyzers.sync`) on first use
+MODULES = ("callsites", "collectives", "copies", "diagnosis", "findings", "gaps", "host",
+           "intervals", "kernel_metrics", "keys", "launch", "losses", "memory", "occupancy",
+           "steps", "sync", "timeline", "waits", "window")
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in MODULES:
+        return importlib.import_module(f"gpudiag.analyzers.{name}")
+    raise AttributeError(f"module 'gpudiag.analyzers' has no attribute {name!r}")

@@ -95,9 +95,12 @@ def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
 
 def _evidence(g: Any) -> str:
     gaps = f"{g.gaps} idle gap{'s' if g.gaps != 1 else ''} (median {g.median / 1e3:.1f} µs)"
-    if g.queued:
+    if g.queued and g.cause == "host_bound":
         return (f"GPU idle {g.lost / 1e6:.2f} ms in {gaps} although this work was already "
                 "queued: it waited on a dependency (an event, another stream or rank)")
+    if g.queued:
+        return (f"{gaps} between queued launches, {g.lost / 1e6:.2f} ms in all: launch and "
+                "dispatch latency of work issued ahead of the GPU")
     if g.cause == "launch_bound":
         return (f"{gaps} before launches from here, {g.lost / 1e6:.2f} ms in all: the host "
                 "issued the next launch after the GPU ran out of work")
