@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import re
-from functools import cache
 from typing import Any
 
 import pandas as pd
@@ -25,9 +24,9 @@ from gpudiag.analyzers.kernel_metrics import (
     kernel_metrics,
     rules,
 )
-from gpudiag.collectors import ncu
 from gpudiag.trace import Trace
-from tests.conftest import fixture, fixtures
+from tests.conftest import fixtures
+from tests.test_ncu import _report, load  # the reports, read once per session
 
 NCU = [p.name for p in fixtures("ncu/*.ncu-rep")] or ["(shared fixtures absent)"]
 SMALL_GRID_REPORT = "rtx4090_smem_square_9kernels_smallgrid.ncu-rep"
@@ -47,23 +46,6 @@ RAW_NAMES = {
     "block_size": "launch__block_size",
     "regs_per_thread": "launch__registers_per_thread",
 }
-
-
-@cache
-def load(name: str) -> Trace:
-    pytest.importorskip("ncu_report")
-    return ncu.read(fixture(f"ncu/{name}"))
-
-
-@cache
-def _report(name: str) -> tuple[Any, list[Any]]:
-    """ncu_report's context and actions (kept together: actions are views into it)."""
-    report = pytest.importorskip("ncu_report")
-    context = report.load_report(str(fixture(f"ncu/{name}")))
-    actions = [context.range_by_idx(r).action_by_idx(j)
-               for r in range(context.num_ranges())
-               for j in range(context.range_by_idx(r).num_actions())]
-    return context, actions
 
 
 def raw(action: Any, name: str) -> float | None:
