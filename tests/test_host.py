@@ -80,3 +80,14 @@ def test_a_gap_split_in_pieces_counts_once() -> None:
     assert found["count"].tolist() == [1]            # one 15 µs gap, in two pieces
     assert found.loc[0, "lost_ns"] == 15 * U
     assert "median 15.0 µs" in found.loc[0, "evidence"]
+
+
+def test_launch_bound_evidence_counts_kernels_shorter_than_their_launch() -> None:
+    kernels, api = [], []
+    for i in range(4):  # 2 µs kernels behind 8 µs launch calls: the host can never keep up
+        api.append(api_call(i * 10 * U, (i * 10 + 8) * U, correlation=i + 1))
+        kernels.append(kernel((i * 10 + 9) * U, (i * 10 + 11) * U, correlation=i + 1))
+    found = host.findings(trace(kernels=kernels, api=api))
+    assert found.loc[0, "cause"] == "launch_bound"
+    assert "3 of the kernels after them ran shorter than their launch call" in \
+        found.loc[0, "evidence"]

@@ -110,7 +110,9 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     if timeline is not None:
         gaps = _cut(tables.pop("_gaps"), bounds)
         from gpudiag.analyzers import host
+        from gpudiag.analyzers.timeline import stream_summary
         parts.append(host.findings(whole, gaps))
+        tables["stream_summary"] = stream_summary(trace)
     for analyzer in ANALYZERS:
         if not _applies(trace, analyzer, notes):
             continue

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from gpudiag.analyzers import callsites
@@ -43,7 +44,29 @@ def host_gaps(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any
     pieces["where"] = pd.array(np.where(pd.isna(where), _next_names(trace, pieces), where),
                                dtype="string")
     pieces["site_known"] = ~pd.isna(where)
+    pieces["next_short"] = _next_short(trace, pieces)
     return pieces
+
+
+def _next_short(trace: Trace, pieces: pd.DataFrame) -> npt.NDArray[np.bool_]:
+    """Whether the kernel after each piece ran shorter than its launch call (HTA's short
+    GPU kernel: the call took at most 50 µs and longer than the kernel): such kernels
+    cannot keep the GPU busy however fast the host loop is."""
+    out = np.zeros(len(pieces), dtype=bool)
+    mine = (pieces["next_table"] == "kernels").to_numpy(bool)
+    if not mine.any():
+        return out
+    rows = pieces["next_row"].to_numpy()[mine].astype(np.int64)
+    k = trace.kernels
+    calls = callsites.launch_calls(trace, k.loc[rows])
+    api = (calls["api_end_ns"] - calls["api_start_ns"]).to_numpy("float64", na_value=np.nan)
+    gpu = (k["end_ns"].loc[rows] - k["start_ns"].loc[rows]).to_numpy(np.float64)
+    out[mine] = (api <= SHORT_KERNEL_API_NS) & (gpu < api)
+    return out
+
+
+#: HTA's runtime cutoff for "short GPU kernels" (cuda_kernel_analysis.py)
+SHORT_KERNEL_API_NS = 50_000
 
 
 def _next_names(trace: Trace, pieces: pd.DataFrame) -> np.ndarray:
@@ -78,7 +101,7 @@ def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
     pieces["queued"] = pieces["rule"] == "queued"
     by = ["cause", "queued", "where"]
     grouped = pieces.groupby(by, observed=True).agg(
-        lost=("length", "sum"), site_known=("site_known", "any"),
+        lost=("length", "sum"), site_known=("site_known", "any"), short=("next_short", "sum"),
         # one gap may be split in pieces: count and measure whole gaps
         gaps=("gap_start_ns", "nunique")).reset_index()
     sizes = pieces.drop_duplicates(["rank", "device", "gap_start_ns", *by]).assign(
@@ -95,15 +118,17 @@ def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
 
 def _evidence(g: Any) -> str:
     gaps = f"{g.gaps} idle gap{'s' if g.gaps != 1 else ''} (median {g.median / 1e3:.1f} µs)"
+    tiny = (f"; {g.short} of the kernels after them ran shorter than their launch call"
+            if g.short else "")
     if g.queued and g.cause == "host_bound":
         return (f"GPU idle {g.lost / 1e6:.2f} ms in {gaps} although this work was already "
                 "queued: it waited on a dependency (an event, another stream or rank)")
     if g.queued:
         return (f"{gaps} between queued launches, {g.lost / 1e6:.2f} ms in all: launch and "
-                "dispatch latency of work issued ahead of the GPU")
+                f"dispatch latency of work issued ahead of the GPU{tiny}")
     if g.cause == "launch_bound":
         return (f"{gaps} before launches from here, {g.lost / 1e6:.2f} ms in all: the host "
-                "issued the next launch after the GPU ran out of work")
+                f"issued the next launch after the GPU ran out of work{tiny}")
     ran = "while the host ran this" if g.site_known else "before this kernel was launched"
     return f"GPU idle {g.lost / 1e6:.2f} ms in {gaps} {ran}, with no CUDA work queued"
 
