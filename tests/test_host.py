@@ -56,6 +56,8 @@ def test_without_stacks_where_is_the_next_kernel() -> None:
     t = trace(kernels=[kernel(0, 10 * U, "a"), kernel(500 * U, 510 * U, "void gemm<float>(int)")])
     found = host.findings(t)
     assert found.loc[0, "where"] == "gemm<float>"
+    assert "no launch calls" in found.loc[0, "evidence"]  # no claim about the host
+    assert found.loc[0, "advice"] == ADVICE["host_bound"]
 
 
 def test_empty() -> None:

@@ -99,9 +99,11 @@ def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
         return frame()
     pieces["length"] = pieces["end_ns"] - pieces["start_ns"]
     pieces["queued"] = pieces["rule"] == "queued"
+    pieces["no_launch"] = pieces["rule"] == "no_launch"
     by = ["cause", "queued", "where"]
     grouped = pieces.groupby(by, observed=True).agg(
         lost=("length", "sum"), site_known=("site_known", "any"), short=("next_short", "sum"),
+        no_launch=("no_launch", "all"),
         # one gap may be split in pieces: count and measure whole gaps
         gaps=("gap_start_ns", "nunique")).reset_index()
     sizes = pieces.drop_duplicates(["rank", "device", "gap_start_ns", *by]).assign(
@@ -120,6 +122,9 @@ def _evidence(g: Any) -> str:
     gaps = f"{g.gaps} idle gap{'s' if g.gaps != 1 else ''} (median {g.median / 1e3:.1f} µs)"
     tiny = (f"; {g.short} of the kernels after them ran shorter than their launch call"
             if g.short else "")
+    if g.no_launch:
+        return (f"GPU idle {g.lost / 1e6:.2f} ms in {gaps} before this work; the trace has no "
+                "launch calls, so the gaps are attributed by their length alone")
     if g.queued and g.cause == "host_bound":
         return (f"GPU idle {g.lost / 1e6:.2f} ms in {gaps} although this work was already "
                 "queued: it waited on a dependency (an event, another stream or rank)")
@@ -144,7 +149,7 @@ def _advice_key(g: Any, python_gap_ns: int) -> str:
     long host task)."""
     if g.queued and g.cause == "host_bound":
         return "dependency"
-    if g.cause != "host_bound":
+    if g.cause != "host_bound" or g.no_launch:
         return str(g.cause)
     if DATA_FRAMES.search(str(g.where)):
         return "host_data"

@@ -33,6 +33,7 @@ from gpudiag.analyzers.memory_grid import occupancy_grid
 from gpudiag.analyzers.memory_replay import Key, Steps, keys_of, replay_devices, select
 from gpudiag.analyzers.memory_sites import free_pieces, internal_waste, sites
 from gpudiag.analyzers.steps import step_windows
+from gpudiag.names import short_name
 from gpudiag.trace import Trace
 
 __all__ = ["REUSE_ADVICE", "churn", "findings", "fragmentation", "free_pieces",
@@ -330,7 +331,9 @@ def _worst_site(culprits: pd.DataFrame, key: Key) -> str:
     if mine.empty:
         return f"device {key[1]} (no block in use borders the free memory)"
     site = mine["site"].iloc[0]
-    return "unknown call site (snapshot recorded without stacks)" if pd.isna(site) else site
+    if pd.isna(site):
+        return "unknown call site (snapshot recorded without stacks)"
+    return short_name(str(site))  # C++ frames carry hundreds of characters of templates
 
 
 def _evidence(final: pd.Series, piece: pd.Series, steps: Steps, verdicts: pd.DataFrame,
