@@ -36,7 +36,7 @@ DTYPE_BYTES = {
     "double": 8, "float64": 8, "int": 4, "int32": 4, "int32t": 4, "uint32t": 4,
     "long": 8, "int64": 8, "int64t": 8, "uint64t": 8, "short": 2, "int16": 2,
     "byte": 1, "uint8": 1, "uint8t": 1, "char": 1, "int8": 1, "int8t": 1, "bool": 1,
-    "unsignedchar": 1, "c10bfloat16": 2, "c10half": 2, "float8e4m3fn": 1, "float8e5m2": 1,
+    "unsignedchar": 1, "signedchar": 1, "c10bfloat16": 2, "c10half": 2, "float8e4m3fn": 1, "float8e5m2": 1,
     "fp8e4m3": 1, "fp8e5m2": 1, "complexfloat": 8, "complexdouble": 16,
 }
 
@@ -140,7 +140,10 @@ def _fill_from_annotation(
         rows = hit[fill]
         info.loc[fill, "collective"] = ann.names[rows]
         info.loc[fill, "in_nelems"] = integers(ann.elements[rows]).to_numpy()
-        info.loc[fill, "out_nelems"] = info.loc[fill, "in_nelems"]
+        # the annotation gives the input only: an all_gather's output (its nccl-tests size)
+        # is input x ranks, and the ranks are not recorded here, so it stays unknown
+        gather = (op_of(pd.Series(ann.names[rows])) == "all_gather").to_numpy()
+        info.loc[fill, "out_nelems"] = info.loc[fill, "in_nelems"].where(~gather)
         info.loc[fill, "dtype"] = ann.dtypes[rows]
     return info
 
