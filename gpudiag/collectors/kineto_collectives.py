@@ -36,8 +36,8 @@ DTYPE_BYTES = {
     "double": 8, "float64": 8, "int": 4, "int32": 4, "int32t": 4, "uint32t": 4,
     "long": 8, "int64": 8, "int64t": 8, "uint64t": 8, "short": 2, "int16": 2,
     "byte": 1, "uint8": 1, "uint8t": 1, "char": 1, "int8": 1, "int8t": 1, "bool": 1,
-    "unsignedchar": 1, "signedchar": 1, "c10bfloat16": 2, "c10half": 2, "float8e4m3fn": 1, "float8e5m2": 1,
-    "fp8e4m3": 1, "fp8e5m2": 1, "complexfloat": 8, "complexdouble": 16,
+    "unsignedchar": 1, "signedchar": 1, "c10bfloat16": 2, "c10half": 2, "float8e4m3fn": 1,
+    "float8e5m2": 1, "fp8e4m3": 1, "fp8e5m2": 1, "complexfloat": 8, "complexdouble": 16,
 }
 
 
