@@ -84,6 +84,129 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
 
 
 @cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"),
+              show_default=True, help="The HTML file to write.")
+@click.option("--cdn", is_flag=True, help="Load plotly.js from its CDN (a small file that "
+              "needs the network) instead of inlining it.")
+@click.option("--window", metavar="RANGE", help="As for `analyze`.")
+@click.option("--steps", is_flag=True, help="Also the waterfall of every training step.")
+def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | None,
+           steps: bool) -> None:
+    """Write one self-contained HTML report (opens offline): summary, waterfall, findings,
+    heatmaps, kernels, syncs, collectives, memory, Nsight Compute metrics."""
+    from gpudiag.analyzers.diagnosis import diagnose
+    from gpudiag.reports.build import report_page
+
+    trace = _load(list(paths))
+    dx = diagnose(trace, window=window, steps=steps)
+    _write(output, report_page(trace, dx, cdn=cdn))
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="The HTML file to write (default: PATH's name + .heatmap.html, here).")
+@click.option("--metrics", metavar="NAMES", help="Nsight Compute: comma-separated columns "
+              "to show (e.g. sm_throughput_pct,l2_hit_rate_pct).")
+@click.option("--sort", default="time", show_default=True,
+              help="Nsight Compute rows: time, health, or a column name.")
+@click.option("--top", default=50, show_default=True, help="Nsight Compute: rows shown.")
+@click.option("--per-launch", is_flag=True, help="Nsight Compute: one row per launch.")
+@click.option("--cdn", is_flag=True, help="Load plotly.js from its CDN.")
+def heatmap(*, path: Path, output: Path | None, metrics: str | None, sort: str, top: int,
+            per_launch: bool, cdn: bool) -> None:
+    """Heatmaps as HTML: kernel x metric for an Nsight Compute report; time x stream
+    utilization (with the loss cause of idle time), collective waits and allocator
+    occupancy for a trace, run directory or memory snapshot."""
+    from gpudiag.analyzers.diagnosis import diagnose
+    from gpudiag.reports.build import heatmap_page
+
+    trace = _load([path])
+    chosen = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
+    dx = None if len(trace.metrics) else diagnose(trace)
+    html = heatmap_page(trace, dx, cdn=cdn, per_launch=per_launch, metrics=chosen, sort=sort,
+                        top=top)
+    _write(output or Path(path.name.split(".")[0] + ".heatmap.html"), html)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write HTML.")
+@click.option("--fail-on", "fail_on", metavar="BUDGETS", help="Exit 1 on a regression "
+              "against the first run, e.g. 'step_time>+5%,peak_memory>+10%,sync_stall>+2pp'.")
+@click.option("--step-size", type=click.IntRange(min=1), help="Samples per step, for samples/s.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+def compare(*, paths: tuple[Path, ...], output: Path | None, fail_on: str | None,
+            step_size: int | None, as_json: bool) -> None:
+    """Compare two or more runs or traces side by side (the first is the baseline)."""
+    from gpudiag.compare import compare as compare_runs
+    from gpudiag.compare import parse_fail_on, regressions
+    from gpudiag.reports.build import compare_page
+    from gpudiag.reports.compare_terminal import print_comparison
+
+    if len(paths) < 2:
+        raise InputError(str(paths[0]), "is only one run", "give two or more to compare")
+    budgets = parse_fail_on(fail_on) if fail_on else []
+    cmp = compare_runs([_load([p]) for p in paths], _labels(paths), step_size=step_size)
+    broken = regressions(cmp, budgets) if budgets else []
+    if as_json:
+        click.echo(json.dumps(cmp.to_dict(), indent=1, default=str))
+    else:
+        print_comparison(cmp, Console(highlight=False))
+    if output is not None:
+        _write(output, compare_page(cmp, broken))
+    for line in broken:
+        click.echo(f"gpudiag: {line}", err=True)
+    if broken:
+        sys.exit(1)
+
+
+def _labels(paths: tuple[Path, ...]) -> list[str]:
+    """Distinct short labels: each file's stem, numbered where two are alike."""
+    stems = [p.name.split(".")[0] or str(p) for p in paths]
+    return [f"{s}#{i + 1}" if stems.count(s) > 1 else s for i, s in enumerate(stems)]
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a page; a folder that is missing or not writable is the user's to fix."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(str(path), f"cannot be written ({exc.strerror or exc})",
+                         "choose another path with -o") from exc
+    click.echo(f"wrote {path} ({len(text.encode('utf-8')) / 1e6:.1f} MB)", err=True)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["perfetto", "chrome", "csv", "parquet"]),
+              default="perfetto", show_default=True,
+              help="perfetto/chrome: a trace with the diagnosis as annotated slices, to open "
+                   "in ui.perfetto.dev; csv/parquet: one file per table.")
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="File (perfetto/chrome; default trace.gpudiag.json.gz) or folder "
+                   "(csv/parquet; default gpudiag-tables).")
+@click.option("--tables", metavar="NAMES", help="csv/parquet: comma-separated table names.")
+@click.option("--no-diagnosis", is_flag=True, help="Export the events only.")
+def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: str | None,
+           no_diagnosis: bool) -> None:
+    """Export the normalized events (and the diagnosis) for other tools."""
+    from gpudiag.analyzers.diagnosis import diagnose
+    from gpudiag.reports.export import write_chrome_trace, write_tables
+
+    trace = _load(list(paths))
+    dx = None if no_diagnosis else diagnose(trace)
+    if fmt in ("perfetto", "chrome"):
+        written = write_chrome_trace(trace, output or Path("trace.gpudiag.json.gz"), dx)
+        click.echo(f"wrote {written}", err=True)
+        return
+    names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
+    files = write_tables(trace, output or Path("gpudiag-tables"), fmt, tables=names, dx=dx)
+    click.echo(f"wrote {len(files)} {fmt} files to {output or 'gpudiag-tables'}", err=True)
+
+
+@cli.command()
 def schema() -> None:
     """Print the Trace schema (every table and column) as Markdown."""
     from gpudiag.schema import markdown

@@ -68,3 +68,61 @@ def test_version_and_help() -> None:
     runner = CliRunner()
     assert runner.invoke(cli, ["--version"]).output.startswith("gpudiag, version")
     assert "analyze" in runner.invoke(cli, ["--help"]).output
+
+
+# -- report, heatmap, compare, export ----------------------------------------------------
+
+
+def test_report_writes_one_offline_page(tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(cli, ["report", str(small_trace(tmp_path)), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    html = out.read_text(encoding="utf-8")
+    assert html.count("* plotly.js v") == 1 and "Findings" in html
+    cdn = tmp_path / "c.html"
+    assert CliRunner().invoke(cli, ["report", str(small_trace(tmp_path)), "-o", str(cdn),
+                                    "--cdn"]).exit_code == 0
+    assert cdn.stat().st_size < 200_000 < out.stat().st_size
+
+
+def test_heatmap_of_an_ncu_report_and_of_a_trace(tmp_path: Path) -> None:
+    ncu = fixture("ncu/rtx4090_smem_square_9kernels_smallgrid.ncu-rep")
+    out = tmp_path / "h.html"
+    result = CliRunner().invoke(cli, ["heatmap", str(ncu), "-o", str(out), "--top", "5",
+                                      "--sort", "health"])
+    assert result.exit_code == 0, result.output
+    assert "Kernel x metric" in out.read_text(encoding="utf-8")
+    bad = CliRunner().invoke(cli, ["heatmap", str(ncu), "-o", str(out), "--sort", "nope"])
+    assert bad.exit_code != 0
+    trace_out = tmp_path / "t.html"
+    assert CliRunner().invoke(cli, ["heatmap", str(small_trace(tmp_path)), "-o",
+                                    str(trace_out)]).exit_code == 0
+    assert "Utilization per stream" in trace_out.read_text(encoding="utf-8")
+
+
+def test_compare_prints_deltas_and_gates(tmp_path: Path) -> None:
+    a = small_trace(tmp_path)
+    b = tmp_path / "b" / "small.pt.trace.json.gz"
+    b.parent.mkdir()
+    b.write_bytes(a.read_bytes())
+    ok = CliRunner().invoke(cli, ["compare", str(a), str(b), "--fail-on", "host_bound>+1pp",
+                                  "-o", str(tmp_path / "c.html")])
+    assert ok.exit_code == 0, ok.output
+    assert (tmp_path / "c.html").exists()
+    data = json.loads(CliRunner().invoke(cli, ["compare", str(a), str(b), "--json"]).output)
+    assert data["labels"] == ["small#1", "small#2"]
+    one = CliRunner().invoke(cli, ["compare", str(a)])
+    assert one.exit_code != 0
+
+
+def test_export_perfetto_and_csv(tmp_path: Path) -> None:
+    src = str(small_trace(tmp_path))
+    out = tmp_path / "t.json.gz"
+    assert CliRunner().invoke(cli, ["export", src, "-o", str(out)]).exit_code == 0
+    import gzip
+    events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    assert sum(e.get("cat") == "kernel" for e in events) == 4
+    tables = tmp_path / "tables"
+    assert CliRunner().invoke(cli, ["export", src, "--format", "csv", "-o", str(tables),
+                                    "--tables", "kernels,api"]).exit_code == 0
+    assert sorted(p.name for p in tables.iterdir()) == ["api.csv", "kernels.csv"]

@@ -1,0 +1,374 @@
+"""`gpudiag report`: the Trace and its Diagnosis laid out as one HTML page (issue 4).
+
+This module only picks, renames and formats columns that the analyzers and `summarize`
+already computed; the one aggregation here (the memory rows: peaks of the fragmentation
+table per device) is a display summary, not a diagnosis. Long tables are cut to their top
+rows by lost time, with a note saying how many rows the page leaves out.
+
+Figures come from the caller (`figures`: slot name -> plotly Figure or a list of them), so
+this page does not depend on the figure builders; the slots are listed in `FIGURE_SLOTS`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpudiag.analyzers.diagnosis import Diagnosis
+from gpudiag.reports.html import Section, page
+from gpudiag.reports.html_tables import Table
+from gpudiag.reports.terminal import format_bytes, format_ns
+from gpudiag.summary import summarize
+from gpudiag.trace import Trace
+
+FIGURE_SLOTS = ("waterfall", "utilization", "collective_waits", "memory", "ncu_heatmap")
+"""Where `report(figures=...)` places each figure; other names get a section of their own."""
+
+TOP_ROWS = 50
+"""Rows shown per long table (findings, sync points, kernels...); the rest is counted."""
+
+
+def report(trace: Trace, dx: Diagnosis, *, figures: Mapping[str, Any] | None = None,
+           cdn: bool = False, title: str | None = None,
+           generated_for: str | None = None) -> str:
+    """The report page for one trace: run summary, waterfall, findings, tables, figures.
+
+        dx = gpudiag.diagnose(trace)
+        html = report(trace, dx, figures={"waterfall": figures.waterfall(dx)})
+        Path("report.html").write_text(html, encoding="utf-8")
+
+    Sections without data are left out. `cdn`: link plotly.js instead of inlining it.
+    """
+    info = summarize(trace, top=TOP_ROWS)
+    figs = {name: _as_list(fig) for name, fig in (figures or {}).items()}
+    built = [
+        _run_summary(trace, info),
+        _waterfall(dx, figs.pop("waterfall", [])),
+        _findings(dx),
+        _figures_only("GPU utilization over time", figs.pop("utilization", [])),
+        _top_kernels(info),
+        _sync_points(dx),
+        _copies(dx),
+        _collectives(dx, figs.pop("collective_waits", [])),
+        _small_grid(dx),
+        _memory(dx, figs.pop("memory", [])),
+        _kernel_metrics(trace, dx, figs.pop("ncu_heatmap", [])),
+        _streams(dx),
+        _notes(dx),
+    ]
+    sections = [s for s in built if s is not None]
+    sections += [Section(name, figures=fig) for name, fig in figs.items() if fig]
+    return page(title or _title(trace), sections, cdn=cdn, generated_for=generated_for)
+
+
+def _as_list(fig: Any) -> list[Any]:
+    if fig is None:
+        return []
+    return list(fig) if isinstance(fig, list | tuple) else [fig]
+
+
+def _title(trace: Trace) -> str:
+    name = trace.meta.get("trace_name")
+    sources = trace.meta.get("sources") or []
+    if not name and sources:
+        name = ", ".join(Path(str(s.get("path", "?"))).name for s in sources[:3])
+        name += f" (+{len(sources) - 3})" if len(sources) > 3 else ""
+    return f"gpudiag report: {name}" if name else "gpudiag report"
+
+
+def _device(rank: Any, device: Any) -> str:
+    """'r3:0' for rank 3 device 0, '0' without a rank (as the terminal report writes it)."""
+    dev = "-" if pd.isna(device) else str(int(device))
+    return dev if pd.isna(rank) else f"r{int(rank)}:{dev}"
+
+
+def _with_device(frame: pd.DataFrame) -> pd.DataFrame:
+    """`rank` and `device` columns folded into one 'device' label column, first."""
+    labels = [_device(r, d) for r, d in zip(frame["rank"], frame["device"], strict=True)]
+    rest = frame.drop(columns=["rank", "device"])
+    return pd.concat([pd.DataFrame({"device": labels}, index=frame.index), rest], axis=1)
+
+
+def _cut(frame: pd.DataFrame, notes: list[str], what: str, n: int = TOP_ROWS) -> pd.DataFrame:
+    if len(frame) > n:
+        notes.append(f"showing the top {n} of {len(frame):,} {what}; "
+                     "`gpudiag analyze --json` lists all")
+    return frame.head(n).reset_index(drop=True)
+
+
+def _run_summary(trace: Trace, info: dict[str, Any]) -> Section:
+    rows: list[tuple[str, str]] = []
+    for src in info["sources"]:
+        size = format_bytes(src["bytes"]) if src.get("bytes") is not None else "?"
+        rows.append(("source", f"{src.get('path')} ({src.get('format')}, {size})"))
+    meta = trace.meta
+    command = meta.get("command")
+    if command:
+        rows.append(("command", command if isinstance(command, str)
+                     else shlex.join(map(str, command))))
+    for key in ("started_at", "trace_name", "vendor", "backend", "world_size"):
+        if meta.get(key) is not None:
+            rows.append((key.replace("_", " "), str(meta[key])))
+    if info["ranks"]:
+        rows.append(("ranks", ", ".join(map(str, info["ranks"]))))
+    versions = meta.get("tool_versions") or {}
+    if versions:
+        rows.append(("tool versions", ", ".join(f"{k} {v}" for k, v in versions.items())))
+    rows.append(("GPU window", _window(info)))
+    counts = ", ".join(f"{name} {n:,}" for name, n in info["rows"].items() if n)
+    rows.append(("rows", counts or "none"))
+    notes = [f"{kind}: {count}" for kind, count in info["warnings"].items()]
+    facts = Table(pd.DataFrame(rows, columns=["", "value"]).astype(str), sortable=False)
+    return Section("Run summary", notes=notes, tables=[facts, *_devices(info["devices"])])
+
+
+def _window(info: dict[str, Any]) -> str:
+    window = info["window"]
+    if window:
+        return (f"{format_ns(window['duration_ns'])} "
+                f"(from {window['start_ns']} to {window['end_ns']} ns)")
+    if not info["timeline"]:
+        return "none: kernels were replayed one by one (durations are real, gaps are not)"
+    return "none"
+
+
+def _devices(devices: list[dict[str, Any]]) -> list[Table]:
+    if not devices:
+        return []
+    frame = pd.DataFrame(devices)
+    frame = _with_device(frame)[["device", "name", "sm_count", "compute_capability",
+                                 "mem_bytes", "used"]]
+    frame.columns = ["device", "name", "SMs", "CC", "memory", "used"]
+    frame["SMs"] = frame["SMs"].astype("Int64")
+    frame["memory"] = frame["memory"].astype("Int64")
+    return [Table(frame, {"memory": "bytes"}, caption="Devices")]
+
+
+def _waterfall(dx: Diagnosis, figs: list[Any]) -> Section | None:
+    loss = dx.losses
+    if loss.empty and not figs:
+        return None
+    keep = loss[(loss["lost_ns"] > 0) | (loss["cause"] == "useful")]
+    frame = _with_device(keep.reset_index(drop=True))[["device", "cause", "lost_ns", "share"]]
+    frame.columns = ["device", "cause", "time", "share"]
+    return Section("Where the GPU time went", figures=figs, table=frame,
+                   formats={"time": "ns", "share": "share"},
+                   text="The loss waterfall per device: each GPU nanosecond of the window "
+                        "is either useful or lost to one cause (docs/analysis.md).")
+
+
+def _findings(dx: Diagnosis) -> Section | None:
+    found = dx.findings
+    if found.empty:
+        return None
+    notes: list[str] = []
+    top = _cut(found, notes, "findings")
+    frame = pd.DataFrame({"#": range(1, len(top) + 1)}).join(
+        top[["cause", "lost_ns", "share", "where", "count", "evidence", "advice"]])
+    frame.columns = ["#", "cause", "lost", "share", "where", "count", "evidence", "what to do"]
+    return Section("Findings, by GPU time lost", notes=notes, table=frame,
+                   formats={"lost": _lost, "share": "share"})
+
+
+def _lost(ns: Any) -> str:
+    """'-' for findings that cost no GPU time (memory, ncu rules), as the terminal writes."""
+    return format_ns(float(ns)) if ns else "-"
+
+
+def _figures_only(title: str, figs: list[Any]) -> Section | None:
+    return Section(title, figures=figs) if figs else None
+
+
+def _top_kernels(info: dict[str, Any]) -> Section | None:
+    kernels = info["top_kernels"]
+    if not kernels:
+        return None
+    frame = pd.DataFrame(kernels)[["short_name", "count", "total_ns", "mean_ns", "share"]]
+    frame.columns = ["kernel", "launches", "total", "mean", "share"]
+    notes = [f"the top {TOP_ROWS} kernel names by total GPU time"] \
+        if len(kernels) == TOP_ROWS else []
+    return Section("Top kernels", notes=notes, table=frame,
+                   formats={"total": "ns", "mean": "ns", "share": "share"})
+
+
+def _detail(dx: Diagnosis, name: str) -> pd.DataFrame | None:
+    frame = dx.tables.get(name)
+    return None if frame is None or frame.empty else frame
+
+
+def _sync_points(dx: Diagnosis) -> Section | None:
+    sync = _detail(dx, "sync_points")
+    if sync is None:
+        return None
+    notes: list[str] = []
+    sync = _cut(sync.sort_values("gpu_idle_ns", ascending=False, kind="stable"), notes,
+                "sync points")
+    frame = sync[["kind", "where", "api", "count", "host_wait_ns", "gpu_idle_ns", "per_step"]]
+    frame.columns = ["kind", "where", "API", "count", "host wait", "GPU idle", "per step"]
+    return Section("Sync points", notes=notes, table=frame,
+                   formats={"host wait": "ns", "GPU idle": "ns"},
+                   text="Where the host blocked on the GPU, by call site.")
+
+
+def _copies(dx: Diagnosis) -> Section | None:
+    stats = _detail(dx, "copy_stats")
+    if stats is None:
+        return None
+    frame = _with_device(stats)[["device", "kind", "host_mem", "count", "bytes", "dur_ns",
+                                 "bytes_per_s", "peak_share"]]
+    frame.columns = ["device", "kind", "host memory", "count", "bytes", "time", "bandwidth",
+                     "of peak"]
+    return Section("Memory copies", table=frame,
+                   formats={"bytes": "bytes", "time": "ns", "bandwidth": "bytes_per_s",
+                            "of peak": "share"})
+
+
+def _collectives(dx: Diagnosis, figs: list[Any]) -> Section | None:
+    stats = _detail(dx, "collective_stats")
+    if stats is None and not figs:
+        return None
+    tables: list[Table] = []
+    notes: list[str] = []
+    if stats is not None:
+        frame = stats[["op", "bytes", "group_size", "dtype", "count", "total_ns", "mean_ns",
+                       "min_ns", "max_ns", "algbw_gbps", "busbw_gbps", "busbw_peak_gbps"]]
+        frame.columns = ["op", "bytes", "ranks", "dtype", "calls", "total", "mean", "min",
+                         "max", "algbw", "busbw", "busbw of best call"]
+        fmt = dict.fromkeys(["total", "mean", "min", "max"], "ns")
+        fmt |= dict.fromkeys(["algbw", "busbw", "busbw of best call"], "gbps")
+        tables.append(Table(frame, {**fmt, "bytes": "bytes"}, caption="Collectives"))
+        if bool(stats["group_size_assumed"].any()):
+            notes.append("some group sizes were not recorded and are assumed: their busbw "
+                         "is an estimate")
+    overlap = _detail(dx, "overlap")
+    if overlap is not None:
+        frame = _with_device(overlap)[["device", "comm_ns", "exposed_comm_ns",
+                                       "overlap_of_comm", "overlap_of_step"]]
+        frame.columns = ["device", "communication", "not overlapped", "overlapped share",
+                         "overlap share of step"]
+        tables.append(Table(frame, {"communication": "ns", "not overlapped": "ns",
+                                    "overlapped share": "share",
+                                    "overlap share of step": "share"},
+                            caption="Communication overlapped with compute"))
+    return Section("Collectives", notes=notes, figures=figs, tables=tables,
+                   text="busbw uses nccl-tests' bus-bandwidth factors, so it compares with "
+                        "the link's peak.")
+
+
+def _small_grid(dx: Diagnosis) -> Section | None:
+    grid = _detail(dx, "small_grid")
+    if grid is None:
+        return None
+    notes: list[str] = []
+    grid = _cut(grid.sort_values("lost_ns", ascending=False, kind="stable"), notes, "kernels")
+    frame = grid[["name", "count", "dur_ns", "lost_ns", "grid_blocks", "block_threads",
+                  "blocks_per_sm", "waves", "theoretical_occupancy", "limiter"]]
+    frame.columns = ["kernel", "launches", "time", "SM slots idle", "grid", "block",
+                     "blocks/SM", "waves", "theoretical occupancy", "limited by"]
+    return Section("Grid size and occupancy", notes=notes, table=frame,
+                   formats={"time": "ns", "SM slots idle": "ns",
+                            "theoretical occupancy": "share"})
+
+
+def _memory(dx: Diagnosis, figs: list[Any]) -> Section | None:
+    frag = _detail(dx, "fragmentation")
+    if frag is None and not figs:
+        return None
+    tables: list[Table] = []
+    if frag is not None:
+        keys = [frag["rank"].fillna(-1), frag["device"].fillna(-1)]
+        peaks = frag.groupby(keys, sort=True).agg(
+            events=("ts_ns", "size"), peak_reserved=("reserved_bytes", "max"),
+            peak_allocated=("allocated_bytes", "max"), max_frag=("fragmentation", "max"),
+            last_frag=("fragmentation", "last")).reset_index()
+        peaks = peaks.replace({"rank": {-1: pd.NA}, "device": {-1: pd.NA}})
+        frame = _with_device(peaks)
+        frame.columns = ["device", "events", "peak reserved", "peak allocated",
+                         "worst fragmentation", "final fragmentation"]
+        tables.append(Table(frame, {"peak reserved": "bytes", "peak allocated": "bytes",
+                                    "worst fragmentation": "share",
+                                    "final fragmentation": "share"},
+                            caption="Allocator memory per device"))
+    return Section("Memory", figures=figs, tables=tables,
+                   text="Fragmentation: the share of reserved-but-free memory that is not "
+                        "in the largest free block (what a large allocation cannot use).")
+
+
+_FLAGS = {"small_grid": "small grid", "low_l2_hit": "low L2 hit rate",
+          "low_memory_throughput": "low memory throughput",
+          "achieved_occupancy_gap": "achieved << theoretical occupancy",
+          "low_theoretical_occupancy": "low theoretical occupancy"}
+
+
+def _kernel_metrics(trace: Trace, dx: Diagnosis, figs: list[Any]) -> Section | None:
+    metrics = _detail(dx, "kernel_metrics")
+    if metrics is None and not figs:
+        return None
+    tables: list[Table] = []
+    notes: list[str] = []
+    if metrics is not None:
+        top = _cut(metrics.sort_values("duration_ns", ascending=False, kind="stable"),
+                   notes, "profiled kernels", n=2 * TOP_ROWS)
+        flags = [", ".join(label for col, label in _FLAGS.items() if row[col] is True)
+                 for row in top[list(_FLAGS)].astype(object).to_dict("records")]
+        frame = top[["kernel_id", "short_name", "duration_ns", "grid_size", "block_size",
+                     "sm_throughput_pct", "memory_throughput_pct", "dram_throughput_pct",
+                     "l1_hit_rate_pct", "l2_hit_rate_pct", "achieved_occupancy_pct",
+                     "theoretical_occupancy_pct", "waves_per_sm", "regs_per_thread",
+                     "smem_bytes", "bottleneck"]].assign(flags=flags, missing=top["missing"])
+        frame.columns = ["id", "kernel", "time", "grid", "block", "SM %", "memory %",
+                         "DRAM %", "L1 hit %", "L2 hit %", "achieved occ. %",
+                         "theoretical occ. %", "waves/SM", "registers", "shared memory",
+                         "bottleneck", "flags", "metrics missing"]
+        pct = dict.fromkeys(["SM %", "memory %", "DRAM %", "L1 hit %", "L2 hit %",
+                             "achieved occ. %", "theoretical occ. %"], "pct")
+        tables.append(Table(frame, {**pct, "time": "ns", "shared memory": "bytes"},
+                            caption="Nsight Compute metrics per kernel"))
+    rules = _rules(trace.meta.get("ncu_rules") or [], metrics)
+    if rules is not None:
+        tables.append(Table(_cut(rules, notes, "rule results", n=2 * TOP_ROWS),
+                            caption="Nsight Compute rule results (warnings)"))
+    return Section("Kernel metrics (Nsight Compute)", notes=notes, figures=figs,
+                   tables=tables)
+
+
+def _rules(rules: Sequence[dict[str, Any]], metrics: pd.DataFrame | None) -> pd.DataFrame | None:
+    """ncu's own rule results that warn, with the kernel's short name."""
+    warn = [r for r in rules if r.get("type") in ("warning", "error")]
+    if not warn:
+        return None
+    names: dict[int, str] = {}
+    if metrics is not None:
+        names = dict(zip(metrics["kernel_id"].tolist(), metrics["short_name"].astype(str),
+                         strict=True))
+    frame = pd.DataFrame({
+        "id": [r.get("kernel_id") for r in warn],
+        "kernel": [names.get(int(r["kernel_id"]), "") if r.get("kernel_id") is not None
+                   else "" for r in warn],
+        "rule": [str(r.get("title") or r.get("name") or "") for r in warn],
+        "message": [str(r.get("message") or "") for r in warn],
+        "estimated speedup": pd.array([r.get("speedup") for r in warn], dtype="Float64"),
+    })
+    frame["id"] = frame["id"].astype("Int64")
+    return frame
+
+
+def _streams(dx: Diagnosis) -> Section | None:
+    streams = _detail(dx, "stream_summary")
+    if streams is None:
+        return None
+    frame = _with_device(streams)
+    busy = frame["busy_ns"] / frame["span_ns"].where(frame["span_ns"] > 0)
+    frame = frame[["device", "stream", "span_ns", "busy_ns", "idle_ns", "events"]] \
+        .assign(busy_share=busy)
+    frame.columns = ["device", "stream", "span", "busy", "idle", "events", "busy share"]
+    return Section("Streams", table=frame, formats={"span": "ns", "busy": "ns", "idle": "ns",
+                                                    "busy share": "share"})
+
+
+def _notes(dx: Diagnosis) -> Section | None:
+    return Section("Notes", notes=list(dx.notes)) if dx.notes else None

@@ -1,0 +1,183 @@
+"""HTML tables for the report: escaped cells, human units, sortable by a click on a header.
+
+Numbers are shown formatted ('1.23 ms', '4.5 GiB') but sorted by their raw value, which each
+cell carries in a `data-value` attribute; the sorter (`SORT_JS`, inlined once per page) reads
+it, so sorting stays numeric whatever the display unit. Every cell and header is escaped with
+`html.escape`: kernel names and call sites come straight from the profiled program.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from gpudiag.reports.terminal import format_bytes, format_ns
+
+Format = str | Callable[[Any], str]
+_NUM = ' class="num"'
+"""A column format: a name from `FORMATS` ('ns', 'bytes', 'share', ...) or a function."""
+
+
+def _share(value: Any) -> str:
+    return f"{100 * float(value):.1f}%"
+
+
+def _pct(value: Any) -> str:
+    return f"{float(value):.1f}%"
+
+
+def _int(value: Any) -> str:
+    return f"{int(value):,}"
+
+
+def _float(value: Any) -> str:
+    return f"{float(value):.3g}"
+
+
+def _gbps(value: Any) -> str:
+    return f"{float(value):.3g} GB/s"
+
+
+def _bytes_per_s(value: Any) -> str:
+    return f"{float(value) / 1e9:.3g} GB/s"
+
+
+FORMATS: dict[str, Callable[[Any], str]] = {
+    "ns": lambda v: format_ns(float(v)),
+    "bytes": lambda v: format_bytes(int(v)),
+    "share": _share,  # a fraction 0..1 shown as a percentage
+    "pct": _pct,  # already a percentage (ncu's metrics)
+    "int": _int,
+    "float": _float,
+    "gbps": _gbps,  # GB/s as nccl-tests reports them (1e9 bytes/s)
+    "bytes_per_s": _bytes_per_s,
+    "text": str,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Table:
+    """A DataFrame with its column formats and an optional caption, rendered by `table`."""
+
+    frame: pd.DataFrame
+    formats: Mapping[str, Format] | None = None
+    caption: str | None = None
+    sortable: bool = True
+
+    def render(self) -> str:
+        """The escaped `<table>` markup (see `table`)."""
+        return table(self.frame, formats=self.formats, sortable=self.sortable,
+                     caption=self.caption)
+
+
+def table(df: pd.DataFrame, *, formats: Mapping[str, Format] | None = None,
+          sortable: bool = True, caption: str | None = None) -> str:
+    """One escaped HTML table; numeric cells keep their raw value for numeric sorting.
+
+        html = table(frame, formats={"dur_ns": "ns", "share": "share"})
+        page("Kernels", [Section("Top kernels", table=frame)])  # or embed `html` yourself
+        # the header row sorts on click when `sortable` (the default)
+
+    Columns without a format are shown by dtype (integers with thousands separators, floats
+    with 3 significant digits, booleans as 'yes'); missing values are empty cells. The index
+    is not shown: pass `df.reset_index()` to keep it.
+    """
+    formats = formats or {}
+    columns = [str(c) for c in df.columns]
+    numeric = [_is_numeric(df[c]) for c in df.columns]
+    cls = ' class="sortable"' if sortable else ""
+    head = "".join(f'<th scope="col"{_NUM if num else ""}>{html.escape(name)}</th>'
+                   for name, num in zip(columns, numeric, strict=True))
+    cells = [_column_cells(df[c], formats.get(str(c)), num)
+             for c, num in zip(df.columns, numeric, strict=True)]
+    body = "\n".join("<tr>" + "".join(row) + "</tr>" for row in zip(*cells, strict=True)) \
+        if cells else ""
+    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    return (f"<table{cls}>{cap}<thead><tr>{head}</tr></thead>\n"
+            f"<tbody>\n{body}\n</tbody></table>")
+
+
+def _column_cells(column: pd.Series, fmt: Format | None, numeric: bool) -> list[str]:
+    """Every cell of one column as `<td>` markup (a column at a time: one dtype check)."""
+    show = _formatter(column, fmt)
+    out = []
+    for value in column.tolist():  # report tables are capped to a few hundred rows
+        missing = value is None or value is pd.NA or (isinstance(value, float)
+                                                      and math.isnan(value))
+        text = "" if missing else html.escape(show(value))
+        if numeric:
+            raw = "" if missing else _raw(value)
+            out.append(f'<td class="num" data-value="{raw}">{text}</td>')
+        else:
+            out.append(f"<td>{text}</td>")
+    return out
+
+
+def _formatter(column: pd.Series, fmt: Format | None) -> Callable[[Any], str]:
+    if callable(fmt):
+        return fmt
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown column format {fmt!r}; use one of {sorted(FORMATS)} "
+                             "or a function value -> str")
+        return FORMATS[fmt]
+    if pd.api.types.is_bool_dtype(column.dtype):
+        return lambda v: "yes" if v else ""
+    if pd.api.types.is_integer_dtype(column.dtype):
+        return _int
+    if pd.api.types.is_float_dtype(column.dtype):
+        return _float
+    return str
+
+
+def _is_numeric(column: pd.Series) -> bool:
+    return bool(pd.api.types.is_numeric_dtype(column.dtype)
+                and not pd.api.types.is_bool_dtype(column.dtype))
+
+
+def _raw(value: Any) -> str:
+    """The sort key: an exact, locale-free number (repr of int or float)."""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    number = float(value)
+    return repr(number) if math.isfinite(number) else ""
+
+
+SORT_JS = """
+document.querySelectorAll("table.sortable").forEach(function (t) {
+  var heads = t.tHead ? Array.from(t.tHead.rows[0].cells) : [];
+  heads.forEach(function (th, col) {
+    th.tabIndex = 0;
+    function sort() {
+      var body = t.tBodies[0], rows = Array.from(body.rows);
+      var asc = th.getAttribute("aria-sort") !== "ascending";
+      heads.forEach(function (h) { h.removeAttribute("aria-sort"); });
+      th.setAttribute("aria-sort", asc ? "ascending" : "descending");
+      function key(r) {
+        var c = r.cells[col], v = c.getAttribute("data-value");
+        return v === null ? c.textContent : v;
+      }
+      var num = th.classList.contains("num");
+      rows.sort(function (a, b) {
+        var x = key(a), y = key(b), d;
+        if (x === "" || y === "") { d = (x === "") - (y === ""); return d; }
+        if (num) { x = Number(x); y = Number(y); }
+        d = num ? (x < y ? -1 : x > y ? 1 : 0) : x.localeCompare(y);
+        return asc ? d : -d;
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+    }
+    th.addEventListener("click", sort);
+    th.addEventListener("keydown", function (e) { if (e.key === "Enter") sort(); });
+  });
+});
+"""
+"""Sorts every `table.sortable` by the clicked column: numeric columns (`th.num`) by their
+cells' `data-value`, others by text; empty cells last either way; a second click reverses."""

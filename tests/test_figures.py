@@ -1,0 +1,223 @@
+"""Figures, tested on their data (`fig.to_dict()`), not on pixels: exact busy shares per
+bin, loss rows that add up to the waterfall, bounded size for ten million kernels, input
+strings kept as data, and every real fixture drawn without error."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import gpudiag
+from gpudiag.analyzers.collectives_skew import arrival_skew
+from gpudiag.analyzers.diagnosis import Diagnosis
+from gpudiag.analyzers.findings import LOSS_CAUSES
+from gpudiag.analyzers.losses import LossTimeline
+from gpudiag.analyzers.memory import fragmentation
+from gpudiag.reports import figures
+from gpudiag.trace import Trace
+from tests.builders import kernel, trace
+from tests.conftest import fixture, fixtures
+
+FIVE_MB = 5 * 1024 * 1024
+EVIL = "<script>alert(1)</script>"
+TIMELINE_FIXTURES = [*fixtures("kineto/*.json*"), *fixtures("nsys/*.sqlite")]
+SNAPSHOTS = [p.name for p in fixtures("memsnap/*.pickle")]
+PAIR = ["kineto/world128_sampled_rank0.json.gz", "kineto/world128_sampled_rank1.json.gz"]
+
+
+def _arr(value: Any) -> np.ndarray:
+    """A trace's array as numpy: plotly's JSON writes numeric arrays as typed base64."""
+    if isinstance(value, dict) and "bdata" in value:
+        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        shape = [int(v) for v in str(value.get("shape", len(flat))).split(",")]
+        return flat.reshape(shape)
+    return np.asarray(value)
+
+
+def _heatmaps(fig: Any) -> list[dict[str, Any]]:
+    return [t for t in fig.to_dict()["data"] if t["type"] == "heatmap"]
+
+
+def _loss_totals_from_figure(fig: Any) -> dict[str, np.ndarray]:
+    """Per cause, the time of the loss rows summed over bins (share x bin width), in ns."""
+    rows = _heatmaps(fig)[1]
+    width_ns = np.diff(_arr(rows["x"])) * 1e6
+    shares = _arr(rows["customdata"])  # devices x bins x causes
+    summed = (shares * width_ns[None, :, None]).sum(axis=1)
+    return {c: summed[:, i] for i, c in enumerate(LOSS_CAUSES)}
+
+
+def _two_streams() -> Trace:
+    # stream 7: [0,100) and [50,150) overlap, [300,400); stream 8 busy throughout
+    return trace(kernels=[kernel(0, 100), kernel(50, 150), kernel(300, 400),
+                          kernel(0, 400, "other", stream=8)])
+
+
+def test_busy_shares_per_bin_are_the_union_of_each_streams_events() -> None:
+    fig = figures.utilization(_two_streams(), None, bins=4)
+    (busy,) = _heatmaps(fig)
+    assert _arr(busy["x"]) == pytest.approx([0, 1e-4, 2e-4, 3e-4, 4e-4])  # edges in ms
+    assert list(_arr(busy["y"])) == ["GPU 0 · stream 7", "GPU 0 · stream 8"]
+    assert _arr(busy["z"]).tolist() == [[1.0, 0.5, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
+
+
+def test_bins_tile_the_span_when_bins_do_not_divide_it() -> None:
+    tr = trace(kernels=[kernel(0, 7), kernel(10, 1003, stream=9)])
+    (busy,) = _heatmaps(figures.utilization(tr, None, bins=7))
+    width = np.diff(_arr(busy["x"]) * 1e6)
+    assert width.sum() == pytest.approx(1003)
+    covered = (_arr(busy["z"]) * width).sum(axis=1)
+    assert covered == pytest.approx([7, 993], abs=0.01)  # z is float32
+
+
+def test_hover_names_the_kernel_with_most_time_in_each_cell() -> None:
+    tr = trace(kernels=[kernel(0, 10, "a"), kernel(10, 90, "b"), kernel(100, 200, "a")])
+    (busy,) = _heatmaps(figures.utilization(tr, None, bins=2))
+    assert _arr(busy["customdata"]).tolist() == [["b", "a"]]
+
+
+def test_loss_row_shows_the_dominant_cause_and_adds_up_to_the_waterfall() -> None:
+    tr = _two_streams()
+    tr.kernels = tr.kernels[tr.kernels["stream"] == 7]  # idle [150, 300): launch_bound
+    dx = gpudiag.diagnose(tr)
+    fig = figures.utilization(tr, dx, bins=4)
+    rows = _heatmaps(fig)[1]
+    cause = [LOSS_CAUSES[int(c)] for c in _arr(rows["z"])[0]]
+    assert cause == ["useful", "launch_bound", "launch_bound", "useful"]
+    totals = _loss_totals_from_figure(fig)
+    lost = dx.losses.set_index("cause")["lost_ns"]
+    for c in LOSS_CAUSES:
+        assert totals[c][0] == pytest.approx(lost[c], abs=0.5)
+
+
+@pytest.mark.parametrize("path", TIMELINE_FIXTURES, ids=lambda p: p.name)
+def test_every_timeline_fixture_draws_bounded_figures(path: Any) -> None:
+    tr = gpudiag.load(path)
+    dx = gpudiag.diagnose(tr)
+    bars = figures.waterfall(dx)
+    per_device = pd.DataFrame([(y, x) for t in bars.to_dict()["data"]
+                               for y, x in zip(_arr(t["y"]), _arr(t["x"]), strict=True)])
+    assert per_device.groupby(0)[1].sum().to_numpy() == pytest.approx(1.0)
+    heat = figures.utilization(tr, dx)
+    assert len(heat.to_json()) < FIVE_MB
+    assert len(_heatmaps(heat)[0]["x"]) <= 401
+    if dx.timeline is not None and dx.timeline.windows:
+        totals = _loss_totals_from_figure(heat)
+        keys = sorted(dx.timeline.windows)
+        for i, key in enumerate(keys):
+            window = dx.timeline.windows[key][1] - dx.timeline.windows[key][0]
+            mine = dx.losses[(dx.losses["rank"].fillna(-1) == key[0])
+                             & (dx.losses["device"] == key[1])].set_index("cause")["lost_ns"]
+            for c in LOSS_CAUSES:  # shares are float32
+                assert totals[c][i] == pytest.approx(mine[c], abs=1e-3 * window)
+    assert figures.collective_waits(dx) is None  # one rank per file: no skew
+
+
+def test_waterfall_keeps_the_cause_order_and_colors() -> None:
+    dx = gpudiag.diagnose(_two_streams())
+    data = figures.waterfall(dx).to_dict()["data"]
+    assert [t["name"] for t in data] == list(LOSS_CAUSES)
+    assert [t["marker"]["color"] for t in data] == [figures.CAUSE_COLORS[c] for c in LOSS_CAUSES]
+
+
+def test_collective_waits_of_the_world128_pair_sum_each_ranks_waits() -> None:
+    tr = gpudiag.load([fixture(p) for p in PAIR])
+    skew = arrival_skew(tr)
+    fig = figures.collective_waits(gpudiag.diagnose(tr))
+    assert fig is not None
+    (heat,) = _heatmaps(fig)
+    z = _arr(heat["z"])
+    assert list(_arr(heat["y"])) == ["rank 0", "rank 1"]
+    assert z.shape == (2, skew["match_id"].nunique())
+    per_rank = skew.groupby("rank")["wait_ns"].sum().to_numpy() / 1e6
+    assert z.sum(axis=1) == pytest.approx(per_rank, abs=1e-5)
+    binned = _heatmaps(figures.collective_waits(tr, max_calls=3))[0]
+    assert _arr(binned["z"]).shape == (2, 3)
+    assert _arr(binned["z"]).sum(axis=1) == pytest.approx(per_rank, abs=1e-5)
+
+
+def _skew_rows(comm: str) -> pd.DataFrame:
+    return pd.DataFrame({"match_id": [0, 0], "rank": [0, 1], "op": ["all_reduce"] * 2,
+                         "comm": [comm, comm], "wait_ns": [5_000, 0]})
+
+
+def test_input_strings_are_data_never_markup() -> None:
+    tr = trace(kernels=[kernel(0, 100, EVIL), kernel(200, 300, EVIL)])
+    built = [figures.utilization(tr, gpudiag.diagnose(tr), bins=3),
+             figures.collective_waits(_skew_rows(EVIL))]
+    for fig in built:
+        assert fig is not None
+        as_dict = fig.to_dict()
+        assert "<script>" not in repr(as_dict["layout"])
+        assert all("<script>" not in t.get("hovertemplate", "") for t in as_dict["data"])
+        assert "<script>" in repr(as_dict["data"])  # shown, as data
+        page = fig.to_html(include_plotlyjs=False)  # the string survives only escaped
+        assert "<script>alert" not in page and "\\u003cscript\\u003ealert" in page
+        assert page.count("<script") == page.count("</script>") == 1  # plotly's own
+
+
+def test_collective_waits_is_none_without_skew() -> None:
+    assert figures.collective_waits(_skew_rows("0").assign(wait_ns=0)) is None
+    assert figures.collective_waits(_skew_rows("0").iloc[:1]) is None
+
+
+@pytest.mark.parametrize("name", SNAPSHOTS)
+def test_memory_figure_of_each_snapshot(name: str) -> None:
+    tr = gpudiag.load(fixture(f"memsnap/{name}"))
+    fig = figures.memory(tr)
+    assert fig is not None
+    assert len(fig.to_json()) < FIVE_MB
+    (heat,) = _heatmaps(fig)
+    shares = _arr(heat["customdata"])
+    assert shares.shape[:2] == _arr(heat["z"]).shape
+    assert shares.shape[0] <= 128 and shares.shape[1] <= 200
+    assert shares.sum(axis=2) == pytest.approx(1.0, abs=1e-3)
+    (curve,) = [t for t in fig.to_dict()["data"] if t["type"] == "scatter"]
+    frag = fragmentation(tr)["fragmentation"]
+    assert max(_arr(curve["y"])) == pytest.approx(frag.max(), abs=1e-4)  # the peak survives
+    assert len(_arr(curve["y"])) <= 2000
+
+
+def test_memory_figure_needs_a_snapshot() -> None:
+    assert figures.memory(gpudiag.load(fixture("memsnap/hta_memory_timeline.raw.json.gz"))) \
+        is None
+    assert figures.memory(_two_streams()) is None
+
+
+def _ten_million() -> tuple[Trace, Diagnosis]:
+    """10M back-to-back kernels on 4 streams, built with numpy, and the diagnosis a
+    launch-bound gap model gives them (built directly: diagnose() itself takes a minute)."""
+    n = 10_000_000
+    rng = np.random.default_rng(0)
+    start = np.cumsum(rng.integers(500, 1500, n)).astype(np.int64)
+    end = start + rng.integers(100, 500, n)
+    kernels = pd.DataFrame({
+        "device": np.zeros(n, np.int64), "stream": np.arange(n, dtype=np.int64) % 4,
+        "start_ns": start, "end_ns": end, "kernel_id": np.arange(n, dtype=np.int64),
+        "name": pd.Categorical.from_codes(np.arange(n) % 3, ["gemm", "relu", EVIL])})
+    gaps = (end[:-1], start[1:], np.ones(n - 1))
+    timeline = LossTimeline(windows={(-1, 0): (int(start[0]), int(end[-1]))},
+                            layers={(-1, 0): {"launch_bound": gaps}})
+    dx = Diagnosis(losses=timeline.totals(), findings=pd.DataFrame(), timeline=timeline)
+    return Trace(kernels=kernels), dx
+
+
+@pytest.mark.slow
+def test_ten_million_kernels_stay_under_five_megabytes() -> None:
+    tr, dx = _ten_million()
+    began = time.perf_counter()
+    fig = figures.utilization(tr, dx)
+    assert time.perf_counter() - began < 60  # a Python loop per kernel would take minutes
+    assert len(fig.to_json()) < FIVE_MB
+    busy, causes = _heatmaps(fig)
+    assert _arr(busy["z"]).shape == (4, 400)
+    totals = _loss_totals_from_figure(fig)
+    lost = dx.losses.set_index("cause")["lost_ns"]
+    window = dx.timeline.windows[(-1, 0)][1] - dx.timeline.windows[(-1, 0)][0]  # type: ignore[union-attr]
+    assert totals["launch_bound"][0] == pytest.approx(lost["launch_bound"], abs=1e-3 * window)
+    assert _arr(causes["z"]).shape == (1, 400)
