@@ -111,6 +111,7 @@ class Result:
     external_requests: list[str] = field(default_factory=list)  # blocked: report not offline
     timed_out: bool = False  # the plots had not settled within the timeout
     seconds: float = 0.0  # launch to screenshot
+    render_seconds: float = 0.0  # navigation start to every plot drawn (what a user waits)
 
     @property
     def ok(self) -> bool:
@@ -209,12 +210,14 @@ def open_report(
             page.on("console", on_console)
             page.on("pageerror", lambda err: page_errors.append(str(err)))
             page.route("**/*", on_route)
+            opened = time.perf_counter()
             page.goto(page_path.as_uri(), wait_until="load", timeout=timeout_s * 1000)
             try:
                 page.wait_for_function(_SETTLED, timeout=timeout_s * 1000)
                 page.evaluate(_TWO_FRAMES)
             except PlaywrightTimeout:
                 timed_out = True
+            render_seconds = time.perf_counter() - opened
             seen = page.evaluate(_INSPECT)
             shot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(shot), full_page=True)
@@ -241,4 +244,5 @@ def open_report(
         external_requests=external,
         timed_out=timed_out,
         seconds=seconds,
+        render_seconds=render_seconds,
     )

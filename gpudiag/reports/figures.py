@@ -28,9 +28,11 @@ from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.names import short_names
 from gpudiag.reports.figures_memory import memory
+from gpudiag.reports.ncu_heatmap import figure as ncu_heatmap
 from gpudiag.trace import Trace
 
-__all__ = ["CAUSE_COLORS", "collective_waits", "memory", "utilization", "waterfall"]
+__all__ = ["CAUSE_COLORS", "collective_waits", "memory", "ncu_heatmap", "utilization",
+           "waterfall"]
 
 #: one fixed color per waterfall cause, so every figure and report reads the same way
 CAUSE_COLORS = {"useful": "#2ca02c", "sync_stall": "#d62728", "launch_bound": "#ff7f0e",
