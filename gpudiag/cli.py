@@ -100,7 +100,8 @@ def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | No
 
     trace = _load(list(paths))
     dx = diagnose(trace, window=window, steps=steps)
-    _write(output, report_page(trace, dx, cdn=cdn))
+    command = "gpudiag report " + " ".join(str(p) for p in paths)
+    _write(output, report_page(trace, dx, cdn=cdn, generated_for=command))
 
 
 @cli.command()
@@ -111,7 +112,8 @@ def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | No
               "to show (e.g. sm_throughput_pct,l2_hit_rate_pct).")
 @click.option("--sort", default="time", show_default=True,
               help="Nsight Compute rows: time, health, or a column name.")
-@click.option("--top", default=50, show_default=True, help="Nsight Compute: rows shown.")
+@click.option("--top", default=50, show_default=True, type=click.IntRange(min=1),
+              help="Nsight Compute: rows shown.")
 @click.option("--per-launch", is_flag=True, help="Nsight Compute: one row per launch.")
 @click.option("--cdn", is_flag=True, help="Load plotly.js from its CDN.")
 def heatmap(*, path: Path, output: Path | None, metrics: str | None, sort: str, top: int,

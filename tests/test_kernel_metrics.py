@@ -353,3 +353,9 @@ def test_every_public_function_opens_with_a_three_line_example() -> None:
         doc = function.__doc__ or ""
         block = re.search(r"\n\n((?:        \S.*\n){3})\n", doc)
         assert block, function.__name__
+
+
+def test_rule_messages_lose_ncus_link_markup() -> None:
+    assert km.plain_message("use @url:fused:https://docs.nvidia.com/x/#y@ ops; see "
+                            "@section:SourceCounters:Source Counters@") == \
+        "use fused (https://docs.nvidia.com/x/#y) ops; see Source Counters"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -215,6 +216,18 @@ def _missing(out: pd.DataFrame) -> pd.Series:
     return pd.Series(text, index=out.index, dtype="string").str.rstrip(",")
 
 
+#: ncu's inline link markup in rule messages: `@url:LABEL:ADDRESS@`, `@section:ID:LABEL@`
+_URL = re.compile(r"@url:([^:@]*):([^@]+)@")
+_SECTION = re.compile(r"@[a-z]+:[^:@]*:([^@]*)@")
+
+
+def plain_message(text: str) -> str:
+    """An ncu rule message as plain text: links as 'label (address)', section references by
+    their label (ncu's GUI renders these; a table or hover text must not show the markup)."""
+    text = _URL.sub(lambda m: f"{m[1]} ({m[2]})" if m[1] else m[2], str(text))
+    return _SECTION.sub(r"\1", text)
+
+
 def rules(trace: Trace) -> pd.DataFrame:
     """ncu's own guided-analysis results, one row per (kernel_id, rule result).
 
@@ -242,7 +255,8 @@ def rules(trace: Trace) -> pd.DataFrame:
         "section": col("section_identifier"), "title": col("title"), "type": col("type"),
         "speedup_type": col("speedup_type"),
         "speedup_pct": pd.to_numeric(col("speedup"), errors="coerce"),
-        "focus_metrics": col("focus_metrics").map(_focus), "message": col("message"),
+        "focus_metrics": col("focus_metrics").map(_focus),
+        "message": col("message").map(plain_message, na_action="ignore"),
     })
     return out.astype(dict(RULE_COLUMNS)).reset_index(drop=True)
 

@@ -58,7 +58,9 @@ def heatmap_page(trace: Trace, dx: Diagnosis | None, *, cdn: bool = False,
     """
     if len(trace.metrics):
         sections = [Section("Kernel x metric (Nsight Compute)",
-                            figures=(ncu_heatmap.figure(trace, **ncu_options),))]
+                            figures=(ncu_heatmap.figure(trace, **ncu_options),)),
+                    Section("Nsight Compute's rule findings per kernel",
+                            table=_rule_findings(trace))]
         return page("gpudiag heatmap", sections, cdn=cdn)
     figs = report_figures(trace, dx) if dx is not None else {}
     titles = {"utilization": "Utilization per stream, and the loss cause of idle time",
@@ -70,6 +72,19 @@ def heatmap_page(trace: Trace, dx: Diagnosis | None, *, cdn: bool = False,
         sections = [Section("Nothing to draw", text="This source has no GPU timeline, "
                             "collectives or allocator snapshot to draw as a heatmap.")]
     return page("gpudiag heatmap", sections, cdn=cdn)
+
+
+def _rule_findings(trace: Trace) -> pd.DataFrame | None:
+    """ncu's warnings and optimization hints, one row per kernel and rule, most speedup
+    first (the heatmap shows them on hover; this lists them)."""
+    from gpudiag.analyzers.kernel_metrics import rules
+
+    found = rules(trace)
+    found = found[found["type"].isin(["warning", "optimization"])]
+    if found.empty:
+        return None
+    cols = ["name", "rule", "title", "speedup_type", "speedup_pct", "message"]
+    return found.sort_values("speedup_pct", ascending=False, na_position="last")[cols]
 
 
 def compare_page(cmp: Comparison, lines: list[str] | None = None, *,

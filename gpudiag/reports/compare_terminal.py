@@ -37,8 +37,8 @@ def print_comparison(comparison: Comparison, console: Console, top: int = 15) ->
         print_comparison(cmp, Console())
     """
     labels = comparison.labels
-    console.print(f"[bold]Baseline[/bold]: {comparison.baseline}; compared: "
-                  + ", ".join(labels[1:]), highlight=False)
+    legend = ", ".join(f"{_letter(i)} = {label}" for i, label in enumerate(labels))
+    console.print(f"[bold]Runs[/bold] (baseline {_letter(0)}): {legend}", highlight=False)
     _summary(comparison, console)
     _waterfall(comparison, console)
     _kernels(comparison, console, top)
@@ -111,13 +111,19 @@ def _counted(title: str, frame: pd.DataFrame, labels: list[str], console: Consol
 
 
 def _table(title: str, first: str, labels: list[str]) -> Table:
+    """Runs are headed by letter (legend above): cut to a narrow terminal, two long file
+    names would otherwise read the same."""
     table = Table(title=title, title_justify="left")
     table.add_column(first, overflow="fold")
-    for label in labels:
-        table.add_column(label, justify="right")
-    for label in labels[1:]:
-        table.add_column(f"{label} vs {labels[0]}", justify="right")
+    for i in range(len(labels)):
+        table.add_column(_letter(i), justify="right")
+    for i in range(1, len(labels)):
+        table.add_column(f"{_letter(i)} vs {_letter(0)}", justify="right")
     return table
+
+
+def _letter(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else f"R{i + 1}"
 
 
 def _cells(values: pd.Series, labels: list[str], fmt: Format, better_up: int) -> list[str]:

@@ -309,7 +309,7 @@ def figure(trace: Trace, *, per_launch: bool = False, metrics: Sequence[str] | N
                   "ticktext": ["healthy", "past threshold", "far off"]})
     fig = go.Figure(heatmap)
     fig.update_layout(
-        title={"text": _title(table, per_launch), "x": 0.0, "xanchor": "left",
+        title={"text": _title(table, per_launch, sort), "x": 0.0, "xanchor": "left",
                "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 12}},
         yaxis={"autorange": "reversed", "automargin": True, "type": "category",
                "showgrid": False},
@@ -385,14 +385,16 @@ def _verdict(column: str, score: float, text: str) -> str:
     return "healthy" if score == 0 else f"unhealthy (score {score:.2f})"
 
 
-def _title(table: pd.DataFrame, per_launch: bool) -> str:
+def _title(table: pd.DataFrame, per_launch: bool, sort: str = "time") -> str:
     """What the figure shows, which rows it leaves out and which columns are missing
     (all text ours: no input string goes into the layout)."""
     total = table.attrs["rows_total"]
-    what = ("launch" if per_launch else "kernel name") + ("" if total == 1 else "s")
+    one, many = ("launch", "launches") if per_launch else ("kernel name", "kernel names")
+    what = one if total == 1 else many
     if not total:
         return "No Nsight Compute kernel metrics in this trace"
-    head = f"Nsight Compute kernels by GPU time: {total:,} {what}"
+    order = {"time": "GPU time", "health": "health (worst first)"}.get(sort, html.escape(sort))
+    head = f"Nsight Compute kernels by {order}: {total:,} {what}"
     notes = []
     if len(table) < total:
         shown_ns = float(table["duration_ns"].sum())
