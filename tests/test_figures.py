@@ -183,9 +183,10 @@ def test_memory_figure_of_each_snapshot(name: str) -> None:
     assert len(_arr(curve["y"])) <= 2000
 
 
-def test_memory_figure_needs_a_snapshot() -> None:
-    assert figures.memory(gpudiag.load(fixture("memsnap/hta_memory_timeline.raw.json.gz"))) \
-        is None
+def test_memory_heatmap_needs_a_snapshot_curves_need_memory_events() -> None:
+    timeline = figures.memory(gpudiag.load(fixture("memsnap/hta_memory_timeline.raw.json.gz")))
+    assert timeline is not None  # allocated bytes over time, but no block layout to draw
+    assert {d.type for d in timeline.data} == {"scatter"}
     assert figures.memory(_two_streams()) is None
 
 
@@ -221,3 +222,19 @@ def test_ten_million_kernels_stay_under_five_megabytes() -> None:
     window = dx.timeline.windows[(-1, 0)][1] - dx.timeline.windows[(-1, 0)][0]  # type: ignore[union-attr]
     assert totals["launch_bound"][0] == pytest.approx(lost["launch_bound"], abs=1e-3 * window)
     assert _arr(causes["z"]).shape == (1, 400)
+
+
+def test_memory_curves_without_a_snapshot_keep_the_peak() -> None:
+    from gpudiag.analyzers.memory import fragmentation
+    from gpudiag.reports import figures_memory
+
+    t = gpudiag.load(fixture("kineto/v100_rank1of2_nccl_profile_memory.json.gz"))
+    fig = figures_memory.memory(t)
+    assert fig is not None and len(fig.data) == 2
+    frag = fragmentation(t)
+    peak = float(frag["allocated_bytes"].max()) / 1e9
+    allocated = next(d for d in fig.data if d.name.endswith("allocated"))
+    assert max(_arr(allocated.y)) == pytest.approx(peak)
+    assert len(_arr(allocated.x)) <= 2000
+    alexnet = gpudiag.load(fixture("kineto/a100_alexnet_sync_critical_path.json.gz"))
+    assert figures_memory.memory(alexnet) is None

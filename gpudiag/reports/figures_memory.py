@@ -33,12 +33,13 @@ def memory(trace: Trace, *, grid: pd.DataFrame | None = None,
 
     Each heatmap cell is colored by what most of its bytes did (allocated, inactive = free
     inside a segment, unreserved); the hover gives the three shares. Pass `grid` / `frag`
-    to reuse analyzer results. None without a snapshot (no block layout to draw).
+    to reuse analyzer results. Without a snapshot there is no block layout to draw: then
+    the allocated / reserved curves of `memory_curves`, or None without memory data.
     """
     grid = occupancy_grid(trace, max_addresses=max_addresses, max_times=max_times) \
         if grid is None else grid
     if grid.empty:
-        return None
+        return memory_curves(trace, frag=frag, max_points=max_points)
     frag = fragmentation(trace) if frag is None else frag
     devices = sorted(set(zip(*_keys(grid), strict=True)))
     fig = make_subplots(rows=2 * len(devices), cols=1, shared_xaxes=True,
@@ -120,3 +121,48 @@ def _add_grid(fig: go.Figure, cells: pd.DataFrame, t0: int, row: int, *, first: 
         colorbar={"title": "state", "tickvals": list(range(n)), "ticktext": list(STATES)},
         hovertemplate="%{x:.3f} ms, %{y:.3f} GB<br>allocated %{customdata[0]:.1%}<br>"
         "inactive %{customdata[1]:.1%}<br>unreserved %{customdata[2]:.1%}<extra></extra>")
+
+
+def memory_curves(trace: Trace, *, frag: pd.DataFrame | None = None,
+                  max_points: int = 2000) -> go.Figure | None:
+    """Allocated and reserved bytes over time per device, for traces with allocator totals
+    but no snapshot (PyTorch profiler `profile_memory=True`, `export_memory_timeline`).
+
+        fig = figures.memory_curves(gpudiag.load("rank0.pt.trace.json.gz"))
+        fig.show() if fig else print("no memory events")
+
+    Each curve keeps at most `max_points` points, every point the highest of its run of
+    events, so peaks survive the thinning. None when the trace has no memory totals.
+    """
+    frag = fragmentation(trace) if frag is None else frag
+    frag = frag[frag["ts_ns"] >= 0]
+    if frag.empty:
+        return None
+    fig = go.Figure()
+    t0 = int(frag["ts_ns"].min())
+    for rank, device in sorted(set(zip(*_keys(frag), strict=True))):
+        mine = frag[_is(frag, rank, device)]
+        gpu = f"GPU {device}" if device >= 0 else "device not recorded"
+        label = gpu if rank < 0 else f"rank {rank} {gpu}"
+        for col, name in (("allocated_bytes", "allocated"), ("reserved_bytes", "reserved")):
+            values = mine[col].to_numpy(dtype="float64", na_value=np.nan)
+            if np.isnan(values).all():
+                continue
+            x, y = _thinned(mine["ts_ns"].to_numpy(np.int64), values, max_points)
+            fig.add_trace(go.Scatter(x=_ms(x, t0), y=y / 1e9, mode="lines",
+                                     name=f"{label} {name}"))
+    fig.update_layout(title="Allocator memory over time (no snapshot: no block layout)",
+                      xaxis_title="time since the first memory event (ms)",
+                      yaxis_title="GB", height=420)
+    return fig if fig.data else None
+
+
+def _thinned(ts: np.ndarray, values: np.ndarray, max_points: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """At most `max_points` points: each the maximum of an equal run of samples."""
+    if len(ts) <= max_points:
+        return ts, values
+    groups = np.array_split(np.arange(len(ts)), max_points)
+    best = np.array([g[np.nanargmax(values[g])] if not np.isnan(values[g]).all() else g[0]
+                     for g in groups])  # one per output point, bounded by max_points
+    return ts[best], values[best]
