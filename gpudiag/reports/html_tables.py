@@ -19,8 +19,8 @@ import pandas as pd
 from gpudiag.reports.terminal import format_bytes, format_ns
 
 Format = str | Callable[[Any], str]
-_NUM = ' class="num"'
 """A column format: a name from `FORMATS` ('ns', 'bytes', 'share', ...) or a function."""
+_NUM = ' class="num"'
 
 
 def _share(value: Any) -> str:
