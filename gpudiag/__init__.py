@@ -18,6 +18,7 @@ from gpudiag.errors import (
     MissingDependencyError,
     SchemaError,
 )
+from gpudiag.markers import end_step, region, step
 from gpudiag.sources import load
 from gpudiag.trace import Trace, merge
 
@@ -33,6 +34,9 @@ __all__ = [
     "Trace",
     "__version__",
     "diagnose",
+    "end_step",
     "load",
     "merge",
+    "region",
+    "step",
 ]

@@ -208,6 +208,64 @@ def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: st
     click.echo(f"wrote {len(files)} {fmt} files to {output or 'gpudiag-tables'}", err=True)
 
 
+@cli.command(context_settings={"ignore_unknown_options": True,
+                                "allow_interspersed_args": False})
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Run directory (default gpudiag-runs/<timestamp>-<command>/).")
+@click.option("--no-report", is_flag=True, help="Do not analyze or write report.html.")
+@click.option("--flush-interval", default=1.0, show_default=True, type=click.FloatRange(0.05),
+              help="Seconds between flushes of what each process collected.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def profile(*, output: Path | None, no_report: bool, flush_interval: float,
+            command: tuple[str, ...]) -> None:
+    """Run COMMAND (after `--`) with collectors injected into every Python process, merge
+    what they recorded into one trace, analyze it and write report.html.
+
+    This first version collects host-side markers (gpudiag.step / gpudiag.region) and
+    process information; the GPU collectors (CUPTI, torch, jax, NVML, nsys, ncu) come next:
+    `gpudiag doctor` says what this machine could collect.
+    """
+    from gpudiag.profiler.session import ProfileOptions, merge_run, run
+
+    options = ProfileOptions(flush_interval_s=flush_interval, report=not no_report)
+    try:
+        result = run(list(command), out_dir=output, options=options)
+    except OSError as exc:
+        click.echo(f"gpudiag: error: cannot start {command[0]}: {exc.strerror or exc}",
+                   err=True)
+        sys.exit(127)
+    trace = merge_run(result.run_dir)
+    errors = result.run_dir / "bootstrap-errors.log"
+    if errors.exists():
+        click.echo(f"gpudiag: collectors reported problems: see {errors}", err=True)
+    click.echo(f"gpudiag: run directory {result.run_dir}", err=True)
+    if not no_report and trace.has_gpu_activity():
+        from gpudiag.analyzers.diagnosis import diagnose
+        from gpudiag.reports.build import report_page
+        from gpudiag.reports.terminal import print_diagnosis
+
+        dx = diagnose(trace)
+        print_diagnosis(dx.to_dict(), Console(stderr=True, highlight=False))
+        _write(result.run_dir / "report.html", report_page(
+            trace, dx, generated_for="gpudiag profile -- " + " ".join(command)))
+    elif not no_report:
+        from gpudiag.profiler.doctor import checks, missing_line
+
+        click.echo("gpudiag: no GPU activity was collected (the GPU collectors are not "
+                   "built yet); host markers are in the run directory", err=True)
+        click.echo(f"gpudiag: {missing_line(checks())}", err=True)
+    sys.exit(result.exit_code)
+
+
+@cli.command()
+def doctor() -> None:
+    """What this machine can collect (GPU, driver, CUPTI, torch, jax, cupy, NVTX, nsys,
+    ncu and its counter permission), and how to get what is missing."""
+    from gpudiag.profiler.doctor import checks, render
+
+    Console(highlight=False).print(render(checks()))
+
+
 @cli.command()
 def schema() -> None:
     """Print the Trace schema (every table and column) as Markdown."""

@@ -126,3 +126,29 @@ def test_export_perfetto_and_csv(tmp_path: Path) -> None:
     assert CliRunner().invoke(cli, ["export", src, "--format", "csv", "-o", str(tables),
                                     "--tables", "kernels,api"]).exit_code == 0
     assert sorted(p.name for p in tables.iterdir()) == ["api.csv", "kernels.csv"]
+
+
+def test_profile_runs_the_command_and_merges_its_markers(tmp_path: Path) -> None:
+    child = ("import gpudiag, time\n"
+             "for i in range(3):\n"
+             "    gpudiag.step()\n"
+             "    with gpudiag.region('data'):\n"
+             "        time.sleep(0.01)\n"
+             "gpudiag.end_step()\n"
+             "raise SystemExit(4)\n")
+    run = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["profile", "-o", str(run), "--", sys.executable, "-c",
+                                      child])
+    assert result.exit_code == 4, result.output  # the child's status
+    import gpudiag
+    trace = gpudiag.load(run / "trace")
+    steps = trace.ranges[trace.ranges["source"] == "step"]
+    assert len(steps) == 3 and (trace.ranges["name"] == "data").sum() == 3
+    assert json.loads((run / "meta.json").read_text())["exit_code"] == 4
+
+
+def test_doctor_lists_every_collector() -> None:
+    result = CliRunner().invoke(cli, ["doctor"])
+    assert result.exit_code == 0
+    for name in ("NVML", "cupti", "torch", "nsys", "ncu"):
+        assert name in result.output

@@ -1,0 +1,233 @@
+"""What runs inside every Python process that `gpudiag profile` starts.
+
+The session's `sitecustomize.py` loads this file by path (so interpreter start-up stays
+light: stdlib only until there is data to write) and calls `start_from_env()`. It reads
+`GPUDIAG_RUN_DIR` / `GPUDIAG_COLLECTORS` / `GPUDIAG_FLUSH_INTERVAL_S` and starts the named
+collectors that exist; unknown names are noted in the process meta, never fatal: the user's
+program must run exactly as it would without gpudiag.
+
+Each process writes a Trace directory of its own, `<run>/procs/<host>-<pid>[-rank<R>]/`,
+so eight workers never collide. Files are replaced atomically (temp file + `os.replace`)
+by a flush thread every interval and at exit: a crash or SIGKILL loses at most the last
+interval. A forked child (torch.multiprocessing with fork) restarts the collector under its
+own pid and flushes at multiprocessing's exit; other code that leaves through `os._exit`
+skips atexit and keeps its last periodic flush.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ENV_RUN_DIR = "GPUDIAG_RUN_DIR"
+ENV_COLLECTORS = "GPUDIAG_COLLECTORS"
+ENV_FLUSH_INTERVAL = "GPUDIAG_FLUSH_INTERVAL_S"
+#: the collectors this module can start (more join as they are written: cupti, torch, ...)
+KNOWN_COLLECTORS = ("host",)
+#: matches gpudiag.trace.FORMAT_NAME / FORMAT_VERSION (not imported: that pulls in pandas)
+_FORMAT = {"gpudiag_format": "gpudiag-trace", "gpudiag_format_version": 1}
+
+_active: HostCollector | None = None
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.lstrip("-").isdigit() else None
+
+
+def proc_dir_name(pid: int) -> str:
+    """`<host>-<pid>`, plus `-rank<R>` from RANK (else LOCAL_RANK) when the launcher set it."""
+    rank = _env_int("RANK")
+    rank = _env_int("LOCAL_RANK") if rank is None else rank
+    tail = "" if rank is None else f"-rank{rank}"
+    return f"{socket.gethostname()}-{pid}{tail}"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write beside `path`, then rename over it: readers see the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class HostCollector:
+    """Process info and host ranges (step/region markers) of one process.
+
+    Ranges are kept in memory as tuples and written as the `ranges` table at each flush
+    when new ones arrived; pandas (through gpudiag.trace) is imported only then.
+    """
+
+    def __init__(self, run_dir: Path, interval_s: float, skipped: list[str]) -> None:
+        self.run_dir = run_dir
+        self.interval_s = interval_s
+        self.skipped = skipped
+        self._reset_for_process()
+
+    def _reset_for_process(self) -> None:
+        """State that belongs to one pid (called again in a forked child)."""
+        self.pid = os.getpid()
+        self.dir = self.run_dir / "procs" / proc_dir_name(self.pid)
+        self.start_ns = time.time_ns()
+        self.ranges: list[tuple[int, int, int, str, str]] = []
+        self._flushed_ranges = 0
+        self._writer_ready = False
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.flush()
+        self._thread = threading.Thread(target=self._loop, name="gpudiag-flush", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._wake.wait(self.interval_s):
+            self.flush()
+
+    def add_range(self, name: str, start_ns: int, end_ns: int, source: str) -> None:
+        if not self._writer_ready:
+            _import_writer()
+            self._writer_ready = True
+        with self._lock:
+            self.ranges.append((threading.get_ident(), start_ns, end_ns, name, source))
+
+    def meta(self, end_ns: int | None) -> dict[str, Any]:
+        """The per-process Trace meta (what merge_run and the report show per process)."""
+        process = {
+            "pid": self.pid, "ppid": os.getppid(), "host": socket.gethostname(),
+            "argv": list(sys.argv), "executable": sys.executable,
+            "start_ns": self.start_ns, "end_ns": end_ns,
+            "local_rank": _env_int("LOCAL_RANK"), "collectors": ["host"],
+            "collectors_skipped": self.skipped,
+        }
+        return {
+            **_FORMAT, "sources": [{"format": "gpudiag-host", "pid": self.pid}],
+            "warnings": {}, "timeline": True, "rank": _env_int("RANK"),
+            "world_size": _env_int("WORLD_SIZE"), "process": process,
+        }
+
+    def flush(self, final: bool = False) -> None:
+        """Write meta.json, and ranges.parquet when ranges were added since the last flush."""
+        if os.getpid() != self.pid:  # a forked child before its fork hook ran
+            return
+        with self._lock:
+            ranges = list(self.ranges)
+        if len(ranges) != self._flushed_ranges:
+            self._write_ranges(ranges)
+            self._flushed_ranges = len(ranges)
+        end_ns = time.time_ns() if final else None
+        _write_atomic(self.dir / "meta.json", json.dumps(self.meta(end_ns), indent=1).encode())
+
+    def _write_ranges(self, ranges: list[tuple[int, int, int, str, str]]) -> None:
+        import pandas as pd
+
+        from gpudiag.trace import Trace
+
+        tid, start, end, name, source = zip(*ranges, strict=True)
+        frame = pd.DataFrame({
+            "pid": self.pid, "tid": tid, "start_ns": start, "end_ns": end,
+            "name": name, "source": source, "rank": _env_int("RANK"),
+        })
+        table = Trace(ranges=frame).ranges
+        tmp = self.dir / f".ranges.parquet.{self.pid}.tmp"
+        table.to_parquet(tmp, index=False)
+        os.replace(tmp, self.dir / "ranges.parquet")
+
+    def stop(self) -> None:
+        """Final flush at exit; never raises into the interpreter's shutdown."""
+        self._wake.set()
+        try:
+            self.flush(final=True)
+        except Exception as exc:  # exit must not fail because of gpudiag
+            _note_error(self.run_dir, exc)
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh directory, no inherited ranges, a new flush thread.
+
+        A multiprocessing child leaves through `os._exit` (no atexit): its own exit hook,
+        registered here for the finalizers it runs before that, does the final flush.
+        """
+        self._reset_for_process()
+        self.start()
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:  # the child clears finalizers first, then runs after-forkers
+            mp_util.register_after_fork(self, _finalize_at_mp_exit)
+
+
+def _finalize_at_mp_exit(collector: HostCollector) -> None:
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, collector.stop, exitpriority=0)
+
+
+def _import_writer() -> None:
+    """Import what writing Parquet needs, before the first range is kept.
+
+    Done eagerly (once, on the first range) because a first import during interpreter
+    shutdown fails: pandas and pyarrow register atexit hooks, refused after shutdown began.
+    """
+    import pyarrow.parquet  # noqa: F401 -- loaded lazily by pandas.to_parquet otherwise
+
+    import gpudiag.trace  # noqa: F401 -- pandas and the schema
+
+
+def record_range(name: str, start_ns: int, end_ns: int, source: str = "annotation") -> None:
+    """Record a named host time range (`time.time_ns()` clock) in this process's trace.
+
+    This is what `gpudiag.step()` (source "step") and `gpudiag.region(name)` (source
+    "annotation") call; without an active collector it does nothing, so marked code costs
+    one global lookup when it is not profiled.
+    """
+    collector = _active
+    if collector is not None:
+        collector.add_range(name, int(start_ns), int(end_ns), source)
+
+
+def is_active() -> bool:
+    """True inside a process that `gpudiag profile` is collecting from."""
+    return _active is not None
+
+
+def _note_error(run_dir: Path, exc: BaseException) -> None:
+    """Append a bootstrap failure to `<run>/bootstrap-errors.log` (the session reports it)."""
+    try:
+        with (run_dir / "bootstrap-errors.log").open("a") as log:
+            log.write(f"pid {os.getpid()}: {exc.__class__.__name__}: {exc}\n")
+    except OSError:
+        pass
+
+
+def start_from_env() -> None:
+    """Start the collectors the session named in the environment; a no-op outside a session."""
+    global _active  # noqa: PLW0603 -- one collector per process, set once here
+    run_dir = os.environ.get(ENV_RUN_DIR)
+    if not run_dir or _active is not None:
+        return
+    names = [n for n in os.environ.get(ENV_COLLECTORS, "host").split(",") if n]
+    try:
+        interval = float(os.environ.get(ENV_FLUSH_INTERVAL, "1.0"))
+        skipped = [n for n in names if n not in KNOWN_COLLECTORS]
+        collector = HostCollector(Path(run_dir), interval, skipped)
+        collector.start()
+    except Exception as exc:  # the user's program runs even when collection cannot
+        _note_error(Path(run_dir), exc)
+        return
+    _active = collector
+    atexit.register(collector.stop)
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _after_fork() -> None:
+    if _active is not None:
+        try:
+            _active.after_fork()
+        except Exception as exc:  # as in start_from_env: never break the child
+            _note_error(_active.run_dir, exc)

@@ -1,0 +1,256 @@
+"""The `gpudiag profile -- CMD` session: run directory, injected bootstrap, child, merge.
+
+    result = run(["python", "train.py"], options=ProfileOptions())
+    trace = merge_run(result.run_dir)        # every process's output as one Trace
+    sys.exit(result.exit_code)
+
+The session only wires: it never collects in its own process (the NVML sampler joins later).
+Every Python process CMD starts imports `<run>/bootstrap/sitecustomize.py` (PYTHONPATH),
+which chains to the user's own sitecustomize and starts the collectors of
+`gpudiag.profiler.bootstrap`; each writes `<run>/procs/<host>-<pid>[-rank<R>]/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from gpudiag.profiler import bootstrap
+from gpudiag.trace import Trace, is_trace_dir, merge
+
+#: the default parent of run directories, relative to the working directory
+RUNS_DIR = Path("gpudiag-runs")
+
+SITECUSTOMIZE = '''\
+"""Written by gpudiag profile: chain to the user's sitecustomize, then start collectors."""
+import importlib.machinery as _m
+import importlib.util as _u
+import os as _os
+import sys as _sys
+
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_rest = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
+_spec = _m.PathFinder.find_spec("sitecustomize", _rest)
+if _spec is not None and _spec.loader is not None:
+    _mod = _u.module_from_spec(_spec)
+    _spec.loader.exec_module(_mod)  # the user's own: its errors are the user's, as without us
+try:
+    _spec = _u.spec_from_file_location("gpudiag.profiler.bootstrap", {bootstrap!r})
+    _boot = _u.module_from_spec(_spec)
+    _sys.modules[_spec.name] = _boot  # so `gpudiag.profiler.bootstrap` is this instance
+    _spec.loader.exec_module(_boot)
+    _boot.start_from_env()
+except Exception as _exc:  # never break the user's program
+    _sys.modules.pop("gpudiag.profiler.bootstrap", None)
+    _sys.stderr.write("gpudiag: bootstrap not started: %r\\n" % (_exc,))
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileOptions:
+    """What `gpudiag profile` was asked for; recorded verbatim in `<run>/meta.json`.
+
+    Only `collectors` and `flush_interval_s` act yet; the rest are carried for the
+    collectors that will read them (cupti/torch/jax backends, NVML sampler, step window).
+    """
+
+    backend: str = "auto"
+    collectors: tuple[str, ...] = ("host",)
+    flush_interval_s: float = 1.0
+    duration_s: float | None = None
+    delay_s: float | None = None
+    steps: int | None = None
+    nvml_interval_s: float = 0.1
+    report: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "collectors": list(self.collectors)}
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionResult:
+    """The outcome of `run`: where the run lives and how the child ended.
+
+    `exit_code` follows the shell convention (128 + signal number for a child killed by a
+    signal), so `sys.exit(result.exit_code)` reproduces what the shell would have shown.
+    """
+
+    run_dir: Path
+    exit_code: int
+    signal: int | None
+    start_ns: int
+    end_ns: int
+
+
+def run(
+    cmd: list[str],
+    *,
+    out_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    options: ProfileOptions,
+) -> SessionResult:
+    """Run `cmd` with the bootstrap injected, forwarding signals; return its exit status.
+
+    stdin/stdout/stderr are inherited (the child talks to the terminal directly). `env`
+    replaces os.environ for the child (the session adds its variables on top).
+    """
+    if not cmd:
+        raise ValueError("run() needs a command")
+    run_dir = make_run_dir(cmd, out_dir)
+    child_env = child_environment(run_dir, env if env is not None else os.environ, options)
+    start_ns = time.time_ns()
+    meta = run_meta(cmd, options, start_ns)
+    write_json(run_dir / "meta.json", meta)
+    try:
+        proc = subprocess.Popen(cmd, env=child_env)
+    except OSError as exc:
+        meta.update(end_ns=time.time_ns(), exit_code=127, error=str(exc))
+        write_json(run_dir / "meta.json", meta)
+        raise
+    with _forward_signals(proc):
+        returncode = proc.wait()
+    end_ns = time.time_ns()
+    signum = -returncode if returncode < 0 else None
+    exit_code = 128 + signum if signum is not None else returncode
+    meta.update(end_ns=end_ns, exit_code=exit_code, signal=signum)
+    write_json(run_dir / "meta.json", meta)
+    return SessionResult(run_dir, exit_code, signum, start_ns, end_ns)
+
+
+def make_run_dir(cmd: list[str], out_dir: Path | None) -> Path:
+    """Create the run directory; an existing non-empty one is never reused (suffix -2, -3...).
+
+    The default is `gpudiag-runs/<UTC timestamp>-<command basename>/`.
+    """
+    if out_dir is None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        out_dir = RUNS_DIR / f"{stamp}-{_command_name(cmd)}"
+    candidate, n = Path(out_dir), 1
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+            break
+        except FileExistsError:
+            if candidate.is_dir() and not any(candidate.iterdir()):
+                break
+            n += 1
+            candidate = Path(f"{out_dir}-{n}")
+    (candidate / "procs").mkdir()
+    return candidate.resolve()
+
+
+def _command_name(cmd: list[str]) -> str:
+    """The script for `python x.py` (more telling than 'python'), else the program name."""
+    name = Path(cmd[0]).name
+    if name.startswith("python") and len(cmd) > 1 and cmd[1].endswith(".py"):
+        name = Path(cmd[1]).stem
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return safe[:40] or "cmd"
+
+
+def child_environment(
+    run_dir: Path, base: Mapping[str, str], options: ProfileOptions
+) -> dict[str, str]:
+    """`base` plus the bootstrap in front of PYTHONPATH and the collectors' settings."""
+    boot_dir = run_dir / "bootstrap"
+    boot_dir.mkdir(exist_ok=True)
+    source = SITECUSTOMIZE.replace("{bootstrap!r}", repr(str(Path(bootstrap.__file__))))
+    (boot_dir / "sitecustomize.py").write_text(source)
+    env = dict(base)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(boot_dir) + (os.pathsep + path if path else "")
+    env[bootstrap.ENV_RUN_DIR] = str(run_dir)
+    env[bootstrap.ENV_COLLECTORS] = ",".join(options.collectors)
+    env[bootstrap.ENV_FLUSH_INTERVAL] = str(options.flush_interval_s)
+    return env
+
+
+def run_meta(cmd: list[str], options: ProfileOptions, start_ns: int) -> dict[str, Any]:
+    """What the run was: command, environment summary, versions, options."""
+    from gpudiag import __version__
+
+    return {
+        "command": list(cmd), "cwd": os.getcwd(), "start_ns": start_ns, "end_ns": None,
+        "exit_code": None, "signal": None, "gpudiag_version": __version__,
+        "python": sys.version.split()[0], "python_executable": sys.executable,
+        "platform": platform.platform(), "host": platform.node(),
+        "options": options.to_dict(),
+    }
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON atomically (temp file + rename): a killed session leaves a whole file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+@contextmanager
+def _forward_signals(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Pass SIGINT/SIGTERM on to the child while it runs, then restore the old handlers.
+
+    The child shares our process group, so a Ctrl-C typed at the terminal already reached
+    it: SIGINT is forwarded only when we are not the terminal's foreground group (a `kill`
+    aimed at the session). SIGTERM is always forwarded. The child decides when to exit;
+    we keep waiting for it (and its exit status).
+    """
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and _terminal_delivered():
+            return
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    try:
+        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: signals cannot be handled here
+        yield
+        return
+    try:
+        yield
+    finally:
+        for signum, previous in old.items():
+            signal.signal(signum, previous)
+
+
+def _terminal_delivered() -> bool:
+    """True when our process group is the terminal's foreground group (Ctrl-C hit it all)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def merge_run(run_dir: Path) -> Trace:
+    """Merge every process's output under `<run>/procs/` into `<run>/trace/` and return it.
+
+    Process directories that never got a whole meta.json (killed before the first flush)
+    are skipped and counted in `meta["warnings"]`. A run without any Python process gives
+    an empty Trace that still carries the run meta.
+    """
+    run_dir = Path(run_dir)
+    procs = sorted(p for p in (run_dir / "procs").glob("*") if p.is_dir())
+    parts = [Trace.load_dir(p) for p in procs if is_trace_dir(p)]
+    trace = merge(parts) if parts else Trace()
+    skipped = len(procs) - len(parts)
+    run_info = json.loads((run_dir / "meta.json").read_text())
+    trace.meta.update(
+        run=run_info, command=run_info.get("command"),
+        processes=[p.meta.get("process", {}) for p in parts],
+        hosts=sorted({p.meta.get("process", {}).get("host", "") for p in parts} - {""}),
+        ranks=sorted({p.meta["rank"] for p in parts if p.meta.get("rank") is not None}),
+    )
+    trace.warn("process directories without output (killed before the first flush)", skipped)
+    trace.save(run_dir / "trace")
+    return trace
