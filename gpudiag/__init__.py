@@ -10,6 +10,8 @@ Heavy optional packages (torch, jax, cupy, cupti, ncu_report) are never imported
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpudiag.analyzers.diagnosis import Diagnosis, diagnose
 from gpudiag.errors import (
     CollectorError,
@@ -24,6 +26,21 @@ from gpudiag.trace import Trace, merge
 
 __version__ = "0.1.0"
 
+
+def capture(backend: str = "auto", **options: Any) -> Any:
+    """Collect a block of code in this process; see `gpudiag.profiler.capture.capture`.
+
+        with gpudiag.capture() as cap:
+            train_one_epoch()
+        gpudiag.diagnose(cap.trace)
+
+    Imported on first use, so `import gpudiag` stays free of the profiler.
+    """
+    from gpudiag.profiler.capture import capture as _capture
+
+    return _capture(backend, **options)
+
+
 __all__ = [
     "CollectorError",
     "Diagnosis",
@@ -33,6 +50,7 @@ __all__ = [
     "SchemaError",
     "Trace",
     "__version__",
+    "capture",
     "diagnose",
     "end_step",
     "load",

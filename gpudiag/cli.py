@@ -212,48 +212,64 @@ def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: st
                                 "allow_interspersed_args": False})
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Run directory (default gpudiag-runs/<timestamp>-<command>/).")
+@click.option("--backend", type=click.Choice(["auto", "cupti", "torch", "jax", "nsys", "ncu"]),
+              default="auto", show_default=True,
+              help="auto: CUPTI with a GPU and cupti-python, else torch.profiler / jax.profiler "
+                   "in the processes that import them; nsys/ncu run the NVIDIA tool around "
+                   "the command.")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), metavar="S",
+              help="Stop collecting S seconds after collection began.")
+@click.option("--delay", type=click.FloatRange(min=0), metavar="S",
+              help="Start collecting S seconds after each process starts (skip warm-up).")
+@click.option("--steps", type=click.IntRange(min=1), metavar="N",
+              help="Collect N steps, from the first gpudiag.step() after --delay.")
+@click.option("--nvml-interval", type=click.FloatRange(min=0), default=0.1, show_default=True,
+              metavar="S", help="Seconds between NVML samples of the GPUs (0: off).")
+@click.option("--no-memory", is_flag=True,
+              help="Do not record allocator events and the memory snapshot.")
+@click.option("--ncu-set", type=click.Choice(["launch", "memory", "full"]), default="launch",
+              show_default=True, help="Metric set of --backend ncu (scripts/ncu_wrappers).")
+@click.option("--ncu-kernels", metavar="REGEX", help="--backend ncu: only kernels matching.")
 @click.option("--no-report", is_flag=True, help="Do not analyze or write report.html.")
 @click.option("--flush-interval", default=1.0, show_default=True, type=click.FloatRange(0.05),
               help="Seconds between flushes of what each process collected.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def profile(*, output: Path | None, no_report: bool, flush_interval: float,
+def profile(*, output: Path | None, backend: str, duration: float | None, delay: float | None,
+            steps: int | None, nvml_interval: float, no_memory: bool, ncu_set: str,
+            ncu_kernels: str | None, no_report: bool, flush_interval: float,
             command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with collectors injected into every Python process, merge
-    what they recorded into one trace, analyze it and write report.html.
+    what they recorded into one trace, analyze it and write report.html; exits with
+    COMMAND's status. `gpudiag doctor` says what this machine can collect."""
+    from gpudiag.profiler.backends import resolve
+    from gpudiag.profiler.session import ProfileOptions, profile_command
 
-    This first version collects host-side markers (gpudiag.step / gpudiag.region) and
-    process information; the GPU collectors (CUPTI, torch, jax, NVML, nsys, ncu) come next:
-    `gpudiag doctor` says what this machine could collect.
-    """
-    from gpudiag.profiler.session import ProfileOptions, merge_run, run
-
-    options = ProfileOptions(flush_interval_s=flush_interval, report=not no_report)
+    plan = resolve(backend)
+    options = ProfileOptions(
+        backend=backend, collectors=plan.collectors, flush_interval_s=flush_interval,
+        duration_s=duration, delay_s=delay, steps=steps,
+        nvml_interval_s=nvml_interval or None, memory=not no_memory, report=not no_report,
+        ncu_set=ncu_set, ncu_kernels=ncu_kernels,
+    )
     try:
-        result = run(list(command), out_dir=output, options=options)
+        result, trace, notes = profile_command(list(command), plan, options, output)
     except OSError as exc:
         click.echo(f"gpudiag: error: cannot start {command[0]}: {exc.strerror or exc}",
                    err=True)
         sys.exit(127)
-    trace = merge_run(result.run_dir)
-    errors = result.run_dir / "bootstrap-errors.log"
-    if errors.exists():
-        click.echo(f"gpudiag: collectors reported problems: see {errors}", err=True)
+    for note in notes:
+        click.echo(f"gpudiag: {note}", err=True)
     click.echo(f"gpudiag: run directory {result.run_dir}", err=True)
-    if not no_report and trace.has_gpu_activity():
+    if not no_report and any(len(table) for table in trace.tables().values()):
         from gpudiag.analyzers.diagnosis import diagnose
         from gpudiag.reports.build import report_page
         from gpudiag.reports.terminal import print_diagnosis
 
         dx = diagnose(trace)
-        print_diagnosis(dx.to_dict(), Console(stderr=True, highlight=False))
+        if trace.has_gpu_activity():
+            print_diagnosis(dx.to_dict(), Console(stderr=True, highlight=False))
         _write(result.run_dir / "report.html", report_page(
             trace, dx, generated_for="gpudiag profile -- " + " ".join(command)))
-    elif not no_report:
-        from gpudiag.profiler.doctor import checks, missing_line
-
-        click.echo("gpudiag: no GPU activity was collected (the GPU collectors are not "
-                   "built yet); host markers are in the run directory", err=True)
-        click.echo(f"gpudiag: {missing_line(checks())}", err=True)
     sys.exit(result.exit_code)
 
 

@@ -172,6 +172,11 @@ def step(name: str | None = None) -> _Step:
     `step()`: NVTX ranges nest per thread. The range is recorded with source "step".
     """
     end_step()
+    bootstrap = sys.modules.get(_BOOTSTRAP)
+    if bootstrap is not None:  # the --steps window of `gpudiag profile` counts opened steps
+        step_opened = getattr(bootstrap, "step_opened", None)
+        if step_opened is not None:
+            step_opened()
     opened = _Range(name if name is not None else _next_step_name(), "step")
     _state.pending = opened
     if not _flags.atexit_registered and threading.current_thread() is threading.main_thread():

@@ -87,7 +87,7 @@ def _expand(path: Path, skipped: list[str]) -> list[tuple[Path, Reader | None]]:
         return [(path, None)]
     if is_trace_dir(path):
         return [(path, None)]
-    found = _readable_files(sorted(p for p in _walk(path)), skipped)
+    found = readable_files(sorted(p for p in _walk(path)), skipped)
     if not found:
         raise InputError(
             path, "is a directory with no profile gpudiag can read",
@@ -104,13 +104,14 @@ def _walk(root: Path) -> Iterable[Path]:
                 yield Path(dirpath) / name
 
 
-def _readable_files(paths: list[Path], skipped: list[str]) -> list[tuple[Path, Reader | None]]:
+def readable_files(paths: list[Path], skipped: list[str]) -> list[tuple[Path, Reader | None]]:
     """The files a reader accepts, without reading one run twice.
 
     Two files that are the same run in two formats are read once: an nsys report and its
     SQLite export with the same stem (the export wins), and a JAX run folder's
-    `*.xplane.pb` beside the Perfetto JSON that `create_perfetto_trace=True` wrote from it
-    (the XSpace wins: it has more detail).
+    `*.xplane.pb` beside the trace-viewer JSON written from it (`perfetto_trace.json.gz` with
+    `create_perfetto_trace=True`, `<host>.trace.json.gz` by newer jax; the XSpace wins: it
+    has more detail).
     """
     accepted: list[tuple[Path, Reader]] = []
     for path in paths:
@@ -120,11 +121,15 @@ def _readable_files(paths: list[Path], skipped: list[str]) -> list[tuple[Path, R
             skipped.append(str(exc))
     formats = {(p.parent, _stem(p)): r.name for p, r in accepted}
     folders_with_xplane = {p.parent for p, r in accepted if r.name == "xplane"}
+    xplane_stems = {(p.parent, _stem(p)) for p, r in accepted if r.name == "xplane"}
     kept: list[tuple[Path, Reader | None]] = []
     for path, reader in accepted:
         if reader.name == "nsys-rep" and formats.get((path.parent, _stem(path))) == "nsys-sqlite":
             continue
-        if path.parent in folders_with_xplane and path.name.startswith("perfetto_trace"):
+        if reader.name != "xplane" and (
+            (path.parent in folders_with_xplane and path.name.startswith("perfetto_trace"))
+            or (path.parent, _stem(path)) in xplane_stems
+        ):
             continue
         kept.append((path, reader))
     return kept

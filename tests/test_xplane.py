@@ -285,7 +285,8 @@ def test_perfetto_json_gives_the_same_tables_as_the_protobuf(name: str, tmp_path
     assert from_json.row_counts() == from_pb.row_counts() and len(from_pb.kernels)
     for table in ("kernels", "copies"):
         a, b = _sorted(getattr(from_pb, table)), _sorted(getattr(from_json, table))
-        assert ((a["start_ns"] - b["start_ns"]).abs() <= 1).all()
+        shift = from_pb.meta["clock_offset_ns"]  # the protobuf keeps the epoch start
+        assert ((a["start_ns"] - shift - b["start_ns"]).abs() <= 1).all()
         dur_a, dur_b = a["end_ns"] - a["start_ns"], b["end_ns"] - b["start_ns"]
         assert ((dur_a - dur_b).abs() <= 1).all()
         assert (a["correlation"] == b["correlation"]).all()
@@ -305,8 +306,10 @@ def test_negative_ids_unknown_fields_and_refs_decode(tmp_path: Path) -> None:
     stats = {7: "kernel_details", 8: "regs:32 static_shared:16 dynamic_shared:48 "
              "grid:2,3,4 block:64,1,1 occ_pct:50"}
     path = write(tmp_path, plane("/device:GPU:0", [line], {1: "k"}, stats))
-    kernel = read(path).kernels.iloc[0]
+    trace = read(path)
+    kernel = trace.kernels.iloc[0]
     assert (kernel["start_ns"], kernel["end_ns"], kernel["stream"]) == (95, 2095, 3)
+    assert trace.meta["clock_offset_ns"] == 0  # no Task Environment start: kept relative
     assert (kernel["grid_y"], kernel["smem_bytes"], kernel["smem_dynamic_bytes"]) == (3, 64, 48)
 
 

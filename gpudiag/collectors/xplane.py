@@ -58,9 +58,11 @@ def read(path: Path) -> Trace:
             path, "is an XSpace protobuf with no /device: or /host: planes (nothing profiled)",
             "profile a run that executes on the GPU, e.g. inside jax.profiler.trace(dir)",
         )
-    cols, repairs = _space_columns(space)
+    offset_ns = epoch_offset_ns(space)
+    cols, repairs = _space_columns(space, offset_ns)
     planes = [(p.name, p.stats) for p in space.planes]
-    trace = _build(cols, planes, {"format": "xplane", "hostnames": space.hostnames}, repairs)
+    meta = {"format": "xplane", "hostnames": space.hostnames, "clock_offset_ns": offset_ns}
+    trace = _build(cols, planes, meta, repairs)
     for text in space.errors + space.warnings:
         trace.warn(f"profiler reported: {text}")
     return trace
@@ -90,7 +92,28 @@ def _build(cols: Columns, planes: list[tuple[str, dict[str, Any]]], meta: dict[s
 # -- XSpace -------------------------------------------------------------------------------
 
 
-def _space_columns(space: Space) -> tuple[Columns, dict[str, int]]:
+def epoch_offset_ns(space: Space) -> int:
+    """What to add to line timestamps to put them on the Unix-epoch clock (0: already there).
+
+    The profiler normalizes an XSpace to its session start before writing it (line
+    timestamps count from `profile_start_time`, which the `Task Environment` plane keeps in
+    epoch ns). Adding it back lines JAX up with Kineto and with `gpudiag profile`'s own host
+    markers. Older XSpaces without that stat stay relative (offset 0), as do lines already
+    epoch-based (a timestamp beyond a day's worth of ns cannot be session-relative).
+    """
+    day_ns = 86_400 * 10**9
+    starts = [line.timestamp_ns for plane in space.planes for line in plane.lines]
+    if starts and max(starts) > day_ns:
+        return 0
+    for plane in space.planes:
+        if plane.name == "Task Environment":
+            start = plane.stats.get("profile_start_time")
+            if isinstance(start, int) and start > day_ns:
+                return start
+    return 0
+
+
+def _space_columns(space: Space, offset_ns: int = 0) -> tuple[Columns, dict[str, int]]:
     """Flatten every line of every plane into event columns (lists, then numpy once)."""
     lanes: list[Lane] = []
     counts: list[int] = []
@@ -107,7 +130,7 @@ def _space_columns(space: Space) -> tuple[Columns, dict[str, int]]:
             skipped += line.aggregated
             lanes.append(Lane(plane.name, line.label, (line.display_id or line.id) & 0xFFFFFFFF))
             counts.append(len(line.metadata_ids))
-            line_ts.append(line.timestamp_ns)
+            line_ts.append(line.timestamp_ns + offset_ns)
             names += map(labels.get, line.metadata_ids)
             stats += _merge_stats(line.metadata_ids, line.stats, shared) if shared else line.stats
             offsets += line.offsets_ps

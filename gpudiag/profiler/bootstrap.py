@@ -17,24 +17,40 @@ skips atexit and keeps its last periodic flush.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import os
+import signal
 import socket
 import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType, ModuleType
 from typing import Any
 
 ENV_RUN_DIR = "GPUDIAG_RUN_DIR"
 ENV_COLLECTORS = "GPUDIAG_COLLECTORS"
 ENV_FLUSH_INTERVAL = "GPUDIAG_FLUSH_INTERVAL_S"
-#: the collectors this module can start (more join as they are written: cupti, torch, ...)
-KNOWN_COLLECTORS = ("host",)
+#: JSON of the collectors' settings (delay_s, duration_s, steps, memory, backend)
+ENV_SETTINGS = "GPUDIAG_SETTINGS"
 #: matches gpudiag.trace.FORMAT_NAME / FORMAT_VERSION (not imported: that pulls in pandas)
 _FORMAT = {"gpudiag_format": "gpudiag-trace", "gpudiag_format_version": 1}
 
 _active: HostCollector | None = None
+
+
+def _load_inproc() -> ModuleType:
+    """`inproc.py` beside this file, by path (the gpudiag package would pull in pandas)."""
+    name = "gpudiag.profiler.inproc"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("inproc.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _env_int(name: str) -> int | None:
@@ -64,10 +80,14 @@ class HostCollector:
     when new ones arrived; pandas (through gpudiag.trace) is imported only then.
     """
 
-    def __init__(self, run_dir: Path, interval_s: float, skipped: list[str]) -> None:
+    def __init__(self, run_dir: Path, interval_s: float, names: list[str],
+                 settings: dict[str, Any]) -> None:
         self.run_dir = run_dir
         self.interval_s = interval_s
-        self.skipped = skipped
+        inproc = _load_inproc()
+        self.skipped = [n for n in names if n != "host" and n not in inproc.PLUGINS]
+        self.plugins = inproc.Plugins(names, settings, self.report)
+        self.window = inproc.Window(settings, self.plugins.set_window)
         self._reset_for_process()
 
     def _reset_for_process(self) -> None:
@@ -87,10 +107,16 @@ class HostCollector:
         self.flush()
         self._thread = threading.Thread(target=self._loop, name="gpudiag-flush", daemon=True)
         self._thread.start()
+        self.plugins.arm(_load_inproc().ImportWatcher.install(), lambda: self.dir)
+        self.window.begin()
 
     def _loop(self) -> None:
         while not self._wake.wait(self.interval_s):
             self.flush()
+
+    def report(self, message: str) -> None:
+        """A collector problem: into `<run>/bootstrap-errors.log` (the session points at it)."""
+        _note_error(self.run_dir, message)
 
     def add_range(self, name: str, start_ns: int, end_ns: int, source: str) -> None:
         if not self._writer_ready:
@@ -105,8 +131,9 @@ class HostCollector:
             "pid": self.pid, "ppid": os.getppid(), "host": socket.gethostname(),
             "argv": list(sys.argv), "executable": sys.executable,
             "start_ns": self.start_ns, "end_ns": end_ns,
-            "local_rank": _env_int("LOCAL_RANK"), "collectors": ["host"],
-            "collectors_skipped": self.skipped,
+            "local_rank": _env_int("LOCAL_RANK"),
+            "collectors": ["host", *self.plugins.started],
+            "collectors_failed": self.plugins.failed, "collectors_skipped": self.skipped,
         }
         return {
             **_FORMAT, "sources": [{"format": "gpudiag-host", "pid": self.pid}],
@@ -123,6 +150,7 @@ class HostCollector:
         if len(ranges) != self._flushed_ranges:
             self._write_ranges(ranges)
             self._flushed_ranges = len(ranges)
+        self.plugins.call("flush", final)
         end_ns = time.time_ns() if final else None
         _write_atomic(self.dir / "meta.json", json.dumps(self.meta(end_ns), indent=1).encode())
 
@@ -143,8 +171,12 @@ class HostCollector:
 
     def stop(self) -> None:
         """Final flush at exit; never raises into the interpreter's shutdown."""
+        if self._wake.is_set():  # stopped already (SIGTERM flush, then atexit)
+            return
         self._wake.set()
+        self.window.cancel()
         try:
+            self.plugins.close()
             self.flush(final=True)
         except Exception as exc:  # exit must not fail because of gpudiag
             _note_error(self.run_dir, exc)
@@ -156,6 +188,8 @@ class HostCollector:
         registered here for the finalizers it runs before that, does the final flush.
         """
         self._reset_for_process()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.plugins.after_fork(self.dir)
         self.start()
         mp_util = sys.modules.get("multiprocessing.util")
         if mp_util is not None:  # the child clears finalizers first, then runs after-forkers
@@ -191,18 +225,41 @@ def record_range(name: str, start_ns: int, end_ns: int, source: str = "annotatio
         collector.add_range(name, int(start_ns), int(end_ns), source)
 
 
+def swap_active(collector: HostCollector | None) -> HostCollector | None:
+    """Make `collector` the one markers record into; returns the previous (capture())."""
+    global _active
+    previous, _active = _active, collector
+    return previous
+
+
 def is_active() -> bool:
     """True inside a process that `gpudiag profile` is collecting from."""
     return _active is not None
 
 
-def _note_error(run_dir: Path, exc: BaseException) -> None:
+def _note_error(run_dir: Path, exc: BaseException | str) -> None:
     """Append a bootstrap failure to `<run>/bootstrap-errors.log` (the session reports it)."""
+    text = exc if isinstance(exc, str) else f"{exc.__class__.__name__}: {exc}"
     try:
         with (run_dir / "bootstrap-errors.log").open("a") as log:
-            log.write(f"pid {os.getpid()}: {exc.__class__.__name__}: {exc}\n")
+            log.write(f"pid {os.getpid()}: {text}\n")
     except OSError:
         pass
+
+
+def step_opened() -> None:
+    """Called by `gpudiag.step()` when a step opens: the --steps window counts them."""
+    collector = _active
+    if collector is not None:
+        collector.window.step_opened()
+
+
+def settings_from_env() -> dict[str, Any]:
+    """The session's settings for the plugins (GPUDIAG_SETTINGS JSON; {} when unset)."""
+    raw = os.environ.get(ENV_SETTINGS, "")
+    settings = json.loads(raw) if raw else {}
+    settings.setdefault("flush_interval_s", float(os.environ.get(ENV_FLUSH_INTERVAL, "1.0")))
+    return settings
 
 
 def start_from_env() -> None:
@@ -213,16 +270,38 @@ def start_from_env() -> None:
         return
     names = [n for n in os.environ.get(ENV_COLLECTORS, "host").split(",") if n]
     try:
-        interval = float(os.environ.get(ENV_FLUSH_INTERVAL, "1.0"))
-        skipped = [n for n in names if n not in KNOWN_COLLECTORS]
-        collector = HostCollector(Path(run_dir), interval, skipped)
+        settings = settings_from_env()
+        collector = HostCollector(Path(run_dir), settings["flush_interval_s"], names, settings)
+        _active = collector  # before start: a plugin started by an import may mark steps
         collector.start()
     except Exception as exc:  # the user's program runs even when collection cannot
+        _active = None
         _note_error(Path(run_dir), exc)
         return
-    _active = collector
     atexit.register(collector.stop)
     os.register_at_fork(after_in_child=_after_fork)
+    _flush_on_sigterm(collector)
+
+
+def _flush_on_sigterm(collector: HostCollector) -> None:
+    """A SIGTERM that would kill the program outright first gets the final flush.
+
+    Only when the program left SIGTERM at its default (death without atexit): then the
+    handler flushes, restores the default and re-sends the signal, so the process still dies
+    of SIGTERM as it would without gpudiag. A program (or launcher) that installs its own
+    handler later simply replaces this one.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, _frame: FrameType | None) -> None:
+        collector.stop()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _after_fork() -> None:

@@ -1,7 +1,7 @@
 """The `gpudiag profile -- CMD` session: run directory, injected bootstrap, child, merge.
 
     result = run(["python", "train.py"], options=ProfileOptions())
-    trace = merge_run(result.run_dir)        # every process's output as one Trace
+    trace = merge_run(result.run_dir)        # every process's output as one Trace (gather.py)
     sys.exit(result.exit_code)
 
 The session only wires: it never collects in its own process (the NVML sampler joins later).
@@ -28,7 +28,9 @@ from types import FrameType
 from typing import Any
 
 from gpudiag.profiler import bootstrap
-from gpudiag.trace import Trace, is_trace_dir, merge
+from gpudiag.profiler.backends import Plan
+from gpudiag.profiler.gather import merge_run
+from gpudiag.trace import Trace
 
 #: the default parent of run directories, relative to the working directory
 RUNS_DIR = Path("gpudiag-runs")
@@ -62,8 +64,8 @@ except Exception as _exc:  # never break the user's program
 class ProfileOptions:
     """What `gpudiag profile` was asked for; recorded verbatim in `<run>/meta.json`.
 
-    Only `collectors` and `flush_interval_s` act yet; the rest are carried for the
-    collectors that will read them (cupti/torch/jax backends, NVML sampler, step window).
+    `collectors` are the in-process ones (`host` plus the plugins of `inproc.PLUGINS`);
+    `backends.resolve` fills them from `backend`. `nvml_interval_s` None turns NVML off.
     """
 
     backend: str = "auto"
@@ -72,11 +74,22 @@ class ProfileOptions:
     duration_s: float | None = None
     delay_s: float | None = None
     steps: int | None = None
-    nvml_interval_s: float = 0.1
+    nvml_interval_s: float | None = 0.1
+    memory: bool = True
     report: bool = True
+    ncu_set: str = "launch"
+    ncu_kernels: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "collectors": list(self.collectors)}
+
+    def settings(self) -> dict[str, Any]:
+        """What the in-process plugins read (GPUDIAG_SETTINGS in the child's environment)."""
+        return {
+            "backend": self.backend, "flush_interval_s": self.flush_interval_s,
+            "delay_s": self.delay_s, "duration_s": self.duration_s, "steps": self.steps,
+            "memory": self.memory,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +142,40 @@ def run(
     return SessionResult(run_dir, exit_code, signum, start_ns, end_ns)
 
 
+def profile_command(
+    cmd: list[str], plan: Plan, options: ProfileOptions, out_dir: Path | None = None
+) -> tuple[SessionResult, Trace, list[str]]:
+    """The whole `gpudiag profile` job: run, merge, and the lines the user should read.
+
+    The notes say what was not collected and why (no GPU, a collector that failed, a
+    --steps window that never opened), so an empty report is never a mystery.
+    """
+    result = run(cmd, out_dir=out_dir, options=options)
+    trace = merge_run(result.run_dir)
+    return result, trace, run_notes(result.run_dir, trace, plan, options)
+
+
+def run_notes(run_dir: Path, trace: Trace, plan: Plan, options: ProfileOptions) -> list[str]:
+    """One line each: what was missing, what failed, what the window caught."""
+    notes = []
+    if plan.not_collected:
+        notes.append("not collected: " + "; ".join(plan.not_collected)
+                     + " (`gpudiag doctor` says how to get them)")
+    errors = run_dir / "bootstrap-errors.log"
+    if errors.exists():
+        notes.append(f"collectors reported problems: see {errors}")
+    if options.steps is not None and not (trace.ranges["source"] == "step").any():
+        notes.append("--steps was given but the program never called gpudiag.step(): "
+                     "nothing was collected in that window")
+    processes = trace.meta.get("processes", [])
+    started = sorted({c for p in processes for c in p.get("collectors", [])} - {"host"})
+    if processes and not started and set(plan.collectors) - {"host"}:
+        wanted = ", ".join(sorted(set(plan.collectors) - {"host"}))
+        notes.append(f"no in-process collector started ({wanted} start when the program "
+                     "imports torch / jax / cupy): only host markers were recorded")
+    return notes
+
+
 def make_run_dir(cmd: list[str], out_dir: Path | None) -> Path:
     """Create the run directory; an existing non-empty one is never reused (suffix -2, -3...).
 
@@ -174,6 +221,7 @@ def child_environment(
     env[bootstrap.ENV_RUN_DIR] = str(run_dir)
     env[bootstrap.ENV_COLLECTORS] = ",".join(options.collectors)
     env[bootstrap.ENV_FLUSH_INTERVAL] = str(options.flush_interval_s)
+    env[bootstrap.ENV_SETTINGS] = json.dumps(options.settings())
     return env
 
 
@@ -230,27 +278,3 @@ def _terminal_delivered() -> bool:
         return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
     except (OSError, ValueError, AttributeError):
         return False
-
-
-def merge_run(run_dir: Path) -> Trace:
-    """Merge every process's output under `<run>/procs/` into `<run>/trace/` and return it.
-
-    Process directories that never got a whole meta.json (killed before the first flush)
-    are skipped and counted in `meta["warnings"]`. A run without any Python process gives
-    an empty Trace that still carries the run meta.
-    """
-    run_dir = Path(run_dir)
-    procs = sorted(p for p in (run_dir / "procs").glob("*") if p.is_dir())
-    parts = [Trace.load_dir(p) for p in procs if is_trace_dir(p)]
-    trace = merge(parts) if parts else Trace()
-    skipped = len(procs) - len(parts)
-    run_info = json.loads((run_dir / "meta.json").read_text())
-    trace.meta.update(
-        run=run_info, command=run_info.get("command"),
-        processes=[p.meta.get("process", {}) for p in parts],
-        hosts=sorted({p.meta.get("process", {}).get("host", "") for p in parts} - {""}),
-        ranks=sorted({p.meta["rank"] for p in parts if p.meta.get("rank") is not None}),
-    )
-    trace.warn("process directories without output (killed before the first flush)", skipped)
-    trace.save(run_dir / "trace")
-    return trace

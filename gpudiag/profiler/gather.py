@@ -1,0 +1,115 @@
+"""Gather a run directory into one Trace: every process, every collector, every sampler.
+
+    trace = merge_run(Path("gpudiag-runs/20261202T101500Z-train"))
+    trace.meta["processes"]          # pid, host, rank, collectors of every Python process
+
+The layout `gpudiag profile` writes, and what is read from it:
+
+    <run>/meta.json                       the session (command, options, exit status)
+    <run>/procs/<host>-<pid>[-rank<R>]/   one Python process: host markers (a Trace dir)
+        <plugin>/chunk-NNNNNN/            a plugin's periodic output (Trace dirs: cupti, nccl)
+        <plugin>/*.pt.trace.json, *.pickle, *.xplane.pb   files gpudiag.load reads (torch, jax)
+    <run>/nvml/chunk-NNNNNN/              the parent's NVML samples
+    extra files                           an external tool's result (nsys .sqlite, .ncu-rep)
+
+Every part of a process takes the process's rank when its own source names none, so a
+Kineto segment recorded before `init_process_group` still lands on its rank.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpudiag.errors import InputError
+from gpudiag.trace import Trace, is_trace_dir, merge
+
+log = logging.getLogger(__name__)
+
+
+def merge_run(run_dir: Path, extra: Sequence[Path] = ()) -> Trace:
+    """Merge everything under `run_dir` (and the `extra` result files) into `<run>/trace/`.
+
+    Process directories that never got a whole meta.json (killed before the first flush)
+    are skipped and counted in `meta["warnings"]`; a collector file that cannot be read is
+    named in `meta["unreadable"]` and the rest still merges. A run without any Python
+    process gives an empty Trace that still carries the run meta.
+    """
+    run_dir = Path(run_dir)
+    procs = sorted(p for p in (run_dir / "procs").glob("*") if p.is_dir())
+    hosts = [Trace.load_dir(p) for p in procs if is_trace_dir(p)]
+    unreadable: list[str] = []
+    parts: list[Trace] = []
+    for proc, host in zip((p for p in procs if is_trace_dir(p)), hosts, strict=True):
+        parts.append(host)
+        for part in _collector_parts(proc, unreadable):
+            _adopt_rank(part, host.meta.get("rank"))
+            parts.append(part)
+    parts += _collector_parts(run_dir / "nvml", unreadable, plugin_dirs=False)
+    parts += _read_files(list(extra), unreadable)
+    trace = merge(parts) if parts else Trace()
+    run_info = json.loads((run_dir / "meta.json").read_text())
+    trace.meta.update(
+        run=run_info, command=run_info.get("command"),
+        processes=[h.meta.get("process", {}) for h in hosts],
+        hosts=sorted({h.meta.get("process", {}).get("host", "") for h in hosts} - {""}),
+        ranks=sorted({h.meta["rank"] for h in hosts if h.meta.get("rank") is not None}),
+    )
+    trace.warn("process directories without output (killed before the first flush)",
+               len(procs) - len(hosts))
+    if unreadable:
+        trace.meta["unreadable"] = unreadable
+        trace.warn("collector outputs that could not be read (meta unreadable)",
+                   len(unreadable))
+    trace.save(run_dir / "trace")
+    return trace
+
+
+def _collector_parts(
+    root: Path, unreadable: list[str], *, plugin_dirs: bool = True
+) -> list[Trace]:
+    """The Trace dirs and readable files under `root` (each plugin's folder, or `root` itself)."""
+    folders = sorted(p for p in root.iterdir() if p.is_dir()) if plugin_dirs else [root]
+    parts: list[Trace] = []
+    for folder in (f for f in folders if f.is_dir()):
+        entries = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+        for chunk in (p for p in entries if p.is_dir() and is_trace_dir(p)):
+            parts.append(Trace.load_dir(chunk))
+        parts += _read_files(_files_below(folder), unreadable)
+    return parts
+
+
+def _files_below(folder: Path) -> list[Path]:
+    """Collector files under `folder`, outside Trace dirs (jax nests its xplane files)."""
+    found: list[Path] = []
+    for path in sorted(folder.rglob("*")):
+        between = path.relative_to(folder).parents  # folder-relative dirs holding the file
+        if path.is_file() and not path.name.startswith(".") and not any(
+            str(rel) != "." and is_trace_dir(folder / rel) for rel in between
+        ):
+            found.append(path)
+    return found
+
+
+def _read_files(paths: Iterable[Path], unreadable: list[str]) -> list[Trace]:
+    """Each profile file read once (jax's JSON beside its XSpace is the same run)."""
+    from gpudiag.sources import read_file, readable_files
+
+    parts = []
+    for path, reader in readable_files(list(paths), unreadable):
+        try:
+            parts.append(read_file(path, reader))
+        except InputError as exc:  # one bad file must not lose the others
+            log.debug("merge_run: %s", exc)
+            unreadable.append(str(exc))
+    return parts
+
+
+def _adopt_rank(part: Trace, rank: Any) -> None:
+    """A collector part without its own rank belongs to its process's rank."""
+    if rank is not None and part.meta.get("rank") is None:
+        part.meta["rank"] = rank
+        part.fill_rank()

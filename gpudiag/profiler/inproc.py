@@ -1,0 +1,276 @@
+"""The in-process plugin layer of the bootstrap: import triggers, the collection window, plugins.
+
+Stdlib only, loaded by path next to `bootstrap.py` (importing the `gpudiag` package would cost
+every Python process of the profiled command half a second of pandas). Three parts:
+
+- `on_import(name, callback)`: run `callback(module)` right after the program first imports
+  `name` (at once when it already has). The torch backend starts when the program imports
+  torch, so a Python process that never touches a GPU framework never pays for one.
+- `Window`: when collection is on. `--delay` opens it late, `--duration` closes it after a
+  time, `--steps N` opens it at the first `gpudiag.step()` after the delay and closes it when
+  step N+1 opens. Plugins are paused and resumed at its edges.
+- `Plugins`: start each named plugin (`gpudiag.profiler.<module>.create(out_dir, settings)`)
+  when its trigger module is imported, and fan flush/pause/resume/after_fork out to them.
+  A failing plugin is reported once and dropped: the user's program never sees the error.
+
+    watcher = ImportWatcher.install()
+    watcher.on_import("torch", lambda torch: print("torch is here", torch.__version__))
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+#: plugin name -> (module, modules whose first import starts it; empty: at process start)
+PLUGINS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "torch": ("gpudiag.profiler.torch_backend", ("torch",)),
+    "jax": ("gpudiag.profiler.jax_backend", ("jax",)),
+    "cupti": ("gpudiag.profiler.cupti_backend", ("torch", "jax", "cupy", "numba", "cuda")),
+    "nccl": ("gpudiag.profiler.nccl_timing", ("torch",)),
+}
+
+Callback = Callable[[ModuleType], None]
+
+
+class _NotifyingLoader:
+    """Wraps a module's loader: after the module body ran, call the watcher's callbacks.
+
+    Everything else is delegated, so `spec.loader` still answers `get_resource_reader`,
+    `is_package` and the rest for the frameworks that ask.
+    """
+
+    def __init__(self, loader: Any, watcher: ImportWatcher, name: str) -> None:
+        self._loader = loader
+        self._watcher = watcher
+        self._name = name
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._watcher.fire(self._name, module)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._loader, attr)
+
+
+class ImportWatcher(importlib.abc.MetaPathFinder):
+    """A meta-path finder that only notices imports of watched names; it never loads anything."""
+
+    def __init__(self) -> None:
+        self._callbacks: dict[str, list[Callback]] = {}
+        self._lock = threading.Lock()
+        self._finding = threading.local()
+
+    @classmethod
+    def install(cls) -> ImportWatcher:
+        """The process's watcher, first on sys.meta_path (installed once)."""
+        for finder in sys.meta_path:
+            if isinstance(finder, ImportWatcher):
+                return finder
+        watcher = cls()
+        sys.meta_path.insert(0, watcher)
+        return watcher
+
+    def on_import(self, name: str, callback: Callback) -> None:
+        """Call `callback(module)` once `name` is imported; at once if it already is."""
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__spec__", None) is not None:
+            callback(module)
+            return
+        with self._lock:
+            self._callbacks.setdefault(name, []).append(callback)
+
+    def fire(self, name: str, module: ModuleType) -> None:
+        with self._lock:
+            callbacks = self._callbacks.pop(name, [])
+        for callback in callbacks:
+            callback(module)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self._callbacks or getattr(self._finding, "busy", False):
+            return None
+        self._finding.busy = True  # the other finders below may import; do not recurse
+        try:
+            spec = self._find_elsewhere(fullname, path, target)
+        finally:
+            self._finding.busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _NotifyingLoader(spec.loader, self, fullname)  # type: ignore[assignment]
+        return spec
+
+    def _find_elsewhere(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None
+    ) -> importlib.machinery.ModuleSpec | None:
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                return spec
+        return None
+
+
+class Window:
+    """Whether collection is on now, from --delay / --duration / --steps (all optional).
+
+    `listener(on)` is called at every edge, from whichever thread crossed it (a timer thread
+    for time edges, the program's thread for step edges).
+    """
+
+    def __init__(self, settings: dict[str, Any], listener: Callable[[bool], None]) -> None:
+        self.delay_s = settings.get("delay_s") or 0.0
+        self.duration_s = settings.get("duration_s")
+        self.steps = settings.get("steps")
+        self.listener = listener
+        self.start_s = time.monotonic()
+        self.on = False
+        self.done = False
+        self.steps_seen = 0
+        self._lock = threading.Lock()
+        self._timers: list[threading.Timer] = []
+
+    def begin(self) -> None:
+        """Open now, or arm the delay timer; with --steps, wait for the first step instead."""
+        if self.delay_s > 0:
+            self._after(self.delay_s, self._delay_over)
+        else:
+            self._delay_over()
+
+    def _delay_over(self) -> None:
+        if self.steps is None:
+            self._set(True)
+
+    def step_opened(self) -> None:
+        """A `gpudiag.step()` opened a step: with --steps, open at the first and count."""
+        if self.steps is None or self.done:
+            return
+        if time.monotonic() - self.start_s < self.delay_s:
+            return
+        self.steps_seen += 1
+        if self.steps_seen == 1:
+            self._set(True)
+        elif self.steps_seen > self.steps:
+            self._set(False)
+
+    def _set(self, on: bool) -> None:
+        with self._lock:
+            if self.done or on == self.on:
+                return
+            self.on = on
+            self.done = not on  # a window opens once: after it closes, it stays closed
+        if on and self.duration_s is not None:
+            self._after(self.duration_s, lambda: self._set(False))
+        self.listener(on)
+
+    def _after(self, seconds: float, action: Callable[[], None]) -> None:
+        timer = threading.Timer(seconds, action)
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+
+    def cancel(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+
+
+class Plugins:
+    """The started plugins of one process and their output directories.
+
+    `report(exc)` receives every plugin failure (the bootstrap appends it to the run's
+    bootstrap-errors.log); a plugin that failed to start is not called again.
+    """
+
+    def __init__(
+        self, names: Sequence[str], settings: dict[str, Any], report: Callable[[str], None]
+    ) -> None:
+        self.names = [n for n in names if n in PLUGINS]
+        self.settings = settings
+        self.report = report
+        self.started: dict[str, Any] = {}
+        self.failed: dict[str, str] = {}
+        self.window_on = False
+        self.closed = False  # after the final flush: a late trigger starts nothing
+        self._lock = threading.RLock()
+
+    def arm(self, watcher: ImportWatcher, proc_dir: Callable[[], Path]) -> None:
+        """Start each plugin on the first import of one of its trigger modules."""
+        for name in self.names:
+            module, triggers = PLUGINS[name]
+            fired = threading.Event()
+
+            def trigger(_mod: ModuleType, name: str = name, module: str = module,
+                        fired: threading.Event = fired) -> None:
+                if not fired.is_set():
+                    fired.set()
+                    self.start(name, module, proc_dir())
+
+            if not triggers:
+                self.start(name, module, proc_dir())
+            for trigger_module in triggers:
+                watcher.on_import(trigger_module, trigger)
+
+    def start(self, name: str, module: str, proc_dir: Path) -> None:
+        with self._lock:
+            if self.closed or name in self.started:
+                return
+            try:
+                out_dir = proc_dir / name
+                out_dir.mkdir(parents=True, exist_ok=True)
+                plugin = importlib.import_module(module).create(out_dir, self.settings)
+                plugin.start()
+                if self.window_on:  # both are no-ops when already in that state
+                    plugin.resume()
+                else:
+                    plugin.pause()
+            except Exception as exc:  # the program runs on without this collector
+                self.failed[name] = f"{exc.__class__.__name__}: {exc}"
+                self.report(f"collector {name} not started: {self.failed[name]}")
+                return
+            self.started[name] = plugin
+
+    def call(self, method: str, *args: Any) -> None:
+        """Call `method` on every started plugin; a failure is reported, never raised."""
+        with self._lock:
+            plugins = list(self.started.items())
+        for name, plugin in plugins:
+            try:
+                getattr(plugin, method)(*args)
+            except Exception as exc:
+                self.report(f"collector {name} {method} failed: {exc.__class__.__name__}: {exc}")
+
+    def close(self) -> None:
+        """The final flush is done: plugins not started by now never start."""
+        with self._lock:
+            self.closed = True
+
+    def set_window(self, on: bool) -> None:
+        with self._lock:
+            self.window_on = on
+        self.call("resume" if on else "pause")
+
+    def after_fork(self, proc_dir: Path) -> None:
+        """In a forked child: each plugin moves to the child's directory (or disables itself)."""
+        for name in list(self.started):
+            (proc_dir / name).mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            plugins = list(self.started.items())
+        for name, plugin in plugins:
+            try:
+                plugin.after_fork(proc_dir / name)
+            except Exception as exc:
+                self.report(f"collector {name} after_fork failed: {exc}")
