@@ -28,3 +28,16 @@ def fixture(relative: str) -> Path:
 def fixtures(pattern: str) -> list[Path]:
     """All shared fixtures matching a glob (empty list when the folder is absent)."""
     return sorted(fixtures_dir().glob(pattern))
+
+
+def framework(module: str) -> object:
+    """Import an optional framework (torch, jax) for a test, or skip with the reason.
+
+    CI installs them (`.ci/run`) and sets GPUDIAG_REQUIRE_FRAMEWORKS=1, which turns a missing
+    one into a failure: the backend tests must never pass there by skipping.
+    """
+    if os.environ.get("GPUDIAG_REQUIRE_FRAMEWORKS") == "1":
+        import importlib
+
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"{module} is not installed (pip install {module})")

@@ -1,7 +1,7 @@
 """Which collectors a `--backend` means on this machine, and what it leaves uncollected.
 
     plan = resolve("auto")
-    plan.collectors      # ('host', 'torch', 'jax', 'nccl') on a machine without GPU/CUPTI
+    plan.collectors      # ('host', 'torch', 'jax') on a machine without GPU/CUPTI
     plan.not_collected   # ['GPU kernels, copies and syncs: no NVIDIA driver (...)', ...]
 
 `auto` takes CUPTI when a GPU and cupti-python are both there (framework-agnostic, lowest
@@ -60,6 +60,7 @@ def resolve(backend: str) -> Plan:
     if backend == "auto" and gpu and not cupti:
         missing.append("CUPTI activity (pip install 'gpudiag[cupti]'): using the framework "
                        "profilers instead")
+    # no `nccl` here: Kineto already records torch.distributed's collectives (on CPU too),
+    # and two sources of one call would be counted twice
     frameworks = {"auto": ("torch", "jax"), "torch": ("torch",), "jax": ("jax",)}[backend]
-    nccl = ("nccl",) if "torch" in frameworks else ()
-    return Plan(backend, ("host", *frameworks, *nccl), not_collected=missing)
+    return Plan(backend, ("host", *frameworks), not_collected=missing)

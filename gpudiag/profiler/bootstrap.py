@@ -99,6 +99,7 @@ class HostCollector:
         self._flushed_ranges = 0
         self._writer_ready = False
         self._lock = threading.Lock()
+        self._flush_lock = threading.RLock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -123,7 +124,7 @@ class HostCollector:
             _import_writer()
             self._writer_ready = True
         with self._lock:
-            self.ranges.append((threading.get_ident(), start_ns, end_ns, name, source))
+            self.ranges.append((threading.get_native_id(), start_ns, end_ns, name, source))
 
     def meta(self, end_ns: int | None) -> dict[str, Any]:
         """The per-process Trace meta (what merge_run and the report show per process)."""
@@ -145,14 +146,16 @@ class HostCollector:
         """Write meta.json, and ranges.parquet when ranges were added since the last flush."""
         if os.getpid() != self.pid:  # a forked child before its fork hook ran
             return
-        with self._lock:
-            ranges = list(self.ranges)
-        if len(ranges) != self._flushed_ranges:
-            self._write_ranges(ranges)
-            self._flushed_ranges = len(ranges)
-        self.plugins.call("flush", final)
-        end_ns = time.time_ns() if final else None
-        _write_atomic(self.dir / "meta.json", json.dumps(self.meta(end_ns), indent=1).encode())
+        with self._flush_lock:  # the flush thread and the final flush share temp files
+            with self._lock:
+                ranges = list(self.ranges)
+            if len(ranges) != self._flushed_ranges:
+                self._write_ranges(ranges)
+                self._flushed_ranges = len(ranges)
+            self.plugins.call("flush", final)
+            end_ns = time.time_ns() if final else None
+            meta = json.dumps(self.meta(end_ns), indent=1).encode()
+            _write_atomic(self.dir / "meta.json", meta)
 
     def _write_ranges(self, ranges: list[tuple[int, int, int, str, str]]) -> None:
         import pandas as pd
@@ -252,6 +255,7 @@ def step_opened() -> None:
     collector = _active
     if collector is not None:
         collector.window.step_opened()
+        collector.plugins.call("on_step", optional=True)
 
 
 def settings_from_env() -> dict[str, Any]:

@@ -9,7 +9,7 @@ The layout `gpudiag profile` writes, and what is read from it:
     <run>/procs/<host>-<pid>[-rank<R>]/   one Python process: host markers (a Trace dir)
         <plugin>/chunk-NNNNNN/            a plugin's periodic output (Trace dirs: cupti, nccl)
         <plugin>/*.pt.trace.json, *.pickle, *.xplane.pb   files gpudiag.load reads (torch, jax)
-    <run>/nvml/chunk-NNNNNN/              the parent's NVML samples
+    <run>/nvml/chunk-NNNNNN/              the parent's NVML samples (nvml_sampler.load_samples)
     extra files                           an external tool's result (nsys .sqlite, .ncu-rep)
 
 Every part of a process takes the process's rank when its own source names none, so a
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudiag.errors import InputError
+from gpudiag.profiler.nvml_sampler import load_samples
 from gpudiag.trace import Trace, is_trace_dir, merge
 
 log = logging.getLogger(__name__)
@@ -48,16 +49,20 @@ def merge_run(run_dir: Path, extra: Sequence[Path] = ()) -> Trace:
         for part in _collector_parts(proc, unreadable):
             _adopt_rank(part, host.meta.get("rank"))
             parts.append(part)
-    parts += _collector_parts(run_dir / "nvml", unreadable, plugin_dirs=False)
+    nvml = load_samples(run_dir / "nvml")
+    parts += [nvml] if nvml is not None else []
     parts += _read_files(list(extra), unreadable)
     trace = merge(parts) if parts else Trace()
     run_info = json.loads((run_dir / "meta.json").read_text())
     trace.meta.update(
         run=run_info, command=run_info.get("command"),
+        backend=(run_info.get("options") or {}).get("backend") or run_info.get("backend"),
         processes=[h.meta.get("process", {}) for h in hosts],
         hosts=sorted({h.meta.get("process", {}).get("host", "") for h in hosts} - {""}),
         ranks=sorted({h.meta["rank"] for h in hosts if h.meta.get("rank") is not None}),
     )
+    if nvml is not None:
+        trace.meta["nvml"] = nvml.meta.get("nvml", {})
     trace.warn("process directories without output (killed before the first flush)",
                len(procs) - len(hosts))
     if unreadable:

@@ -243,13 +243,19 @@ class Plugins:
                 return
             self.started[name] = plugin
 
-    def call(self, method: str, *args: Any) -> None:
-        """Call `method` on every started plugin; a failure is reported, never raised."""
+    def call(self, method: str, *args: Any, optional: bool = False) -> None:
+        """Call `method` on every started plugin; a failure is reported, never raised.
+
+        `optional`: only on plugins that define it (hooks such as `on_step`).
+        """
         with self._lock:
             plugins = list(self.started.items())
         for name, plugin in plugins:
+            function = getattr(plugin, method, None) if optional else None
+            if optional and function is None:
+                continue
             try:
-                getattr(plugin, method)(*args)
+                (function or getattr(plugin, method))(*args)
             except Exception as exc:
                 self.report(f"collector {name} {method} failed: {exc.__class__.__name__}: {exc}")
 

@@ -20,14 +20,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gpudiag.profiler import bootstrap
+from gpudiag.errors import CollectorError
+from gpudiag.profiler import bootstrap, external
 from gpudiag.profiler.backends import Plan
 from gpudiag.profiler.gather import merge_run
 from gpudiag.trace import Trace
@@ -113,27 +114,39 @@ def run(
     out_dir: Path | None = None,
     env: Mapping[str, str] | None = None,
     options: ProfileOptions,
+    wrap: Callable[[Path, list[str]], list[str]] | None = None,
 ) -> SessionResult:
     """Run `cmd` with the bootstrap injected, forwarding signals; return its exit status.
 
     stdin/stdout/stderr are inherited (the child talks to the terminal directly). `env`
-    replaces os.environ for the child (the session adds its variables on top).
+    replaces os.environ for the child (the session adds its variables on top). `wrap`
+    turns the command into the line that really runs (nsys / ncu around it). The NVML
+    sampler runs in this process for the child's lifetime; what it could not sample is
+    listed in meta["not_collected"].
     """
     if not cmd:
         raise ValueError("run() needs a command")
     run_dir = make_run_dir(cmd, out_dir)
     child_env = child_environment(run_dir, env if env is not None else os.environ, options)
+    argv = wrap(run_dir, cmd) if wrap is not None else cmd
     start_ns = time.time_ns()
     meta = run_meta(cmd, options, start_ns)
+    if argv is not cmd:
+        meta["tool_command"] = argv
+    sampler = _start_nvml(run_dir, options, child_env, meta)
     write_json(run_dir / "meta.json", meta)
     try:
-        proc = subprocess.Popen(cmd, env=child_env)
-    except OSError as exc:
-        meta.update(end_ns=time.time_ns(), exit_code=127, error=str(exc))
-        write_json(run_dir / "meta.json", meta)
-        raise
-    with _forward_signals(proc):
-        returncode = proc.wait()
+        try:
+            proc = subprocess.Popen(argv, env=child_env)
+        except OSError as exc:
+            meta.update(end_ns=time.time_ns(), exit_code=127, error=str(exc))
+            write_json(run_dir / "meta.json", meta)
+            raise
+        with _forward_signals(proc):
+            returncode = proc.wait()
+    finally:
+        if sampler is not None:
+            sampler.stop()  # joins, writes the last chunk, never raises
     end_ns = time.time_ns()
     signum = -returncode if returncode < 0 else None
     exit_code = 128 + signum if signum is not None else returncode
@@ -142,24 +155,58 @@ def run(
     return SessionResult(run_dir, exit_code, signum, start_ns, end_ns)
 
 
+def _start_nvml(run_dir: Path, options: ProfileOptions, child_env: Mapping[str, str],
+                meta: dict[str, Any]) -> Any:
+    """The NVML sampler for the GPUs the child can see, or None (reason in the meta)."""
+    meta["not_collected"] = []
+    if not options.nvml_interval_s:
+        return None
+    from gpudiag.profiler.nvml_sampler import start_sampler
+
+    return start_sampler(run_dir / "nvml", options.nvml_interval_s, env=child_env,
+                         reasons=meta["not_collected"])
+
+
 def profile_command(
     cmd: list[str], plan: Plan, options: ProfileOptions, out_dir: Path | None = None
 ) -> tuple[SessionResult, Trace, list[str]]:
     """The whole `gpudiag profile` job: run, merge, and the lines the user should read.
 
     The notes say what was not collected and why (no GPU, a collector that failed, a
-    --steps window that never opened), so an empty report is never a mystery.
+    --steps window that never opened), so an empty report is never a mystery. An external
+    tool (nsys, ncu) is checked before anything runs; if it then produced no result, the
+    program's exit status still comes back and the note says why.
     """
-    result = run(cmd, out_dir=out_dir, options=options)
-    trace = merge_run(result.run_dir)
-    return result, trace, run_notes(result.run_dir, trace, plan, options)
+    wrap, version, notes = None, None, []
+    tool = plan.external
+    if tool is not None:
+        version = external.preflight(tool)  # CollectorError: one line, nothing has run
+
+        def wrap(run_dir: Path, command: list[str]) -> list[str]:
+            return external.wrap_command(tool, command, run_dir, ncu_set=options.ncu_set,
+                                         ncu_kernels=options.ncu_kernels)
+
+    result = run(cmd, out_dir=out_dir, options=options, wrap=wrap)
+    extra: list[Path] = []
+    if tool is not None:
+        try:
+            extra = external.result_files(tool, result.run_dir)
+        except CollectorError as exc:
+            notes.append(str(exc))
+    trace = merge_run(result.run_dir, extra=extra)
+    if tool is not None:
+        trace.meta.setdefault("tool_versions", {})[tool] = version
+    return result, trace, run_notes(result.run_dir, trace, plan, options) + notes
 
 
 def run_notes(run_dir: Path, trace: Trace, plan: Plan, options: ProfileOptions) -> list[str]:
     """One line each: what was missing, what failed, what the window caught."""
     notes = []
-    if plan.not_collected:
-        notes.append("not collected: " + "; ".join(plan.not_collected)
+    missing = list(plan.not_collected)
+    if not missing:  # without a GPU the plan said it already; else NVML's own reasons
+        missing += trace.meta.get("run", {}).get("not_collected", [])
+    if missing:
+        notes.append("not collected: " + "; ".join(missing)
                      + " (`gpudiag doctor` says how to get them)")
     errors = run_dir / "bootstrap-errors.log"
     if errors.exists():

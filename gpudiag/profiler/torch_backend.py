@@ -49,6 +49,8 @@ class TorchCollector:
         self._history = False
         self._finished = False
         self._lock = threading.Lock()
+        self._owner = threading.get_ident()  # the thread that imported torch: the program's
+        self._pending: str | None = None
 
     def start(self) -> None:
         """Get ready; the first segment begins at `resume()`, when the window is open.
@@ -61,6 +63,8 @@ class TorchCollector:
         atexit.register(self.flush, True)  # before torch's atexit hooks (registered earlier)
 
     def resume(self) -> None:
+        if self._deferred("resume"):
+            return
         with self._lock:
             if self._profiler is not None or self._finished:
                 return
@@ -76,16 +80,37 @@ class TorchCollector:
 
     def pause(self) -> None:
         """Close the open segment and write it (the window closed)."""
+        if self._deferred("pause"):
+            return
         with self._lock:
             self._export_segment()
+
+    def _deferred(self, action: str) -> bool:
+        """Kineto must be started and stopped on one thread (else it aborts the process).
+
+        A window edge crossed on another thread (the --delay / --duration timers) is kept
+        and applied by `on_step` at the program's next `gpudiag.step()`, or at exit.
+        """
+        if threading.get_ident() == self._owner:
+            self._pending = None
+            return False
+        self._pending = action
+        return True
+
+    def on_step(self) -> None:
+        """A step opened on some thread: apply a pending window edge if it is the owner's."""
+        action = self._pending
+        if action is not None and threading.get_ident() == self._owner:
+            getattr(self, action)()
 
     def flush(self, final: bool) -> None:
         """At exit: write the open segment and the allocator snapshot; otherwise nothing.
 
         A periodic flush cannot take events out of a running torch.profiler without stopping
-        it, so segments are written only when a window closes and at exit.
+        it, so segments are written only when a window closes and at exit. The final flush
+        runs on the main thread (atexit, SIGTERM); from another thread it is left to them.
         """
-        if not final:
+        if not final or threading.get_ident() != self._owner:
             return
         with self._lock:
             if self._finished:
@@ -107,6 +132,8 @@ class TorchCollector:
         self._history = False
         self._finished = False
         self._lock = threading.Lock()
+        self._owner = threading.get_ident()
+        self._pending = None
         self.cuda = False
         self.resume()
 

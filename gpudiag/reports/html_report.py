@@ -73,7 +73,10 @@ def _as_list(fig: Any) -> list[Any]:
 
 def _title(trace: Trace) -> str:
     name = trace.meta.get("trace_name")
-    sources = trace.meta.get("sources") or []
+    sources = [s for s in trace.meta.get("sources") or [] if s.get("path")]
+    command = trace.meta.get("command")
+    if not name and isinstance(command, list) and command:  # a `gpudiag profile` run
+        name = Path(str(command[-1] if len(command) < 3 else command[1])).name
     if not name and sources:
         name = ", ".join(Path(str(s.get("path", "?"))).name for s in sources[:3])
         name += f" (+{len(sources) - 3})" if len(sources) > 3 else ""
@@ -103,6 +106,8 @@ def _cut(frame: pd.DataFrame, notes: list[str], what: str, n: int = TOP_ROWS) ->
 def _run_summary(trace: Trace, info: dict[str, Any]) -> Section:
     rows: list[tuple[str, str]] = []
     for src in info["sources"]:
+        if not src.get("path"):  # gpudiag profile's host markers: counted as processes below
+            continue
         size = format_bytes(src["bytes"]) if src.get("bytes") is not None else "?"
         rows.append(("source", f"{src.get('path')} ({src.get('format')}, {size})"))
     meta = trace.meta
@@ -110,6 +115,11 @@ def _run_summary(trace: Trace, info: dict[str, Any]) -> Section:
     if command:
         rows.append(("command", command if isinstance(command, str)
                      else shlex.join(map(str, command))))
+    processes = meta.get("processes") or []
+    if processes:
+        rows.append(("processes", f"{len(processes)} (pids "
+                     + ", ".join(str(p.get("pid")) for p in processes[:8])
+                     + (", ..." if len(processes) > 8 else "") + ")"))
     for key in ("started_at", "trace_name", "vendor", "backend", "world_size"):
         if meta.get(key) is not None:
             rows.append((key.replace("_", " "), str(meta[key])))
