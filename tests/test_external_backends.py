@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import gpudiag
 from gpudiag.errors import CollectorError
 from gpudiag.profiler import doctor, external
 from gpudiag.profiler.external import (
@@ -506,3 +507,60 @@ def test_nsys_without_any_report_says_where_its_messages_are(
     message = one_line_error(excinfo)
     assert message.startswith(f"nsys wrote no report in {tmp_path / 'nsys'}: its own messages "
                               "are above, on the terminal")
+
+
+# --- through `gpudiag profile`, as a user runs it ------------------------------------------
+
+
+def profile_cli(tmp_path: Path, *options: str,
+                code: str = "print('hello from the program')") -> subprocess.CompletedProcess[str]:
+    program = [sys.executable, "-c", code]
+    return subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o",
+                           str(tmp_path / "run"), *options, "--", *program],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_profile_backend_nsys_merges_the_export_with_the_host_side(
+    tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_NSYS_REP", str(fixture(NSYS_REP)))
+    monkeypatch.setenv("FAKE_NSYS_SQLITE", str(fixture(NSYS_SQLITE)))
+    done = profile_cli(tmp_path, "--backend", "nsys")
+    assert done.returncode == 0, done.stderr
+    assert "hello from the program" in done.stdout
+    run_dir = tmp_path / "run"
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["tool_command"][:2] == ["nsys", "profile"]
+    trace = gpudiag.load(run_dir / "trace")
+    assert len(trace.kernels) == 16
+    assert trace.meta["tool_versions"]["nsys"] == "2023.3.1.92"  # the export's own
+    assert (run_dir / "report.html").exists()
+
+
+def test_profile_backend_ncu_keeps_the_exit_status_when_ncu_fails(
+    tools: Path, tmp_path: Path, counters_open: None, capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpudiag.cli import main
+
+    monkeypatch.setenv("FAKE_MODE", "crash")
+    with pytest.raises(SystemExit) as exited:  # in-process: counters_open applies
+        main(["profile", "-o", str(tmp_path / "run"), "--backend", "ncu", "--ncu-set",
+              "memory", "--", sys.executable, "-c", "import sys; sys.exit(11)"])
+    assert exited.value.code == 11  # the program's status through ncu, never masked
+    err = capfd.readouterr().err
+    assert "==ERROR== The application returned an error code (11)" in err
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["tool_command"][0] == "bash" and meta["tool_command"][1].endswith("memory.sh")
+
+
+def test_profile_backend_ncu_without_ncu_is_one_line_before_running(tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ncu anywhere
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--backend", "ncu",
+                           "--", "true"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ncu is not on PATH" in lines[0]
+    assert not (tmp_path / "gpudiag-runs").exists()

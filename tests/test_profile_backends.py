@@ -252,3 +252,15 @@ def test_cupti_backend_without_a_gpu_is_one_line(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpudiag: error: --backend cupti needs")
     assert not (tmp_path / "gpudiag-runs").exists()  # nothing ran, nothing half-written
+
+
+def test_auto_backend_without_a_gpu_profiles_with_torch(tmp_path: Path) -> None:
+    framework("torch")
+    done, run_dir = _profile(tmp_path, TORCH_LOOP.format(steps=2, tail=""))
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stderr.splitlines() if line.startswith("gpudiag: not")]
+    assert notes == ["gpudiag: not collected: GPU activity (kernels, copies, syncs, NVML): no "
+                     "NVIDIA GPU or driver here (`gpudiag doctor` says how to get them)"]
+    trace = gpudiag.load(run_dir / "trace")
+    assert (_ops(trace)["name"] == "aten::item").sum() == 2
+    assert trace.meta["processes"][0]["collectors"] == ["host", "torch"]
