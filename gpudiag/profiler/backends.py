@@ -56,11 +56,12 @@ def resolve(backend: str) -> Plan:
         if not gpu:
             raise CollectorError("--backend cupti needs an NVIDIA GPU and driver; none is "
                                  "visible here (`gpudiag doctor`); --backend torch runs on CPU")
-        return Plan(backend, ("host", "cupti", "nccl"))
+        return Plan(backend, ("host", "cupti", "nccl", "torch_memory"))
     if backend == "auto" and gpu and not cupti:
         missing.append("CUPTI activity (pip install 'gpudiag[cupti]'): using the framework "
                        "profilers instead")
     # no `nccl` here: Kineto already records torch.distributed's collectives (on CPU too),
     # and two sources of one call would be counted twice
     frameworks = {"auto": ("torch", "jax"), "torch": ("torch",), "jax": ("jax",)}[backend]
-    return Plan(backend, ("host", *frameworks), not_collected=missing)
+    snapshot = ("torch_memory",) if gpu and "torch" in frameworks else ()
+    return Plan(backend, ("host", *frameworks, *snapshot), not_collected=missing)

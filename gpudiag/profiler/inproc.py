@@ -33,6 +33,7 @@ from typing import Any
 #: plugin name -> (module, modules whose first import starts it; empty: at process start)
 PLUGINS: dict[str, tuple[str, tuple[str, ...]]] = {
     "torch": ("gpudiag.profiler.torch_backend", ("torch",)),
+    "torch_memory": ("gpudiag.profiler.torch_snapshot", ("torch",)),
     "jax": ("gpudiag.profiler.jax_backend", ("jax",)),
     "cupti": ("gpudiag.profiler.cupti_backend", ("torch", "jax", "cupy", "numba", "cuda")),
     "nccl": ("gpudiag.profiler.nccl_timing", ("torch",)),

@@ -3,8 +3,8 @@
 Started by the bootstrap when the program first imports torch, so the profile begins at the
 program's first tensor. On a CPU-only machine it records the host side (torch ops with
 Python stacks, CPU memory); with CUDA, Kineto's own CUPTI session adds kernels, copies, syncs
-and runtime calls, and `torch.cuda.memory._record_memory_history` records the allocator for a
-snapshot at exit (the fragmentation analysis).
+and runtime calls. The allocator snapshot is the separate `torch_snapshot` plugin, which
+also runs beside the CUPTI backend.
 
 torch.profiler keeps its events in memory until it is stopped, so the trace is written as
 *segments*: one Kineto JSON per collection window (`--delay`, `--duration`, `--steps` pause
@@ -26,10 +26,6 @@ from typing import Any
 
 from gpudiag.optional import require
 
-#: allocator events kept by _record_memory_history (its ring buffer: older ones drop off)
-MEMORY_HISTORY_ENTRIES = 200_000
-SNAPSHOT_NAME = "memory_snapshot.pickle"
-
 
 def create(out_dir: Path, settings: dict[str, Any]) -> TorchCollector:
     """The collector for one process (called by the bootstrap when torch was imported)."""
@@ -46,7 +42,6 @@ class TorchCollector:
         self.cuda = bool(self.torch.cuda.is_available())
         self._profiler: Any = None
         self._segments = 0
-        self._history = False
         self._finished = False
         self._lock = threading.Lock()
         self._owner = threading.get_ident()  # the thread that imported torch: the program's
@@ -58,8 +53,6 @@ class TorchCollector:
         The final export is registered with atexit now, after torch's own hooks, so it runs
         before them (atexit is last-in, first-out).
         """
-        if self.cuda and self.memory:
-            self._record_history(True)
         atexit.register(self.flush, True)  # before torch's atexit hooks (registered earlier)
 
     def resume(self) -> None:
@@ -104,7 +97,7 @@ class TorchCollector:
             getattr(self, action)()
 
     def flush(self, final: bool) -> None:
-        """At exit: write the open segment and the allocator snapshot; otherwise nothing.
+        """At exit: write the open segment; otherwise nothing.
 
         A periodic flush cannot take events out of a running torch.profiler without stopping
         it, so segments are written only when a window closes and at exit. The final flush
@@ -117,8 +110,6 @@ class TorchCollector:
                 return
             self._finished = True
             self._export_segment()
-            if self._history:
-                self._dump_snapshot()
 
     def after_fork(self, out_dir: Path) -> None:
         """A forked child: the parent's profiler state is not ours; start afresh if on CPU.
@@ -129,7 +120,6 @@ class TorchCollector:
         self.out_dir = out_dir
         self._profiler = None
         self._segments = 0
-        self._history = False
         self._finished = False
         self._lock = threading.Lock()
         self._owner = threading.get_ident()
@@ -147,18 +137,3 @@ class TorchCollector:
         tmp = final.with_name(f".{final.name}.tmp")
         profiler.export_chrome_trace(str(tmp))
         os.replace(tmp, final)
-
-    def _record_history(self, on: bool) -> None:
-        memory = self.torch.cuda.memory
-        if on:
-            memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
-        else:
-            memory._record_memory_history(enabled=None)
-        self._history = on
-
-    def _dump_snapshot(self) -> None:
-        final = self.out_dir / SNAPSHOT_NAME
-        tmp = final.with_name(f".{final.name}.tmp")
-        self.torch.cuda.memory._dump_snapshot(str(tmp))
-        os.replace(tmp, final)
-        self._record_history(False)

@@ -1,0 +1,141 @@
+"""The torch plugins' own logic with a fake torch: CUDA paths that CPU-only CI cannot reach.
+
+The real torch.profiler runs in test_profile_backends.py; here the fake records calls, so the
+CUDA-only allocator snapshot and the thread rule of torch.profiler can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpudiag.profiler import torch_backend, torch_snapshot
+
+
+class FakeTorch:
+    """Just the torch surface the plugins use; every call is logged."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.log: list[tuple[str, Any]] = []
+        memory = SimpleNamespace(
+            _record_memory_history=lambda **kw: self.log.append(("history", kw)),
+            _dump_snapshot=self._dump,
+        )
+        self.cuda = SimpleNamespace(is_available=lambda: cuda, memory=memory)
+        activity = SimpleNamespace(CPU="cpu", CUDA="cuda")
+        self.profiler = SimpleNamespace(ProfilerActivity=activity, profile=self._profile)
+
+    def _dump(self, path: str) -> None:
+        Path(path).write_bytes(b"snapshot")
+        self.log.append(("dump", Path(path).name))
+
+    def _profile(self, **kwargs: Any) -> Any:
+        self.log.append(("profile", kwargs["activities"]))
+        log = self.log
+
+        class Profile:
+            def start(self) -> None:
+                log.append(("start", threading.get_ident()))
+
+            def stop(self) -> None:
+                log.append(("stop", threading.get_ident()))
+
+            def export_chrome_trace(self, path: str) -> None:
+                Path(path).write_text("{}")
+
+        return Profile()
+
+
+@pytest.fixture
+def fake_torch(monkeypatch: pytest.MonkeyPatch) -> Any:
+    def install(cuda: bool) -> FakeTorch:
+        torch = FakeTorch(cuda)
+        for module in (torch_backend, torch_snapshot):
+            monkeypatch.setattr(module, "require", lambda name, purpose: torch)
+        return torch
+    return install
+
+
+def test_snapshot_on_cuda_records_from_start_and_dumps_once_at_exit(
+        tmp_path: Path, fake_torch: Any) -> None:
+    torch = fake_torch(cuda=True)
+    plugin = torch_snapshot.create(tmp_path, {"memory": True})
+    plugin.start()
+    plugin.pause()
+    plugin.resume()  # the history spans the whole run: window edges change nothing
+    plugin.flush(False)
+    assert torch.log == [("history", {"max_entries": torch_snapshot.MEMORY_HISTORY_ENTRIES})]
+    plugin.flush(True)
+    plugin.flush(True)  # atexit and the bootstrap's final flush both call it
+    assert torch.log[1:] == [("dump", ".memory_snapshot.pickle.tmp"),
+                             ("history", {"enabled": None})]
+    assert (tmp_path / "memory_snapshot.pickle").read_bytes() == b"snapshot"
+    assert not list(tmp_path.glob(".*"))  # written under a temporary name, then renamed
+
+
+@pytest.mark.parametrize(("cuda", "memory"), [(False, True), (True, False)])
+def test_snapshot_does_nothing_without_cuda_or_with_memory_off(
+        tmp_path: Path, fake_torch: Any, cuda: bool, memory: bool) -> None:
+    torch = fake_torch(cuda=cuda)
+    plugin = torch_snapshot.create(tmp_path, {"memory": memory})
+    plugin.start()
+    plugin.flush(True)
+    assert torch.log == [] and not list(tmp_path.iterdir())
+
+
+def test_snapshot_is_off_in_a_forked_child(tmp_path: Path, fake_torch: Any) -> None:
+    torch = fake_torch(cuda=True)
+    plugin = torch_snapshot.create(tmp_path, {})
+    plugin.after_fork(tmp_path / "child")
+    plugin.start()
+    plugin.flush(True)
+    assert torch.log == []
+
+
+def test_profiler_records_cuda_activity_when_there_is_a_gpu(tmp_path: Path,
+                                                            fake_torch: Any) -> None:
+    torch = fake_torch(cuda=True)
+    plugin = torch_backend.create(tmp_path, {})
+    plugin.start()
+    plugin.resume()
+    plugin.flush(True)
+    assert torch.log[0] == ("profile", ["cpu", "cuda"])
+    assert [p.name for p in tmp_path.iterdir()] == ["segment-0001.pt.trace.json"]
+
+
+def test_window_edges_from_another_thread_wait_for_the_programs_next_step(
+        tmp_path: Path, fake_torch: Any) -> None:
+    torch = fake_torch(cuda=False)
+    plugin = torch_backend.create(tmp_path, {})
+    plugin.start()
+    timer = threading.Thread(target=plugin.resume)  # what the --delay timer does
+    timer.start()
+    timer.join()
+    assert torch.log == []  # Kineto must not be started from the timer's thread
+    plugin.on_step()  # the program's thread, at gpudiag.step()
+    assert torch.log == [("profile", ["cpu"]), ("start", threading.get_ident())]
+    stopper = threading.Thread(target=plugin.pause)
+    stopper.start()
+    stopper.join()
+    assert len(torch.log) == 2
+    plugin.on_step()
+    assert torch.log[-1] == ("stop", threading.get_ident())
+    assert [p.name for p in tmp_path.iterdir()] == ["segment-0001.pt.trace.json"]
+
+
+def test_segments_are_numbered_per_window(tmp_path: Path, fake_torch: Any) -> None:
+    fake_torch(cuda=False)
+    plugin = torch_backend.create(tmp_path, {})
+    plugin.start()
+    for _ in range(2):
+        plugin.resume()
+        plugin.pause()
+    plugin.resume()
+    plugin.flush(True)
+    plugin.resume()  # after the final flush nothing starts again
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"segment-000{n}.pt.trace.json" for n in (1, 2, 3)]
