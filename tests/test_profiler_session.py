@@ -76,6 +76,28 @@ def test_sigterm_to_the_session_reaches_the_child(tmp_path: Path) -> None:
     assert got.read_text() == "yes"
 
 
+def test_sigint_to_the_session_reaches_the_child(tmp_path: Path) -> None:
+    """A `kill -INT` aimed at the session (not a terminal Ctrl-C) is passed on; the child's
+    KeyboardInterrupt runs its cleanup, and its death by SIGINT is the session's status."""
+    ready, cleaned = tmp_path / "ready", tmp_path / "cleaned"
+    child = _py(f"""
+        import pathlib, time
+        pathlib.Path({str(ready)!r}).write_text("ready")
+        try:
+            time.sleep(60)
+        finally:
+            pathlib.Path({str(cleaned)!r}).write_text("yes")
+    """)
+    proc = _session_in_subprocess(child, tmp_path / "run", stderr=subprocess.PIPE)
+    _wait_for(ready)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGINT
+    assert cleaned.read_text() == "yes" and "KeyboardInterrupt" in err
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["signal"] == signal.SIGINT and meta["exit_code"] == 130
+
+
 def test_each_python_process_writes_its_own_directory(tmp_path: Path) -> None:
     code = """
         import subprocess, sys
