@@ -257,8 +257,11 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
         click.echo(f"gpudiag: error: cannot start {command[0]}: {exc.strerror or exc}",
                    err=True)
         sys.exit(127)
+    from gpudiag.profiler.gather import describe
+
     for note in notes:
         click.echo(f"gpudiag: {note}", err=True)
+    click.echo(f"gpudiag: collected {describe(trace) or 'nothing'}", err=True)
     click.echo(f"gpudiag: run directory {result.run_dir}", err=True)
     if not no_report and any(len(table) for table in trace.tables().values()):
         from gpudiag.analyzers.diagnosis import diagnose

@@ -264,3 +264,6 @@ def test_auto_backend_without_a_gpu_profiles_with_torch(tmp_path: Path) -> None:
     trace = gpudiag.load(run_dir / "trace")
     assert (_ops(trace)["name"] == "aten::item").sum() == 2
     assert trace.meta["processes"][0]["collectors"] == ["host", "torch"]
+    n_ops = f"{(trace.ranges['source'] == 'torch_op').sum():,}"
+    assert "gpudiag: collected 1 process, 2 steps (median " in done.stderr
+    assert f"), {n_ops} torch ops" in done.stderr  # what a run without a GPU did record

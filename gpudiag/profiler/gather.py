@@ -73,6 +73,39 @@ def merge_run(run_dir: Path, extra: Sequence[Path] = ()) -> Trace:
     return trace
 
 
+_TABLE_WORDS = {
+    "kernels": ("kernel", "kernels"), "copies": ("copy", "copies"), "syncs": ("sync", "syncs"),
+    "collectives": ("collective", "collectives"), "memory": ("memory event", "memory events"),
+    "samples": ("NVML sample", "NVML samples"),
+}
+
+
+def describe(trace: Trace) -> str:
+    """One line on what a run collected, e.g. '2 processes, 40 steps (median 12.3 ms), ...'.
+
+    Printed after every `gpudiag profile`, so a run without GPU activity still shows what
+    it did record (step times come from the host markers alone).
+    """
+    from gpudiag.analyzers.steps import step_windows
+    from gpudiag.reports.terminal import format_ns
+
+    parts = [_count(len(trace.meta.get("processes", [])), "process", "processes")]
+    steps = step_windows(trace)
+    if len(steps):
+        median = int((steps["end_ns"] - steps["start_ns"]).median())
+        parts.append(f"{_count(len(steps), 'step')} (median {format_ns(median)})")
+    ranges = trace.ranges
+    for label, source in (("torch op", "torch_op"), ("XLA op", "host")):
+        parts.append(_count(int((ranges["source"] == source).sum()), label))
+    for table, (one, many) in _TABLE_WORDS.items():
+        parts.append(_count(len(getattr(trace, table)), one, many))
+    return ", ".join(p for p in parts if not p.startswith("0 "))
+
+
+def _count(n: int, singular: str, plural: str | None = None) -> str:
+    return f"{n:,} {singular if n == 1 else plural or singular + 's'}"
+
+
 def _collector_parts(
     root: Path, unreadable: list[str], *, plugin_dirs: bool = True
 ) -> list[Trace]:
