@@ -22,7 +22,7 @@ import pytest
 
 import gpudiag
 from gpudiag.analyzers.collectives import arrival_skew, collective_stats
-from gpudiag.profiler import nccl_timing
+from gpudiag.profiler import nccl_clock, nccl_timing
 from gpudiag.profiler.nccl_timing import (
     W_CAPTURE,
     W_FAILED,
@@ -268,7 +268,7 @@ class FakeEvent:
 
 
 class FakeCuda:
-    """Stands in for nccl_timing._TorchCuda: GPU time is `now_ms`, set by the test."""
+    """Stands in for nccl_clock._TorchCuda: GPU time is `now_ms`, set by the test."""
 
     def __init__(self, capturing: bool = False) -> None:
         self.now_ms, self.queries, self.is_capturing = 0.0, 0, capturing
@@ -498,7 +498,7 @@ def test_collectives_table_conforms_to_the_schema() -> None:
 
 def test_new_anchor_measures_the_gpu_clock_drift(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nccl_timing, "REANCHOR_NS", -1)  # a new anchor at every call
+    monkeypatch.setattr(nccl_clock, "REANCHOR_NS", -1)  # a new anchor at every call
     cuda = FakeCuda()
     collector, fake = fake_collector(tmp_path, cuda)
     fake.all_reduce(FakeTensor(4))  # anchor read at 1_000_000..1_000_010 ns, GPU 0 ms

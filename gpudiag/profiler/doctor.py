@@ -56,12 +56,12 @@ class Check:
     how_to_get: str = ""
 
 
-# --- NVML: every call goes through _nvml -------------------------------------------------
+# --- NVML: every call goes through nvml_call ---------------------------------------------
 
 _unknown_nvml: set[str] = set()
 
 
-def _nvml(module: Any, call: str, *args: Any) -> Any:
+def nvml_call(module: Any, call: str, *args: Any) -> Any:
     """Call `pynvml.<call>(*args)`; any failure becomes None ("not available").
 
     The one choke point for NVML: an old driver lacks functions and a GPU-less machine fails
@@ -81,7 +81,10 @@ def _nvml(module: Any, call: str, *args: Any) -> Any:
         return None
 
 
-def _text(value: Any) -> str:
+_nvml = nvml_call  # the old name, which tests/test_doctor.py still calls
+
+
+def nvml_text(value: Any) -> str:
     """NVML strings are bytes in old pynvml releases and str in new ones."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -95,20 +98,20 @@ def check_gpu() -> Check:
     except MissingDependencyError:
         return Check("GPU / driver (NVML)", False, "pynvml is not installed",
                      f"pip install 'gpudiag[nvml]'{smi_hint}")
-    _nvml(pynvml, "nvmlInit")  # returns None either way: the driver query below tells
+    nvml_call(pynvml, "nvmlInit")  # returns None either way: the driver query below tells
     try:
-        driver = _nvml(pynvml, "nvmlSystemGetDriverVersion")
+        driver = nvml_call(pynvml, "nvmlSystemGetDriverVersion")
         if driver is None:
             return Check("GPU / driver (NVML)", False, "NVML could not start: no NVIDIA driver",
                          _DRIVER_FIX)
         names = []
-        for index in range(_nvml(pynvml, "nvmlDeviceGetCount") or 0):
-            handle = _nvml(pynvml, "nvmlDeviceGetHandleByIndex", index)
-            name = _nvml(pynvml, "nvmlDeviceGetName", handle) if handle is not None else None
-            names.append(_text(name) if name is not None else f"GPU {index}")
+        for index in range(nvml_call(pynvml, "nvmlDeviceGetCount") or 0):
+            handle = nvml_call(pynvml, "nvmlDeviceGetHandleByIndex", index)
+            name = nvml_call(pynvml, "nvmlDeviceGetName", handle) if handle is not None else None
+            names.append(nvml_text(name) if name is not None else f"GPU {index}")
     finally:
-        _nvml(pynvml, "nvmlShutdown")
-    driver = _text(driver)
+        nvml_call(pynvml, "nvmlShutdown")
+    driver = nvml_text(driver)
     if not names:
         return Check("GPU / driver (NVML)", False, f"driver {driver}, but no GPU visible",
                      "check CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES and `nvidia-smi`")

@@ -28,15 +28,8 @@ flush thread never touches CUDA: an event query from another thread invalidates 
 capture in progress (the NCCL watchdog crashed captures so, pytorch#104487). Calls inside a
 capture are counted, not timed.
 
-**Clocks.** Event times are relative; to place them on `time.time_ns()` each device has an
-anchor: an event recorded on a private stream (nothing queued on it, so no user work is waited
-for) and synchronized, between two `time.time_ns()` readings t0 <= GPU time <= t1; the anchor
-is their midpoint, its error (t1 - t0) / 2, typically a few µs (best of 3 tries). It is taken
-at the first collective on a device and again every 10 s (`REANCHOR_NS`): float32 `elapsed_time`
-then rounds by < 0.5 µs, and the GPU timer's drift against the host clock can only build up for
-10 s; each new anchor measures that drift (its time as the old anchor predicts it vs. as read).
-Error of a start time <= clock_error_ns + clock_drift_ns (both the largest seen, in
-`meta["nccl_timing"]`) + ~1 µs; durations come from the start/end pair alone (~0.5 µs).
+**Clocks.** Per-device anchors put event times on `time.time_ns()`: see `nccl_clock`, which
+holds the GPU side; `nccl_rows` holds what a row says and writes the chunks.
 
 **CPU tensors (gloo)** and `barrier` (which blocks the host on every backend): `time.time_ns()`
 around the call, device NA; async calls end when the Work's future completes (its callback's
@@ -49,57 +42,39 @@ than `torch.cuda.synchronize()`, which would hang forever behind a collective wh
 from __future__ import annotations
 
 import functools
-import inspect
 import os
-import shutil
 import sys
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpudiag.errors import CollectorError
+from gpudiag.profiler.nccl_clock import GpuClock
+from gpudiag.profiler.nccl_rows import (
+    CALLS,
+    Row,
+    _arg,
+    _Call,
+    _comm_of,
+    _dtype,
+    _import_writer,
+    _nbytes,
+    _tensors,
+    _Token,
+    _works,
+    collectives_table,
+    write_chunk,
+)
 
-if TYPE_CHECKING:
-    import pandas as pd
+# collectives_table lives in nccl_rows; the tests import it from here
+__all__ = ["NcclTiming", "collectives_table", "create"]
 
 MODULE = "torch.distributed"
 FORMAT = "gpudiag-nccl-timing"
-#: call name -> (op, the parameter holding the message, how its size S is read (nccl-tests'
-#: S: all_gather output bytes, reduce_scatter and all_to_all input bytes, others the tensor))
-CALLS: dict[str, tuple[str, str, str]] = {
-    "all_reduce": ("all_reduce", "tensor", "tensor"),
-    "all_gather": ("all_gather", "tensor_list", "list"),
-    "all_gather_into_tensor": ("all_gather", "output_tensor", "tensor"),
-    "all_gather_single": ("all_gather", "output_tensor", "tensor"),
-    "_all_gather_base": ("all_gather", "output_tensor", "tensor"),
-    "reduce_scatter": ("reduce_scatter", "input_list", "list"),
-    "reduce_scatter_tensor": ("reduce_scatter", "input", "tensor"),
-    "reduce_scatter_single": ("reduce_scatter", "input", "tensor"),
-    "_reduce_scatter_base": ("reduce_scatter", "input", "tensor"),
-    "broadcast": ("broadcast", "tensor", "tensor"),
-    "reduce": ("reduce", "tensor", "tensor"),
-    "all_to_all": ("all_to_all", "input_tensor_list", "list"),
-    "all_to_all_single": ("all_to_all", "input", "tensor"),
-    "barrier": ("barrier", "", "none"),
-    "send": ("send", "tensor", "tensor"),
-    "recv": ("recv", "tensor", "tensor"),
-    "isend": ("send", "tensor", "tensor"),
-    "irecv": ("recv", "tensor", "tensor"),
-    "batch_isend_irecv": ("send_recv", "p2p_op_list", "p2p"),
-}
-#: one collective as kept until it is written (the `collectives` columns, less pid and kernel_id)
-ROW_FIELDS = ("rank", "device", "stream", "start_ns", "end_ns", "op", "bytes", "dtype",
-              "group_size", "comm", "seq", "name")
-_ROW_DTYPES = {"rank": "Int64", "device": "Int64", "stream": "Int64", "start_ns": "int64",
-               "end_ns": "int64", "bytes": "Int64", "group_size": "Int64", "seq": "Int64"}
-REANCHOR_NS = 10_000_000_000
-ANCHOR_TRIES = 3
-ANCHOR_GOOD_NS = 20_000
 FINAL_WAIT_S = 2.0
 _MARK = "_gpudiag_nccl_timing"
 W_FAILED = "nccl timing: internal failures (swallowed; the calls ran normally)"
@@ -110,7 +85,6 @@ W_UNFINISHED = "nccl timing: collectives still running at exit (not written)"
 W_OTHER_DEVICE = "nccl timing: collectives on devices other than CUDA and CPU (not timed)"
 W_REPATCHED = "nccl timing: wrappers replaced by other code (left in place at unpatch)"
 
-Row = tuple[Any, ...]
 OnImport = Callable[[str, Callable[[ModuleType], None]], None]
 
 
@@ -119,82 +93,7 @@ def create(out_dir: Path, settings: dict[str, Any], **options: Any) -> NcclTimin
     return NcclTiming(out_dir, settings, **options)
 
 
-@dataclass(frozen=True)
-class _Call:
-    """Where a wrapped function keeps its message and group (positions read once)."""
-
-    name: str
-    op: str
-    kind: str
-    arg: tuple[int, str] | None
-    group: tuple[int, str] | None
-
-    @classmethod
-    def of(cls, name: str, original: Callable[..., Any]) -> _Call:
-        op, param, kind = CALLS[name]
-        names = list(inspect.signature(original).parameters)
-
-        def where(p: str) -> tuple[int, str] | None:
-            return (names.index(p), p) if p in names else None
-
-        return cls(name, op, kind, where(param) if param else None, where("group"))
-
-
-@dataclass(frozen=True)
-class _Anchor:
-    event: Any
-    ns: int
-    error_ns: int
-    taken_ns: int  # monotonic, to know when to take a new one
-
-
-@dataclass(eq=False)
-class _Token:
-    """One outermost call being timed: what its row will say, and its clocks."""
-
-    call: _Call
-    rank: int | None
-    comm: str
-    group_size: int | None
-    seq: int
-    nbytes: int | None
-    dtype: str | None
-    device: int | None = None
-    stream: int | None = None
-    t0_ns: int = 0
-    start: Any = None
-    anchor: _Anchor | None = None
-    ends: list[Any] = field(default_factory=list)  # events (GPU) or time_ns (host)
-    expected: int = 1
-
-    def row(self, start_ns: int, end_ns: int) -> Row:
-        return (self.rank, self.device, self.stream, start_ns, end_ns, self.call.op,
-                self.nbytes, self.dtype, self.group_size, self.comm, self.seq, self.call.name)
-
-
 _COUNTED = object()  # a call that was counted in seq but is not timed
-
-
-class _TorchCuda:
-    """The torch.cuda calls of the GPU path, in one place (tests pass a fake instead)."""
-
-    def __init__(self, cuda: Any) -> None:
-        self._cuda = cuda
-
-    def event(self) -> Any:
-        return self._cuda.Event(enable_timing=True)
-
-    def current_stream(self, device: int) -> Any:
-        return self._cuda.current_stream(device)
-
-    def new_stream(self, device: int) -> Any:
-        return self._cuda.Stream(device=device, priority=-1)  # rarely shared with user streams
-
-    def current_device(self) -> int:
-        return int(self._cuda.current_device())
-
-    def capturing(self) -> bool:
-        return bool(self._cuda.is_current_stream_capturing())
 
 
 class NcclTiming:
@@ -222,10 +121,8 @@ class NcclTiming:
         self._lock = threading.RLock()
         self._local = threading.local()
         self._done: list[Row] = []
-        self._pending: dict[tuple[Any, Any], deque[_Token]] = {}
+        self._gpu = GpuClock(self._cuda, self._clock)  # anchors, streams, pending events
         self._host_waiting: set[_Token] = set()
-        self._anchors: dict[int, _Anchor] = {}
-        self._streams: dict[int, Any] = {}
         self._seq: dict[str, int] = {}
         self._warnings: Counter[str] = Counter()
         self._chunks = 0
@@ -233,8 +130,6 @@ class NcclTiming:
         self._paused = False
         self._rank: int | None = None
         self._world_size: int | None = None
-        self._clock_error_ns = 0
-        self._drift_ns = 0
         self._first_error: str | None = None
 
     # -- the collector contract -------------------------------------------------------------
@@ -392,16 +287,9 @@ class NcclTiming:
         return token
 
     def _begin_gpu(self, token: _Token, device: Any) -> object:
-        cuda = self._cuda_api()
-        if cuda.capturing():
+        if not self._gpu.start(token, device):
             self._warn(W_CAPTURE)
             return _COUNTED
-        index = cuda.current_device() if device.index is None else int(device.index)
-        token.anchor = self._anchor(cuda, index)
-        stream = cuda.current_stream(index)
-        token.device, token.stream = index, int(stream.stream_id)
-        token.start = cuda.event()
-        token.start.record(stream)
         return token
 
     def _finish(self, token: object, result: Any) -> None:
@@ -413,7 +301,7 @@ class NcclTiming:
                 if works:
                     self._await(token, works)
                 elif token.start is not None:
-                    self._end_event(token)
+                    self._gpu.end(token)
                     self._queue(token)
                 else:
                     self._keep(token.row(token.t0_ns, end_ns))
@@ -446,7 +334,7 @@ class NcclTiming:
     def _work_done(self, token: _Token, _future: Any) -> None:
         try:
             if token.start is not None:
-                self._end_event(token)
+                self._gpu.end(token)
                 return
             with self._lock:
                 token.ends.append(self._clock())
@@ -458,58 +346,18 @@ class NcclTiming:
         except Exception as exc:
             self._fail(exc)
 
-    def _end_event(self, token: _Token) -> None:
-        cuda = self._cuda_api()
-        assert token.device is not None
-        event = cuda.event()
-        event.record(cuda.current_stream(token.device))
-        token.ends.append(event)
-
     # -- CUDA events --------------------------------------------------------------------------
-
-    def _cuda_api(self) -> Any:
-        if self._cuda is None:
-            self._cuda = _TorchCuda(sys.modules["torch"].cuda)
-        return self._cuda
-
-    def _anchor(self, cuda: Any, device: int) -> _Anchor:
-        """The device's anchor, taken anew every REANCHOR_NS; the old one's prediction of the
-        new one's time measures the GPU timer's drift against the host clock meanwhile."""
-        old = self._anchors.get(device)
-        if old is not None and time.monotonic_ns() - old.taken_ns <= REANCHOR_NS:
-            return old
-        if device not in self._streams:
-            self._streams[device] = cuda.new_stream(device)
-        anchor = _take_anchor(cuda, self._streams[device], self._clock)
-        self._anchors[device] = anchor
-        self._clock_error_ns = max(self._clock_error_ns, anchor.error_ns)
-        if old is not None:
-            predicted = old.ns + round(old.event.elapsed_time(anchor.event) * 1e6)
-            self._drift_ns = max(self._drift_ns, abs(anchor.ns - predicted))
-        return anchor
 
     def _queue(self, token: _Token) -> None:
         with self._lock:
-            self._pending.setdefault((token.device, token.stream), deque()).append(token)
+            self._gpu.queue(token)
 
     def _drain(self) -> int:
         """Convert the pending calls whose events completed (oldest first per stream, where
         they complete in order); returns how many are still pending."""
         with self._lock:
-            for fifo in self._pending.values():
-                while fifo:
-                    try:
-                        row = _gpu_row(fifo[0])
-                    except Exception as exc:  # a broken record must not block its stream
-                        row = None
-                        self._fail(exc)
-                    if row == ():
-                        break
-                    fifo.popleft()
-                    if row:
-                        self._done.append(row)
-            self._pending = {key: fifo for key, fifo in self._pending.items() if fifo}
-            return sum(len(f) for f in self._pending.values()) + len(self._host_waiting)
+            self._done += self._gpu.completed(self._fail)
+            return self._gpu.waiting() + len(self._host_waiting)
 
     def _drain_until(self, deadline: float) -> None:
         left = self._drain()
@@ -535,13 +383,7 @@ class NcclTiming:
         self._warn(W_FAILED)
 
     def _write_chunk(self, number: int, rows: list[Row], warnings: dict[str, int]) -> None:
-        from gpudiag.trace import Trace
-
-        name = f"chunk-{number:06d}"
-        tmp = self.out_dir / f".{name}.{self.pid}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        Trace(collectives=collectives_table(rows, self.pid), meta=self._meta(warnings)).save(tmp)
-        os.replace(tmp, self.out_dir / name)
+        write_chunk(self.out_dir, f"chunk-{number:06d}", self.pid, rows, self._meta(warnings))
         self._last_chunk_s = time.monotonic()
 
     def _meta(self, warnings: dict[str, int]) -> dict[str, Any]:
@@ -550,28 +392,9 @@ class NcclTiming:
             "sources": [{"format": FORMAT, "pid": self.pid}], "warnings": warnings,
             "timeline": True, "rank": self._rank if env_rank is None else env_rank,
             "world_size": self._world_size if env_world is None else env_world,
-            "nccl_timing": {"clock_error_ns": self._clock_error_ns,
-                            "clock_drift_ns": self._drift_ns, "first_error": self._first_error},
+            "nccl_timing": {"clock_error_ns": self._gpu.error_ns,
+                            "clock_drift_ns": self._gpu.drift_ns, "first_error": self._first_error},
         }
-
-
-def collectives_table(rows: Sequence[Row], pid: int) -> pd.DataFrame:
-    """Rows (in `ROW_FIELDS` order) as the schema's `collectives` table, sorted by start.
-
-        table = collectives_table([(0, None, None, 10, 20, "all_reduce", 64, "float32", 2,
-                                    "0", 0, "all_reduce")], pid=42)
-        table.loc[0, "bytes"]   # 64
-    """
-    import pandas as pd
-
-    from gpudiag.schema import TABLES
-
-    columns = list(zip(*rows, strict=True)) if rows else [() for _ in ROW_FIELDS]
-    data: dict[str, Any] = {"pid": pd.array([pid] * len(rows), dtype="Int64")}
-    for name, values in zip(ROW_FIELDS, columns, strict=True):
-        data[name] = pd.array(list(values), dtype=_ROW_DTYPES.get(name, "object"))
-    frame = pd.DataFrame(data).sort_values("start_ns", kind="stable", ignore_index=True)
-    return TABLES["collectives"].conform(frame)
 
 
 # -- helpers (no state) -------------------------------------------------------------------------
@@ -583,87 +406,9 @@ def _bootstrap_hook() -> OnImport | None:
     return hook if callable(hook) else None
 
 
-def _import_writer() -> None:
-    """Import what writing a chunk needs now, not first at interpreter shutdown (refused)."""
-    import pyarrow.parquet  # noqa: F401 -- loaded lazily by pandas.to_parquet otherwise
-
-    import gpudiag.trace  # noqa: F401 -- pandas and the schema
-
-
 def _is_compiling() -> bool:
     compiler = getattr(sys.modules.get("torch"), "compiler", None)
     return compiler is not None and bool(compiler.is_compiling())
-
-
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], where: tuple[int, str] | None) -> Any:
-    if where is None:
-        return None
-    index, name = where
-    return args[index] if index < len(args) else kwargs.get(name)
-
-
-def _comm_of(group: Any, c10d: Any) -> tuple[str, int | None]:
-    """Process-group name ('0' for the default group, as Kineto's pg_name) and size."""
-    name = getattr(group, "group_name", None)
-    if not name:
-        name = c10d._get_process_group_name(group)
-    return str(name), int(group.size())
-
-
-def _tensors(kind: str, value: Any) -> list[Any]:
-    if value is None or kind == "none":
-        return []
-    if kind == "tensor":
-        return [value]
-    if kind == "p2p":  # S of a send/recv batch: the bytes sent (received when it only receives)
-        sent = [op.tensor for op in value if "send" in getattr(op.op, "__name__", "")]
-        return sent or [op.tensor for op in value]
-    return list(value)
-
-
-def _nbytes(tensors: list[Any]) -> int:
-    return sum(int(t.numel()) * int(t.element_size()) for t in tensors)
-
-
-def _dtype(tensors: list[Any]) -> str | None:
-    return str(tensors[0].dtype).removeprefix("torch.") if tensors else None
-
-
-def _works(result: Any) -> list[Any]:
-    """The async Work objects a call returned (none for a synchronous call)."""
-    if result is None:
-        return []
-    items = result if isinstance(result, list | tuple) else [result]
-    return [w for w in items if hasattr(w, "get_future")]
-
-
-def _take_anchor(cuda: Any, stream: Any, clock: Callable[[], int]) -> _Anchor:
-    """The tightest of a few (event, epoch ns) pairs: record on an idle private stream and
-    synchronize that event only, so t0 <= its GPU time <= t1."""
-    best: _Anchor | None = None
-    for _ in range(ANCHOR_TRIES):
-        event = cuda.event()
-        t0 = clock()
-        event.record(stream)
-        event.synchronize()
-        t1 = clock()
-        if best is None or (t1 - t0 + 1) // 2 < best.error_ns:
-            best = _Anchor(event, (t0 + t1) // 2, (t1 - t0 + 1) // 2, time.monotonic_ns())
-        if best.error_ns <= ANCHOR_GOOD_NS:
-            break
-    assert best is not None
-    return best
-
-
-def _gpu_row(token: _Token) -> Row:
-    """The row of a GPU call whose events all completed; () while any is still pending."""
-    if len(token.ends) < token.expected or not all(e.query() for e in token.ends):
-        return ()
-    anchor = token.anchor
-    assert anchor is not None
-    start_ns = anchor.ns + round(anchor.event.elapsed_time(token.start) * 1e6)
-    dur_ns = max(round(token.start.elapsed_time(e) * 1e6) for e in token.ends)
-    return token.row(start_ns, start_ns + max(dur_ns, 0))
 
 
 def _env_int(name: str) -> int | None:
