@@ -15,6 +15,7 @@ never plot, print or write files. See docs/analysis.md for the rules.
 | `collectives` | bus bandwidth, overlap, cross-rank arrival skew |
 | `memory` | allocator fragmentation over time, OOM verdicts, sites |
 | `kernel_metrics` | Nsight Compute per-kernel bottlenecks |
+| `gpu_samples` | NVML samples: utilization vs kernel-busy, memory, power, throttling |
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import importlib
 from types import ModuleType
 
 #: the analyzer modules, importable as attributes (`gpudiag.analyzers.sync`) on first use
-MODULES = ("callsites", "collectives", "copies", "diagnosis", "findings", "gaps", "host",
-           "intervals", "kernel_metrics", "keys", "launch", "losses", "memory", "occupancy",
-           "steps", "sync", "timeline", "waits", "window")
+MODULES = ("callsites", "collectives", "copies", "diagnosis", "findings", "gaps",
+           "gpu_samples", "host", "intervals", "kernel_metrics", "keys", "launch", "losses",
+           "memory", "occupancy", "steps", "sync", "timeline", "waits", "window")
 
 
 def __getattr__(name: str) -> ModuleType:

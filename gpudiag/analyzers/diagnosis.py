@@ -44,6 +44,8 @@ ANALYZERS = (
              ("fragmentation",), timeline=False),
     Analyzer("kernel_metrics", "gpudiag.analyzers.kernel_metrics", ("metrics",),
              ("kernel_metrics",), timeline=False),
+    Analyzer("gpu_samples", "gpudiag.analyzers.gpu_samples", ("samples",),
+             ("sample_summary",), timeline=False),
 )
 
 

@@ -20,7 +20,7 @@ LOSS_CAUSES = ("useful", "sync_stall", "launch_bound", "host_bound", "copy", "co
                "small_grid")
 
 #: causes a finding may name besides the waterfall's (not shares of the timeline)
-OTHER_CAUSES = ("fragmentation", "kernel", "comm")
+OTHER_CAUSES = ("fragmentation", "kernel", "comm", "throttle")
 
 COLUMNS = ("cause", "lost_ns", "share", "where", "count", "evidence", "advice")
 
@@ -65,6 +65,13 @@ ADVICE: Mapping[str, str] = {
     "fragmentation": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
     "occupancy": "raise occupancy: fewer registers per thread (__launch_bounds__), less shared "
                  "memory per block, or a block size that fits more blocks per SM",
+    "throttle_thermal": "check cooling: GPU temperature, fans, airflow and the chassis inlet "
+                        "temperature (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE` shows the active "
+                        "clocks-event reasons and the slowdown temperatures)",
+    "throttle_power": "check the power limit and supply: `nvidia-smi -q -d PERFORMANCE,POWER` "
+                      "shows the active clocks-event reasons and the enforced limit; restore a "
+                      "lowered limit (`nvidia-smi -pl`) or expect lower clocks on power-heavy "
+                      "kernels",
 }
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.compare import Comparison
-from gpudiag.reports import figures, ncu_heatmap
+from gpudiag.reports import figures, figures_samples, ncu_heatmap
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_report import report
 from gpudiag.trace import Trace
@@ -35,6 +35,9 @@ def report_figures(trace: Trace, dx: Diagnosis) -> dict[str, Any]:
         figs["memory"] = memory
     if len(trace.metrics):
         figs["ncu_heatmap"] = ncu_heatmap.figure(trace)
+    samples = figures_samples.gpu_samples(trace)
+    if samples is not None:
+        figs["gpu_samples"] = samples
     return figs
 
 

@@ -25,7 +25,8 @@ from gpudiag.reports.terminal import format_bytes, format_ns
 from gpudiag.summary import summarize
 from gpudiag.trace import Trace
 
-FIGURE_SLOTS = ("waterfall", "utilization", "collective_waits", "memory", "ncu_heatmap")
+FIGURE_SLOTS = ("waterfall", "utilization", "gpu_samples", "collective_waits", "memory",
+                "ncu_heatmap")
 """Where `report(figures=...)` places each figure; other names get a section of their own."""
 
 TOP_ROWS = 50
@@ -50,6 +51,7 @@ def report(trace: Trace, dx: Diagnosis, *, figures: Mapping[str, Any] | None = N
         _waterfall(dx, figs.pop("waterfall", [])),
         _findings(dx),
         _figures_only("GPU utilization over time", figs.pop("utilization", [])),
+        _gpu_samples(dx, figs.pop("gpu_samples", [])),
         _top_kernels(info),
         _sync_points(dx),
         _copies(dx),
@@ -282,6 +284,37 @@ def _small_grid(dx: Diagnosis) -> Section | None:
     return Section("Grid size and occupancy", notes=notes, table=frame,
                    formats={"time": "ns", "SM slots idle": "ns",
                             "theoretical occupancy": "share"})
+
+
+def _gpu_samples(dx: Diagnosis, figs: list[Any]) -> Section | None:
+    summary = _detail(dx, "sample_summary")
+    if summary is None and not figs:
+        return None
+    tables: list[Table] = []
+    if summary is not None:
+        frame = _with_device(summary)[[
+            "device", "samples", "span_ns", "gpu_util_mean_pct", "gpu_util_median_pct",
+            "low_util_share", "kernel_busy_share", "mem_used_peak_bytes", "mem_total_bytes",
+            "power_mean_w", "temperature_max_c", "sm_clock_mean_mhz", "power_throttled_share",
+            "thermal_throttled_share"]]
+        frame.columns = ["device", "samples", "span", "GPU util (mean)", "GPU util (median)",
+                         "time under 30% util", "kernels busy", "peak memory used",
+                         "memory total", "mean power", "max temperature", "mean SM clock",
+                         "power throttled", "thermally throttled"]
+        tables.append(Table(frame, {
+            "span": "ns", "GPU util (mean)": "pct", "GPU util (median)": "pct",
+            "time under 30% util": "share", "kernels busy": "share",
+            "peak memory used": "bytes", "memory total": "bytes",
+            "mean power": lambda v: f"{float(v):.0f} W",
+            "max temperature": lambda v: f"{float(v):.0f} °C",
+            "mean SM clock": lambda v: f"{float(v):.0f} MHz",
+            "power throttled": "share", "thermally throttled": "share"},
+            caption="NVML samples per GPU"))
+    return Section("GPU samples (NVML)", figures=figs, tables=tables,
+                   text="What the driver measured while the job ran. NVML's GPU utilization "
+                        "is the share of time at least one kernel ran, so it should match "
+                        "'kernels busy' (the trace's kernels over the same span); a large "
+                        "gap means work the trace did not record.")
 
 
 def _memory(dx: Diagnosis, figs: list[Any]) -> Section | None:
