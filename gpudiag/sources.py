@@ -87,6 +87,8 @@ def _expand(path: Path, skipped: list[str]) -> list[tuple[Path, Reader | None]]:
         return [(path, None)]
     if is_trace_dir(path):
         return [(path, None)]
+    if is_run_dir(path):
+        return [(run_trace_dir(path), None)]
     found = readable_files(sorted(p for p in _walk(path)), skipped)
     if not found:
         raise InputError(
@@ -94,6 +96,25 @@ def _expand(path: Path, skipped: list[str]) -> list[tuple[Path, Reader | None]]:
             f"point at a file or a folder holding them; supported: {SUPPORTED}",
         )
     return found
+
+
+def is_run_dir(path: Path) -> bool:
+    """A `gpudiag profile` run directory: its meta.json beside `procs/`."""
+    return (path / "meta.json").is_file() and (path / "procs").is_dir()
+
+
+def run_trace_dir(run_dir: Path) -> Path:
+    """The merged trace of a run directory, merging it first if the session never did.
+
+    A session killed before its merge (or interrupted during it) left only the processes'
+    own output; merging then writes `<run>/trace/` once, as the session would have.
+    """
+    trace_dir = run_dir / "trace"
+    if not is_trace_dir(trace_dir):
+        from gpudiag.profiler.gather import merge_run
+
+        merge_run(run_dir)
+    return trace_dir
 
 
 def _walk(root: Path) -> Iterable[Path]:

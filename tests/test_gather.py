@@ -110,3 +110,14 @@ def test_plugin_chunks_take_their_process_rank_and_bad_files_are_named(tmp_path:
     assert len(merged.meta["unreadable"]) == 1
     assert "segment-0001.pt.trace.json" in merged.meta["unreadable"][0]
     assert (run_dir / "trace" / "meta.json").exists()  # saved for analyze/report/compare
+
+
+def test_a_run_directory_loads_as_its_trace_merging_it_if_needed(tmp_path: Path) -> None:
+    result = run([sys.executable, "-c", "import gpudiag; gpudiag.step(); gpudiag.step()"],
+                 out_dir=tmp_path / "run", options=ProfileOptions(nvml_interval_s=None))
+    assert not (result.run_dir / "trace").exists()  # as if killed before the merge
+    loaded = gpudiag.load(result.run_dir)
+    assert (result.run_dir / "trace" / "meta.json").exists()
+    assert loaded.ranges["name"].astype(str).tolist() == ["step 0", "step 1"]
+    again = gpudiag.load(result.run_dir)  # now read as saved
+    assert again.row_counts() == loaded.row_counts()

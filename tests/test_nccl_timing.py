@@ -30,9 +30,10 @@ from gpudiag.profiler.nccl_timing import (
     collectives_table,
 )
 from gpudiag.trace import Trace, merge
+from tests.conftest import framework
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+torch = framework("torch")
+dist = framework("torch.distributed")
 
 
 def _already_imported(name: str, callback: Any) -> None:

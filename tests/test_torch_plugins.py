@@ -139,3 +139,21 @@ def test_segments_are_numbered_per_window(tmp_path: Path, fake_torch: Any) -> No
     plugin.resume()  # after the final flush nothing starts again
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         f"segment-000{n}.pt.trace.json" for n in (1, 2, 3)]
+
+
+def test_bare_quotes_in_kineto_names_are_escaped(tmp_path: Path) -> None:
+    import json
+
+    path = tmp_path / "segment.pt.trace.json"
+    good = ('  {\n    "ph": "X",\n    "name": "aten::mm",\n    "args": {\n'
+            '      "name": "a \\"q\\""\n    }\n  }')
+    bad = ('  {\n    "ph": "X", "cat": "python_function",\n'
+           '    "name": "core.py(0): "frag\\\\mentation"",\n    "ts": 1\n  }')
+    path.write_text('{\n  "traceEvents": [\n' + good + ",\n" + bad + "\n  ]\n}\n")
+    assert torch_backend.escape_bare_quotes(path) == 1
+    events = json.loads(path.read_text())["traceEvents"]
+    assert events[0]["name"] == "aten::mm" and events[0]["args"]["name"] == 'a "q"'
+    assert events[1]["name"] == 'core.py(0): "frag\\mentation"'
+    before = path.read_bytes()
+    assert torch_backend.escape_bare_quotes(path) == 0  # valid files are left byte for byte
+    assert path.read_bytes() == before
