@@ -32,50 +32,16 @@ split bytes. Runs without gpudiag installed (the markers become no-ops).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import json
 import os
-import sys
 from typing import Any
 
+import _example
 import torch
-
-
-def _import_gpudiag() -> Any:
-    """gpudiag when it is importable, else None: the example must also run without it."""
-    try:
-        return importlib.import_module("gpudiag")
-    except ImportError:
-        return None
-
-
-GPUDIAG = _import_gpudiag()
-
-
-def step() -> None:
-    """gpudiag.step() (closes the previous step, opens the next), or nothing."""
-    if GPUDIAG is not None:
-        GPUDIAG.step()
-
-
-def region(name: str) -> contextlib.AbstractContextManager[Any]:
-    """gpudiag.region(name), or a context that does nothing."""
-    return GPUDIAG.region(name) if GPUDIAG is not None else contextlib.nullcontext()
-
 
 MIB = 1 << 20
 #: (freed size, kept size, step activation size, pairs) per device; CPU only smoke-tests
 SIZES = {"cuda": (4 * MIB, 6 * MIB, 5 * MIB, 320),
          "cpu": (64 * 1024, 96 * 1024, 80 * 1024, 50)}
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        sys.exit("fragmentation: --device cuda, but torch.cuda.is_available() is False")
-    return torch.device(name)
 
 
 def tensor(nbytes: int, device: torch.device) -> torch.Tensor:
@@ -114,16 +80,16 @@ def memory_numbers(device: torch.device) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    device = pick_device(args.device)
+    device = _example.pick_device(args.device, "fragmentation")
     freed, kept, activation, pairs = SIZES[device.type]
     pairs = args.blocks or pairs
     if args.snapshot and device.type == "cuda":
         torch.cuda.memory._record_memory_history(stacks="python", max_entries=200_000)
-    with region("fragment"):
+    with _example.region("fragment"):
         live = fragment(pairs, freed, kept, device)
     for _ in range(args.steps):
-        step()
-        with region("activations"):
+        _example.step()
+        with _example.region("activations"):
             acts = [tensor(activation, device) for _ in range(args.activations)]
             total = sum(a.sum() for a in acts)
             del acts, total
@@ -139,19 +105,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "snapshot": args.snapshot if device.type == "cuda" else None, **numbers}
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
-    p.add_argument("--steps", type=int, default=20)
+def parser() -> argparse.ArgumentParser:
+    p = _example.base_parser(__doc__, default_steps=20)
     p.add_argument("--blocks", type=int, help="pairs of interleaved tensors (default by device)")
     p.add_argument("--activations", type=int, default=8, help="5 MiB tensors per step")
     p.add_argument("--snapshot", help="CUDA: record allocator history, dump a snapshot here")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    print(json.dumps(run(parse(argv))), flush=True)
+    return p
 
 
 if __name__ == "__main__":
-    main()
+    _example.cli(run, parser())

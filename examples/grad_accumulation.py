@@ -27,55 +27,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import json
 import resource
 import sys
 import time
 from typing import Any
 
+import _example
 import torch
-
-
-def _import_gpudiag() -> Any:
-    """gpudiag when it is importable, else None: the example must also run without it."""
-    try:
-        return importlib.import_module("gpudiag")
-    except ImportError:
-        return None
-
-
-GPUDIAG = _import_gpudiag()
-
-
-def step() -> None:
-    """gpudiag.step() (closes the previous step, opens the next), or nothing."""
-    if GPUDIAG is not None:
-        GPUDIAG.step()
-
-
-def region(name: str) -> contextlib.AbstractContextManager[Any]:
-    """gpudiag.region(name), or a context that does nothing."""
-    return GPUDIAG.region(name) if GPUDIAG is not None else contextlib.nullcontext()
-
 
 SIZES = {"cuda": {"width": 2048, "batch": 8192, "layers": 8},
          "cpu": {"width": 128, "batch": 256, "layers": 4}}
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        sys.exit("grad_accumulation: --device cuda, but torch.cuda.is_available() is False")
-    return torch.device(name)
-
-
-def build(width: int, layers: int, device: torch.device) -> torch.nn.Module:
-    blocks: list[torch.nn.Module] = []
-    for _ in range(layers):
-        blocks += [torch.nn.Linear(width, width), torch.nn.GELU()]
-    return torch.nn.Sequential(*blocks[:-1]).to(device)
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
@@ -85,12 +46,14 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     return int(kib) * 1024, "ru_maxrss"
 
 
-def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    device = _example.pick_device(args.device, "grad_accumulation")
+    _example.fill_defaults(args, SIZES[device.type])
     if args.batch % args.accum:
         sys.exit(f"grad_accumulation: --batch {args.batch} is not divisible by "
                  f"--accum {args.accum}")
     torch.manual_seed(0)
-    model = build(args.width, args.layers, device)
+    model = _example.mlp(args.width, args.layers, torch.nn.GELU, device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, foreach=True)
     micro = args.batch // args.accum
     data = torch.randn(micro, args.width, device=device)
@@ -106,9 +69,9 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-        step()
+        _example.step()
         for _ in range(args.accum):
-            with region("micro_batch"), autocast:
+            with _example.region("micro_batch"), autocast:
                 loss = torch.nn.functional.mse_loss(model(data), target) / args.accum
             loss.backward()
         opt.step()
@@ -127,27 +90,16 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             "width": args.width, "layers": args.layers}
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
-    p.add_argument("--steps", type=int, default=20)
+def parser() -> argparse.ArgumentParser:
+    p = _example.base_parser(__doc__, default_steps=20)
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--batch", type=int, help="global batch (default by device)")
     p.add_argument("--width", type=int, help="hidden size (default by device)")
     p.add_argument("--layers", type=int, help="linear layers (default by device)")
     p.add_argument("--warmup", type=int, default=3, help="steps left out of the numbers")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse(argv)
-    device = pick_device(args.device)
-    for key, value in SIZES[device.type].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    print(json.dumps(train(args, device)), flush=True)
+    return p
 
 
 if __name__ == "__main__":
-    main()
+    _example.cli(train, parser())

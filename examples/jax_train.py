@@ -25,36 +25,12 @@ gpudiag installed (the markers become no-ops).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import json
 import random
 import sys
 import time
 from typing import Any
 
-
-def _import_gpudiag() -> Any:
-    """gpudiag when it is importable, else None: the example must also run without it."""
-    try:
-        return importlib.import_module("gpudiag")
-    except ImportError:
-        return None
-
-
-GPUDIAG = _import_gpudiag()
-
-
-def step() -> None:
-    """gpudiag.step() (closes the previous step, opens the next), or nothing."""
-    if GPUDIAG is not None:
-        GPUDIAG.step()
-
-
-def region(name: str) -> contextlib.AbstractContextManager[Any]:
-    """gpudiag.region(name), or a context that does nothing."""
-    return GPUDIAG.region(name) if GPUDIAG is not None else contextlib.nullcontext()
-
+import _example
 
 SIZES = {"gpu": {"width": 2048, "batch": 2048, "host_ms": 2.0},
          "cpu": {"width": 128, "batch": 64, "host_ms": 1.0}}
@@ -70,16 +46,6 @@ def pick_device(jax: Any, name: str) -> Any:
                 sys.exit("jax_train: --device cuda, but jax has no GPU backend "
                          "(pip install 'jax[cuda13]')")
     return jax.devices("cpu")[0]
-
-
-def wait_for_batch(ms: float, rng: random.Random) -> float:
-    """Stand-in for the host's per-step wait on a data pipeline: `ms` of sleep.
-
-    A sleep, not a Python busy loop: a profiler tracing Python calls (torch's with_stack)
-    would record every iteration of a loop. Returns an augmentation scale for the batch.
-    """
-    time.sleep(ms / 1000.0)
-    return 1.0 + 0.01 * (rng.random() - 0.5)
 
 
 def make_step(jax: Any, jnp: Any) -> Any:
@@ -106,9 +72,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     except ImportError:
         sys.exit("jax_train: needs jax (pip install jax)")
     device = pick_device(jax, args.device)
-    for key, value in SIZES[device.platform if device.platform == "cpu" else "gpu"].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    _example.fill_defaults(args, SIZES[device.platform if device.platform == "cpu" else "gpu"])
     rng = random.Random(0)
     with jax.default_device(device):
         keys = jax.random.split(jax.random.PRNGKey(0), args.layers + 1)
@@ -123,9 +87,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if number == warmup:
                 jax.block_until_ready(params)
                 start = time.perf_counter()
-            step()
-            with region("data"):
-                x = base * wait_for_batch(args.host_ms, rng)
+            _example.step()
+            with _example.region("data"):
+                x = base * _example.wait_for_batch(args.host_ms, rng)
             params, loss = train_step(params, x)
             if not args.fixed:  # the planted bottleneck: a readback every step
                 loss.block_until_ready()
@@ -137,28 +101,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     timed = args.steps - warmup
     return {"example": "jax_train", "fixed": bool(args.fixed), "device": device.platform,
             "steps": args.steps, "timed_steps": timed,
-            "steps_per_s": round(timed / elapsed, 3) if elapsed > 0 else None,
-            "final_loss": losses[-1] if losses else None, "host_ms": args.host_ms,
-            "width": args.width, "batch": args.batch, "layers": args.layers}
-
-
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--fixed", action="store_true", help="no per-step readback (the fix)")
-    p.add_argument("--log-every", type=int, default=50, help="with --fixed: log interval")
-    p.add_argument("--warmup", type=int, default=5, help="steps left out (compilation)")
-    p.add_argument("--width", type=int, help="hidden size (default by device)")
-    p.add_argument("--batch", type=int, help="batch size (default by device)")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--host-ms", type=float, help="host work per step in ms (default by device)")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    print(json.dumps(train(parse(argv))), flush=True)
+            **_example.readback_numbers(args, timed, elapsed, losses)}
 
 
 if __name__ == "__main__":
-    main()
+    _example.cli(train, _example.readback_parser(
+        __doc__, fix="no per-step readback (the fix)", warmup="steps left out (compilation)"))

@@ -22,51 +22,17 @@ events on GPU, wall clock on CPU) and the algorithm bandwidth. Runs without gpud
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import _example
 import torch
 import torch.distributed as dist
 
-
-def _import_gpudiag() -> Any:
-    """gpudiag when it is importable, else None: the example must also run without it."""
-    try:
-        return importlib.import_module("gpudiag")
-    except ImportError:
-        return None
-
-
-GPUDIAG = _import_gpudiag()
-
-
-def step() -> None:
-    """gpudiag.step() (closes the previous step, opens the next), or nothing."""
-    if GPUDIAG is not None:
-        GPUDIAG.step()
-
-
-def region(name: str) -> contextlib.AbstractContextManager[Any]:
-    """gpudiag.region(name), or a context that does nothing."""
-    return GPUDIAG.region(name) if GPUDIAG is not None else contextlib.nullcontext()
-
-
 DEFAULT_SIZES = {"cuda": "4096,1048576,67108864", "cpu": "4096,65536,1048576"}
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        sys.exit("nccl_allreduce: --device cuda, but torch.cuda.is_available() is False")
-    return torch.device(name)
 
 
 class Clock:
@@ -103,7 +69,7 @@ class Clock:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    device = pick_device(args.device)
+    device = _example.pick_device(args.device, "nccl_allreduce")
     backend = "nccl" if device.type == "cuda" else "gloo"
     sizes = [int(s) for s in (args.sizes or DEFAULT_SIZES[device.type]).split(",")]
     if device.type == "cuda":
@@ -115,9 +81,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tensors = {n: torch.ones(max(n // 4, 1), device=device) for n in sizes}
             clock = Clock(device.type == "cuda")
             for _ in range(args.steps):
-                step()
+                _example.step()
                 for n, t in tensors.items():
-                    with region(f"all_reduce {n} B"):
+                    with _example.region(f"all_reduce {n} B"):
                         clock.start(n)
                         dist.all_reduce(t)
                         clock.stop(n)
@@ -131,18 +97,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "world_size": 1, "steps": args.steps, "all_reduce": rows}
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
-    p.add_argument("--steps", type=int, default=20)
+def parser() -> argparse.ArgumentParser:
+    p = _example.base_parser(__doc__, default_steps=20)
     p.add_argument("--sizes", help="comma-separated bytes per all_reduce (default by device)")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the medians")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    print(json.dumps(run(parse(argv))), flush=True)
+    return p
 
 
 if __name__ == "__main__":
-    main()
+    _example.cli(run, parser())

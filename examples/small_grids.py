@@ -33,36 +33,12 @@ comparison. Runs without gpudiag installed (the markers become no-ops).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import json
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-
-def _import_gpudiag() -> Any:
-    """gpudiag when it is importable, else None: the example must also run without it."""
-    try:
-        return importlib.import_module("gpudiag")
-    except ImportError:
-        return None
-
-
-GPUDIAG = _import_gpudiag()
-
-
-def step() -> None:
-    """gpudiag.step() (closes the previous step, opens the next), or nothing."""
-    if GPUDIAG is not None:
-        GPUDIAG.step()
-
-
-def region(name: str) -> contextlib.AbstractContextManager[Any]:
-    """gpudiag.region(name), or a context that does nothing."""
-    return GPUDIAG.region(name) if GPUDIAG is not None else contextlib.nullcontext()
-
+import _example
 
 BLOCKS, THREADS = 1024, 32  # the whole work: 1024 blocks of 32 threads = 32768 elements
 N = BLOCKS * THREADS
@@ -86,11 +62,7 @@ def torch_pattern(device_name: str, launches: int) -> tuple[Callable[[], None], 
     """(one pattern, timer) with torch: sin over the tensor in 1 call or in `launches`."""
     import torch
 
-    if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "cpu"
-    if device_name == "cuda" and not torch.cuda.is_available():
-        sys.exit("small_grids: --device cuda, but torch.cuda.is_available() is False")
-    device = torch.device(device_name)
+    device = _example.pick_device(device_name, "small_grids")
     x = torch.rand(N, device=device)
     y = torch.empty_like(x)
     width = N // launches
@@ -181,8 +153,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if number == warmup:
             timer.reset()
             start = time.perf_counter()
-        step()
-        with region(f"{args.launches}x"):
+        _example.step()
+        with _example.region(f"{args.launches}x"):
             timer.start()
             for _ in range(args.repeat):
                 pattern()
@@ -199,21 +171,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "steps_per_s": round(timed / elapsed, 3) if elapsed > 0 else None}
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+def parser() -> argparse.ArgumentParser:
+    p = _example.base_parser(__doc__, default_steps=20)
     p.add_argument("--impl", choices=("torch", "cupy"), default="torch")
     p.add_argument("--launches", type=int, choices=(1, 32), default=32)
-    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeat", type=int, default=100, help="patterns per step")
     p.add_argument("--iters", type=int, default=100, help="cupy: multiply-adds per thread")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the numbers")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    print(json.dumps(run(parse(argv))), flush=True)
+    return p
 
 
 if __name__ == "__main__":
-    main()
+    _example.cli(run, parser())

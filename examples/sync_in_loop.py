@@ -28,60 +28,16 @@ to stderr. Runs without gpudiag installed (the markers become no-ops).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import json
 import random
 import sys
 import time
 from typing import Any
 
+import _example
 import torch
-
-
-def _import_gpudiag() -> Any:
-    """gpudiag when it is importable, else None: the example must also run without it."""
-    try:
-        return importlib.import_module("gpudiag")
-    except ImportError:
-        return None
-
-
-GPUDIAG = _import_gpudiag()
-
-
-def step() -> None:
-    """gpudiag.step() (closes the previous step, opens the next), or nothing."""
-    if GPUDIAG is not None:
-        GPUDIAG.step()
-
-
-def region(name: str) -> contextlib.AbstractContextManager[Any]:
-    """gpudiag.region(name), or a context that does nothing."""
-    return GPUDIAG.region(name) if GPUDIAG is not None else contextlib.nullcontext()
-
 
 SIZES = {"cuda": {"width": 2048, "batch": 2048, "host_ms": 2.0},
          "cpu": {"width": 128, "batch": 64, "host_ms": 1.0}}
-
-
-def pick_device(name: str) -> torch.device:
-    """`auto` is cuda when torch sees a GPU; asking for cuda without one is an error."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        sys.exit("sync_in_loop: --device cuda, but torch.cuda.is_available() is False")
-    return torch.device(name)
-
-
-def wait_for_batch(ms: float, rng: random.Random) -> float:
-    """Stand-in for the host's per-step wait on a data pipeline: `ms` of sleep.
-
-    A sleep, not a Python busy loop: a profiler tracing Python calls (torch's with_stack)
-    would record every iteration of a loop. Returns an augmentation scale for the batch.
-    """
-    time.sleep(ms / 1000.0)
-    return 1.0 + 0.01 * (rng.random() - 0.5)
 
 
 class LossLog:
@@ -133,18 +89,13 @@ class LossLog:
         self._print_done(block=True)
 
 
-def build(width: int, layers: int, device: torch.device) -> torch.nn.Module:
-    blocks: list[torch.nn.Module] = []
-    for _ in range(layers):
-        blocks += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*blocks[:-1]).to(device)
-
-
-def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def train(args: argparse.Namespace) -> dict[str, Any]:
     """The training loop; returns the numbers printed as the JSON line."""
+    device = _example.pick_device(args.device, "sync_in_loop")
+    _example.fill_defaults(args, SIZES[device.type])
     torch.manual_seed(0)
     rng = random.Random(0)
-    model = build(args.width, args.layers, device)
+    model = _example.mlp(args.width, args.layers, torch.nn.ReLU, device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, foreach=True)
     target = torch.zeros(args.batch, args.width, device=device)
     log = LossLog(args.log_every, device)
@@ -154,9 +105,9 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     for number in range(args.steps):
         if number == warmup:
             start = time.perf_counter()
-        step()
-        with region("data"):
-            scale = wait_for_batch(args.host_ms, rng)
+        _example.step()
+        with _example.region("data"):
+            scale = _example.wait_for_batch(args.host_ms, rng)
             x = torch.randn(args.batch, args.width, device=device) * scale
         loss = torch.nn.functional.mse_loss(model(x), target)
         opt.zero_grad(set_to_none=True)
@@ -175,33 +126,9 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     timed = args.steps - warmup
     return {"example": "sync_in_loop", "fixed": bool(args.fixed), "device": device.type,
             "steps": args.steps, "timed_steps": timed, "elapsed_s": round(elapsed, 6),
-            "steps_per_s": round(timed / elapsed, 3) if elapsed > 0 else None,
-            "final_loss": losses[-1] if losses else None, "host_ms": args.host_ms,
-            "width": args.width, "batch": args.batch, "layers": args.layers}
-
-
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--fixed", action="store_true", help="no per-step sync (the fix)")
-    p.add_argument("--log-every", type=int, default=50, help="with --fixed: log interval")
-    p.add_argument("--warmup", type=int, default=5, help="steps left out of steps/s")
-    p.add_argument("--width", type=int, help="hidden size (default by device)")
-    p.add_argument("--batch", type=int, help="batch size (default by device)")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--host-ms", type=float, help="host work per step in ms (default by device)")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse(argv)
-    device = pick_device(args.device)
-    for key, value in SIZES[device.type].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    print(json.dumps(train(args, device)), flush=True)
+            **_example.readback_numbers(args, timed, elapsed, losses)}
 
 
 if __name__ == "__main__":
-    main()
+    _example.cli(train, _example.readback_parser(
+        __doc__, fix="no per-step sync (the fix)", warmup="steps left out of steps/s"))

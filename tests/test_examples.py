@@ -146,9 +146,14 @@ def test_jax_train_planted_and_fixed() -> None:
 
 
 def test_examples_run_when_gpudiag_is_not_importable() -> None:
-    """`import gpudiag` failing (sys.modules entry None) turns the markers into no-ops."""
-    code = ("import runpy, sys; sys.modules['gpudiag'] = None; "
+    """`import gpudiag` failing (sys.modules entry None) turns the markers into no-ops.
+
+    The script's folder goes first on sys.path, as `python examples/X.py` does (run_path
+    does not), so the examples' shared `_example` module is found.
+    """
+    code = ("import os, runpy, sys; sys.modules['gpudiag'] = None; "
             "sys.argv = [sys.argv[1], '--device', 'cpu', '--steps', '3']; "
+            "sys.path.insert(0, os.path.dirname(sys.argv[0])); "
             "runpy.run_path(sys.argv[0], run_name='__main__')")
     for name in ("sync_in_loop", "fragmentation", "nccl_allreduce"):
         proc = subprocess.run([sys.executable, "-c", code, str(EXAMPLES / f"{name}.py")],

@@ -380,15 +380,21 @@ def test_wrapper_script_usage_errors_exit_2_without_running_ncu(
 
 
 def test_wrapper_scripts_differ_only_in_their_set() -> None:
-    def code(name: str) -> str:
+    """Each script sets its `set_args` and, as its last line, sources the shared body."""
+    def code(name: str) -> tuple[str, str]:
         text = (external.WRAPPERS / f"{name}.sh").read_text()
         start, end = text.index("set -euo pipefail"), text.index("# --- the set:")
-        return text[start:end]
+        return text[start:end], text.rstrip("\n").splitlines()[-1]
 
     assert code("launch") == code("memory") == code("full")
+    assert code("full")[1].startswith(". ") and code("full")[1].endswith('/_ncu_common.sh"')
+    common = (external.WRAPPERS / "_ncu_common.sh").read_text()
+    assert 'args+=("${set_args[@]}")' in common
+    assert 'exec "${NCU:-ncu}"' in common
     for name in external.NCU_SETS:
         path = external.WRAPPERS / f"{name}.sh"
         assert path.stat().st_mode & 0o111, f"{path} is not executable"
+        assert "exec " not in path.read_text(), f"{path} should leave running ncu to the body"
 
 
 def test_scripts_folder_is_the_packaged_wrappers() -> None:
@@ -397,8 +403,9 @@ def test_scripts_folder_is_the_packaged_wrappers() -> None:
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_wrapper_scripts_pass_shellcheck() -> None:
-    scripts = [str(external.WRAPPERS / f"{name}.sh") for name in external.NCU_SETS]
-    result = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
+    names = (*external.NCU_SETS, "_ncu_common")
+    scripts = [str(external.WRAPPERS / f"{name}.sh") for name in names]
+    result = subprocess.run(["shellcheck", "-x", *scripts], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
 

@@ -6,68 +6,24 @@
 # About half the replay passes of full.sh.
 #
 # Usage: memory.sh [-l LOG_FILE] OUTPUT [KERNEL_REGEX] -- CMD [ARG...]
-#   OUTPUT        report path without .ncu-rep (ncu adds it); its folder is created
-#   KERNEL_REGEX  profile only kernels whose function name matches (ncu -k regex:...);
-#                 leave it out, or pass "", for every kernel
-#   -l LOG_FILE   ncu's own lines (==PROF==, ==WARNING==, ==ERROR==) go to LOG_FILE instead
-#                 of the terminal; the program's own output is never redirected
-#   CMD ARG...    the program, after a literal --
-# Environment (each optional):
-#   NCU               the ncu to run (default: ncu on PATH; e.g. /usr/local/cuda/bin/ncu)
-#   NCU_LAUNCH_COUNT  stop after profiling this many launches (ncu --launch-count)
-#   NCU_LAUNCH_SKIP   first let this many matching launches run unprofiled (--launch-skip)
-# Always: --clock-control none (kernels run at the clocks they would get in production, not
-# locked to base), --target-processes all (children of CMD too, e.g. torchrun workers),
-# --nvtx (the NVTX ranges open at each launch, e.g. gpudiag steps, go into the report),
-# --force-overwrite. ncu needs GPU counter access: run as root, or see ERR_NVGPUCTRPERM in
-# `gpudiag doctor`. Exit status: ncu's, or 2 for a usage error.
+# The arguments, environment, fixed options and exit status are the same for every set and
+# documented, with the code that handles them, in _ncu_common.sh beside this script.
 #
 # Example: NCU_LAUNCH_COUNT=20 ./memory.sh out/gemm 'gemm|matmul' -- python bench.py --steps 3
 # `gpudiag profile --backend ncu --ncu-set memory -- CMD` runs this script; the other
 # *.sh beside it take the same arguments and differ only in the sections they collect.
 set -euo pipefail
 
-usage() {
-    echo "usage: ${0##*/} [-l LOG_FILE] OUTPUT [KERNEL_REGEX] -- CMD [ARG...]" >&2
-    if [[ -n ${1:-} ]]; then echo "${0##*/}: $1" >&2; fi
-    exit 2
-}
-
-args=(--export)
-log_file=""
-if [[ ${1:-} == -l ]]; then
-    [[ $# -ge 2 ]] || usage "-l needs a file"
-    log_file=$2
-    shift 2
-fi
-[[ $# -ge 3 ]] || usage "missing OUTPUT, -- or CMD"
-output=$1
-shift
-args+=("$output" --force-overwrite --clock-control none --target-processes all --nvtx)
-if [[ $1 != -- ]]; then
-    if [[ -n $1 ]]; then args+=(-k "regex:$1"); fi
-    shift
-fi
-[[ ${1:-} == -- ]] || usage "expected -- before the command"
-shift
-[[ $# -ge 1 ]] || usage "no command after --"
-for name in NCU_LAUNCH_COUNT NCU_LAUNCH_SKIP; do
-    value=${!name:-}
-    [[ -z $value || $value =~ ^[0-9]+$ ]] || usage "$name must be a whole number, not '$value'"
-done
-if [[ -n ${NCU_LAUNCH_COUNT:-} ]]; then args+=(--launch-count "$NCU_LAUNCH_COUNT"); fi
-if [[ -n ${NCU_LAUNCH_SKIP:-} ]]; then args+=(--launch-skip "$NCU_LAUNCH_SKIP"); fi
-if [[ -n $log_file ]]; then args+=(--log-file "$log_file"); fi
-mkdir -p -- "$(dirname -- "$output")"
-
-# --- the set: the only lines that differ between full.sh, memory.sh and launch.sh ---
+# --- the set: the only lines that differ between full.sh, memory.sh and launch.sh;
+# _ncu_common.sh parses the arguments, appends set_args and runs ncu ---
 # Sections by their ncu identifier (`ncu --list-sections`); the three metrics are named as
 # well because gpudiag's heatmap reads exactly these (kernel_metrics.METRIC_ALIASES) and a
 # section file of another ncu release may not list them.
 hit_rates="lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct"
 dram="dram__throughput.avg.pct_of_peak_sustained_elapsed"
-args+=(--section SpeedOfLight --section Occupancy --section LaunchStats
-       --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Chart
-       --section MemoryWorkloadAnalysis_Tables --metrics "$hit_rates,$dram")
-
-exec "${NCU:-ncu}" "${args[@]}" -- "$@"
+# shellcheck disable=SC2034  # read by _ncu_common.sh, sourced below
+set_args=(--section SpeedOfLight --section Occupancy --section LaunchStats
+          --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Chart
+          --section MemoryWorkloadAnalysis_Tables --metrics "$hit_rates,$dram")
+# shellcheck source-path=SCRIPTDIR source=_ncu_common.sh disable=SC1091  # followed with -x only
+. "$(dirname -- "$(readlink -f -- "${BASH_SOURCE[0]}")")/_ncu_common.sh"
