@@ -121,3 +121,30 @@ def test_a_run_directory_loads_as_its_trace_merging_it_if_needed(tmp_path: Path)
     assert loaded.ranges["name"].astype(str).tolist() == ["step 0", "step 1"]
     again = gpudiag.load(result.run_dir)  # now read as saved
     assert again.row_counts() == loaded.row_counts()
+
+
+def test_host_markers_are_sealed_in_chunks_and_merge_once(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudiag.profiler import bootstrap
+
+    monkeypatch.setattr(bootstrap, "SEAL_ROWS", 10)
+    run_dir = tmp_path / "run"
+    session.make_run_dir(["x"], run_dir)
+    session.write_json(run_dir / "meta.json", {"command": ["x"]})
+    collector = bootstrap.HostCollector(run_dir, 3600.0, ["host"], {})
+    collector.dir.mkdir(parents=True)
+    for i in range(25):
+        collector.add_range(f"r{i}", 1_000 * i, 1_000 * i + 500, "annotation")
+        if i % 4 == 3:
+            collector.flush()
+    collector.flush(final=True)
+    chunks = sorted(p.name for p in (collector.dir / "markers").iterdir())
+    assert chunks == ["chunk-000001", "chunk-000002"]  # 12 and 12 rows sealed, 1 still open
+    assert len(collector.ranges) == 1  # sealed rows left memory
+    # a kill between sealing and clearing the tail leaves the last rows twice on disk
+    sealed = gpudiag.Trace.load_dir(collector.dir / "markers" / "chunk-000002").ranges
+    twice = gpudiag.Trace(ranges=sealed.iloc[-3:]).ranges
+    twice.to_parquet(collector.dir / "ranges.parquet", index=False)
+    merged = merge_run(run_dir)
+    names = merged.ranges.sort_values("start_ns")["name"].astype(str).tolist()
+    assert names == [f"r{i}" for i in range(24)]  # r24 was overwritten by the simulated kill

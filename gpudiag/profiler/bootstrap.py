@@ -34,6 +34,8 @@ ENV_COLLECTORS = "GPUDIAG_COLLECTORS"
 ENV_FLUSH_INTERVAL = "GPUDIAG_FLUSH_INTERVAL_S"
 #: JSON of the collectors' settings (delay_s, duration_s, steps, memory, backend)
 ENV_SETTINGS = "GPUDIAG_SETTINGS"
+#: host markers kept open (rewritten each flush) before they are sealed into a chunk
+SEAL_ROWS = 50_000
 #: matches gpudiag.trace.FORMAT_NAME / FORMAT_VERSION (not imported: that pulls in pandas)
 _FORMAT = {"gpudiag_format": "gpudiag-trace", "gpudiag_format_version": 1}
 
@@ -96,7 +98,8 @@ class HostCollector:
         self.dir = self.run_dir / "procs" / proc_dir_name(self.pid)
         self.start_ns = time.time_ns()
         self.ranges: list[tuple[int, int, int, str, str]] = []
-        self._flushed_ranges = 0
+        self._flushed_ranges = 0  # rows of the open tail already in ranges.parquet
+        self._sealed = 0  # marker chunks written
         self._writer_ready = False
         self._lock = threading.Lock()
         self._flush_lock = threading.RLock()
@@ -143,34 +146,56 @@ class HostCollector:
         }
 
     def flush(self, final: bool = False) -> None:
-        """Write meta.json, and ranges.parquet when ranges were added since the last flush."""
+        """Write meta.json, and the markers when some were added since the last flush.
+
+        The open markers (at most `SEAL_ROWS`) are rewritten to `ranges.parquet`; a full
+        tail is sealed into `markers/chunk-NNNNNN/` and dropped from memory, so a long run
+        never rewrites more than one tail per flush.
+        """
         if os.getpid() != self.pid:  # a forked child before its fork hook ran
             return
         with self._flush_lock:  # the flush thread and the final flush share temp files
             with self._lock:
-                ranges = list(self.ranges)
-            if len(ranges) != self._flushed_ranges:
-                self._write_ranges(ranges)
-                self._flushed_ranges = len(ranges)
+                tail = list(self.ranges)
+            if len(tail) >= SEAL_ROWS:
+                self._seal(tail)
+                tail = []
+            if len(tail) != self._flushed_ranges:
+                self._write_ranges(tail, self.dir / "ranges.parquet")
+                self._flushed_ranges = len(tail)
             self.plugins.call("flush", final)
             end_ns = time.time_ns() if final else None
             meta = json.dumps(self.meta(end_ns), indent=1).encode()
             _write_atomic(self.dir / "meta.json", meta)
 
-    def _write_ranges(self, ranges: list[tuple[int, int, int, str, str]]) -> None:
+    def _seal(self, tail: list[tuple[int, int, int, str, str]]) -> None:
+        """Move a full tail into its own chunk (written before the tail is cleared, so a
+        kill in between leaves the rows twice, which `merge_run` drops, never zero times)."""
+        self._sealed += 1
+        chunk = self.dir / "markers" / f"chunk-{self._sealed:06d}"
+        tmp = chunk.with_name(f".{chunk.name}.tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        self._write_ranges(tail, tmp / "ranges.parquet")
+        _write_atomic(tmp / "meta.json", json.dumps(
+            {**_FORMAT, "sources": [], "warnings": {}, "rank": _env_int("RANK")}).encode())
+        os.replace(tmp, chunk)
+        with self._lock:
+            del self.ranges[:len(tail)]
+
+    def _write_ranges(self, ranges: list[tuple[int, int, int, str, str]], path: Path) -> None:
         import pandas as pd
 
         from gpudiag.trace import Trace
 
-        tid, start, end, name, source = zip(*ranges, strict=True)
+        tid, start, end, name, source = zip(*ranges, strict=True) if ranges else ([],) * 5
         frame = pd.DataFrame({
-            "pid": self.pid, "tid": tid, "start_ns": start, "end_ns": end,
-            "name": name, "source": source, "rank": _env_int("RANK"),
+            "pid": self.pid, "tid": list(tid), "start_ns": list(start), "end_ns": list(end),
+            "name": list(name), "source": list(source), "rank": _env_int("RANK"),
         })
         table = Trace(ranges=frame).ranges
-        tmp = self.dir / f".ranges.parquet.{self.pid}.tmp"
+        tmp = path.with_name(f".{path.name}.{self.pid}.tmp")
         table.to_parquet(tmp, index=False)
-        os.replace(tmp, self.dir / "ranges.parquet")
+        os.replace(tmp, path)
 
     def stop(self) -> None:
         """Final flush at exit; never raises into the interpreter's shutdown."""

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from gpudiag.errors import InputError
 from gpudiag.profiler.nvml_sampler import load_samples
 from gpudiag.trace import Trace, is_trace_dir, merge
@@ -41,7 +43,7 @@ def merge_run(run_dir: Path, extra: Sequence[Path] = ()) -> Trace:
     """
     run_dir = Path(run_dir)
     procs = sorted(p for p in (run_dir / "procs").glob("*") if p.is_dir())
-    hosts = [Trace.load_dir(p) for p in procs if is_trace_dir(p)]
+    hosts = [_host_part(p) for p in procs if is_trace_dir(p)]
     unreadable: list[str] = []
     parts: list[Trace] = []
     for proc, host in zip((p for p in procs if is_trace_dir(p)), hosts, strict=True):
@@ -106,11 +108,32 @@ def _count(n: int, singular: str, plural: str | None = None) -> str:
     return f"{n:,} {singular if n == 1 else plural or singular + 's'}"
 
 
+#: the bootstrap's sealed marker chunks, part of the process's own (host) Trace
+MARKERS = "markers"
+
+
+def _host_part(proc: Path) -> Trace:
+    """A process's host Trace: the open markers plus every sealed chunk, each row once.
+
+    A kill between sealing a chunk and clearing the open tail leaves rows in both, so
+    duplicates (same thread, times, name and source) are dropped.
+    """
+    host = Trace.load_dir(proc)
+    chunks = [c for c in sorted((proc / MARKERS).glob("chunk-*")) if is_trace_dir(c)]
+    if chunks:
+        frames = [Trace.load_dir(c).ranges for c in chunks] + [host.ranges]
+        ranges = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
+        key = ["pid", "tid", "start_ns", "end_ns", "name", "source"]
+        host.ranges = ranges.drop_duplicates(key, ignore_index=True)
+    return host
+
+
 def _collector_parts(
     root: Path, unreadable: list[str], *, plugin_dirs: bool = True
 ) -> list[Trace]:
     """The Trace dirs and readable files under `root` (each plugin's folder, or `root` itself)."""
-    folders = sorted(p for p in root.iterdir() if p.is_dir()) if plugin_dirs else [root]
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and p.name != MARKERS) \
+        if plugin_dirs else [root]
     parts: list[Trace] = []
     for folder in (f for f in folders if f.is_dir()):
         entries = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
