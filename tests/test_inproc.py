@@ -199,3 +199,15 @@ def test_closed_plugins_never_start(tmp_path: Path,
     plugins.close()
     plugins.start("fake", "fake_gpudiag_plugin", tmp_path)
     assert log == [] and plugins.started == {}
+
+
+@pytest.mark.parametrize(("argv", "launcher"), [
+    (["/usr/bin/python3", "/venv/bin/torchrun", "--nproc-per-node", "8", "train.py"], True),
+    (["python", "-m", "torch.distributed.run", "train.py"], True),
+    (["python", "-m", "torch.distributed.launch", "train.py"], True),
+    (["python", "train.py", "-m", "torch.distributed.run"], False),  # the script's own args
+    (["python", "train.py"], False),
+    (["python", "-c", "import torch"], False),
+])
+def test_launchers_are_recognized(argv: list[str], launcher: bool) -> None:
+    assert inproc.is_launcher(argv) is launcher

@@ -267,3 +267,32 @@ def test_auto_backend_without_a_gpu_profiles_with_torch(tmp_path: Path) -> None:
     n_ops = f"{(trace.ranges['source'] == 'torch_op').sum():,}"
     assert "gpudiag: collected 1 process, 2 steps (median " in done.stderr
     assert f"), {n_ops} torch ops" in done.stderr  # what a run without a GPU did record
+
+
+def test_torchrun_workers_are_profiled_per_rank_and_the_launcher_is_not(tmp_path: Path) -> None:
+    framework("torch")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    code = """
+        import torch, gpudiag
+        for _ in range(2):
+            gpudiag.step()
+            torch.ones(8).sum().item()
+    """
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(code))
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir), "--backend", "torch",
+         "--no-report", "--", str(torchrun), "--standalone", "--nproc-per-node", "2",
+         str(script)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    procs = {p.name.rsplit("-", 1)[-1]: p for p in (run_dir / "procs").iterdir()}
+    assert {"rank0", "rank1"} <= set(procs)
+    launchers = [p for name, p in procs.items() if not name.startswith("rank")]
+    assert launchers and all(not (p / "torch").exists() for p in launchers)
+    launcher_meta = json.loads((launchers[0] / "meta.json").read_text())["process"]
+    assert launcher_meta["collectors_skipped"] == ["torch (launcher process)"]
+    trace = gpudiag.load(run_dir)
+    items = _ops(trace).query("name == 'aten::item'")
+    assert sorted(items["rank"].tolist()) == [0, 0, 1, 1]
+    assert trace.meta["ranks"] == [0, 1]

@@ -88,6 +88,9 @@ class HostCollector:
         self.interval_s = interval_s
         inproc = _load_inproc()
         self.skipped = [n for n in names if n != "host" and n not in inproc.PLUGINS]
+        if inproc.is_launcher():  # torchrun: its workers are profiled, not the launcher
+            self.skipped += [f"{n} (launcher process)" for n in names if n in inproc.PLUGINS]
+            names = ["host"]
         self.plugins = inproc.Plugins(names, settings, self.report)
         self.window = inproc.Window(settings, self.plugins.set_window)
         self._reset_for_process()

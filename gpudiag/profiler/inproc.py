@@ -41,6 +41,29 @@ PLUGINS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 Callback = Callable[[ModuleType], None]
 
+#: launchers that only start the workers: profiling them adds a useless trace per run
+LAUNCHER_SCRIPTS = ("torchrun",)
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def is_launcher(argv: Sequence[str] | None = None) -> bool:
+    """True in a torchrun / `python -m torch.distributed.run` launcher process.
+
+    It imports torch but runs no model; the workers it starts get their own collectors.
+    `sys.orig_argv` is read because `sys.argv` is still `['-m', ...]` while
+    sitecustomize runs.
+    """
+    args = list(argv if argv is not None else getattr(sys, "orig_argv", sys.argv))[1:]
+    while args:  # the interpreter's options, up to the script, -m or -c
+        arg = args.pop(0)
+        if arg == "-m":
+            return bool(args) and args[0] in LAUNCHER_MODULES
+        if arg in ("-X", "-W"):  # options that take a value
+            args = args[1:]
+        elif not arg.startswith("-") or arg == "-c":
+            return Path(arg).name in LAUNCHER_SCRIPTS
+    return False
+
 
 class _NotifyingLoader:
     """Wraps a module's loader: after the module body ran, call the watcher's callbacks.
