@@ -211,3 +211,24 @@ def test_odd_arg_types_fall_back_without_failing(tmp_path: Path) -> None:
     trace = gpudiag.load(kt.write(tmp_path / "t.json"))
     assert trace.kernels["stream"].iloc[0] == 0x1F
     assert trace.kernels["device"].iloc[0] == 0  # falls back to the event's pid (the GPU)
+
+
+def test_bare_quotes_kineto_left_in_names_are_repaired_and_counted(tmp_path: Path) -> None:
+    """torch.profiler with_stack writes Python function names unescaped (a real case:
+    pyarrow's `core.py(0): "fragmentation"`); such a trace still loads."""
+    import gzip
+
+    good = ('{\n  "traceEvents": [\n  {\n    "ph": "X", "cat": "cpu_op",\n'
+            '    "name": "aten::mm",\n    "pid": 1, "tid": 1,\n    "ts": 10, "dur": 5\n  },\n'
+            '  {\n    "ph": "X", "cat": "python_function",\n'
+            '    "name": "core.py(0): "fragmentation"",\n'
+            '    "pid": 1, "tid": 1,\n    "ts": 11, "dur": 2\n  }\n  ]\n}\n')
+    path = tmp_path / "broken.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(good.encode()))
+    trace = gpudiag.load(path)
+    assert set(trace.ranges["name"].astype(str)) == {"aten::mm", 'core.py(0): "fragmentation"'}
+    assert trace.meta["warnings"][
+        "event names with unescaped quotes repaired (Kineto writes them so)"] == 1
+    (tmp_path / "other.json").write_text('{"traceEvents": [ {"ph": "X" oops} ]}')
+    with pytest.raises(gpudiag.InputError, match="is not valid JSON"):
+        gpudiag.load(tmp_path / "other.json")

@@ -13,6 +13,7 @@ the JAX reader.
 from __future__ import annotations
 
 import gc
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,8 +22,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpudiag.collectors import kineto_collectives
+from gpudiag.collectors import kineto_collectives, kineto_repair
 from gpudiag.collectors.chrome_json import Document, decode, integers, take, triple
+from gpudiag.collectors.files import read_bytes
 from gpudiag.collectors.intervals import nesting_depth
 from gpudiag.collectors.kineto_events import (
     GROUP_IDS,
@@ -34,6 +36,7 @@ from gpudiag.collectors.kineto_events import (
     stream_of,
 )
 from gpudiag.devices import fill_from_compute_capability, vendor_of
+from gpudiag.errors import InputError
 from gpudiag.trace import Trace
 
 SYNC_KINDS = {
@@ -55,9 +58,26 @@ RANGE_SOURCE_BY_ID = np.array(
 
 
 def read(path: Path) -> Trace:
-    """Read a Kineto (or JAX Perfetto) Chrome trace into a Trace."""
+    """Read a Kineto (or JAX Perfetto) Chrome trace into a Trace.
+
+    A trace that is invalid JSON only because Kineto left bare quotes in event names
+    (`kineto_repair`) is read from a repaired copy, and the repair is counted.
+    """
     with gc_paused():
-        return _read(path)
+        try:
+            return _read(path)
+        except InputError as exc:
+            if "is not valid JSON" not in str(exc):
+                raise
+            fixed, lines = kineto_repair.escape_bare_quotes(read_bytes(path))
+            if not lines:
+                raise
+        with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
+            copy = Path(tmp) / path.name.removesuffix(".gz")
+            copy.write_bytes(fixed)
+            trace = _read(copy)
+        trace.warn("event names with unescaped quotes repaired (Kineto writes them so)", lines)
+        return trace
 
 
 @contextmanager

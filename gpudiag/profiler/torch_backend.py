@@ -20,16 +20,12 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import threading
 from pathlib import Path
 from typing import Any
 
+from gpudiag.collectors import kineto_repair
 from gpudiag.optional import require
-
-#: a pretty-printed Kineto `"name": "..."` line whose value holds a bare `"` (Kineto writes
-#: Python function names unescaped: `core.py(0): "fragmentation"` made invalid JSON)
-_BARE_QUOTE_NAME = re.compile(rb'(?m)^([ \t]*"name": ")((?:[^"\n\\]|\\.)*"[^\n]*)(",?\r?)$')
 
 
 def create(out_dir: Path, settings: dict[str, Any]) -> TorchCollector:
@@ -146,24 +142,12 @@ class TorchCollector:
 
 
 def escape_bare_quotes(path: Path) -> int:
-    """Escape the bare quotes Kineto leaves in event names; returns the lines repaired.
+    """Escape the bare quotes Kineto leaves in event names in place; the lines repaired.
 
-    torch.profiler with `with_stack=True` names Python events `file(line): function` and
-    does not escape them, so a function whose name holds a quote makes the whole segment
-    invalid JSON (seen with pyarrow's Cython functions on the bootstrap's flush thread).
-    Kineto writes each key on its own line, so only `"name"` lines with a quote inside the
-    value are rewritten; other lines, and valid files, are left byte for byte.
+    Done at export, so the segment gpudiag merges is valid JSON for every other tool too
+    (`collectors/kineto_repair.py` says why it happens).
     """
-    data = path.read_bytes()
-    repaired = 0
-
-    def escape(match: re.Match[bytes]) -> bytes:
-        nonlocal repaired
-        repaired += 1
-        inner = re.sub(rb'(?<!\\)"', rb'\\"', match.group(2))
-        return match.group(1) + inner + match.group(3)
-
-    fixed = _BARE_QUOTE_NAME.sub(escape, data)
+    fixed, repaired = kineto_repair.escape_bare_quotes(path.read_bytes())
     if repaired:
         path.write_bytes(fixed)
     return repaired
