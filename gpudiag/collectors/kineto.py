@@ -72,10 +72,14 @@ def read(path: Path) -> Trace:
             fixed, lines = kineto_repair.escape_bare_quotes(read_bytes(path))
             if not lines:
                 raise
+            original = exc
         with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
             copy = Path(tmp) / path.name.removesuffix(".gz")
             copy.write_bytes(fixed)
-            trace = _read(copy)
+            try:
+                trace = _read(copy)
+            except InputError:  # broken in other ways too: the error names the user's file
+                raise original from None
         trace.warn("event names with unescaped quotes repaired (Kineto writes them so)", lines)
         return trace
 
