@@ -36,7 +36,7 @@ PLUGINS: dict[str, tuple[str, tuple[str, ...]]] = {
     "torch_memory": ("gpudiag.profiler.torch_snapshot", ("torch",)),
     "jax": ("gpudiag.profiler.jax_backend", ("jax",)),
     "cupti": ("gpudiag.profiler.cupti_backend", ("torch", "jax", "cupy", "numba", "cuda")),
-    "nccl": ("gpudiag.profiler.nccl_timing", ("torch",)),
+    "nccl": ("gpudiag.profiler.nccl_timing", ("torch", "cupy")),
 }
 
 Callback = Callable[[ModuleType], None]

@@ -74,6 +74,7 @@ from gpudiag.profiler.nccl_rows import (
 __all__ = ["NcclTiming", "collectives_table", "create"]
 
 MODULE = "torch.distributed"
+CUPY_MODULE = "cupy.cuda.nccl"  # NcclCommunicator: see nccl_cupy
 FORMAT = "gpudiag-nccl-timing"
 FINAL_WAIT_S = 2.0
 _MARK = "_gpudiag_nccl_timing"
@@ -110,6 +111,7 @@ class NcclTiming:
         self._final_wait_s = final_wait_s
         self._chunk_interval_s = float(settings.get("chunk_interval_s") or 0.0)
         self._patched: list[tuple[ModuleType, str, Any, Any]] = []
+        self._unpatch_cupy: list[Callable[[], None]] = []
         self._dist: ModuleType | None = None
         self._enabled = False
         self._reset(out_dir)
@@ -135,16 +137,21 @@ class NcclTiming:
     # -- the collector contract -------------------------------------------------------------
 
     def start(self) -> None:
-        """Have the wrappers installed right after torch.distributed is imported."""
+        """Have the wrappers installed once torch.distributed or cupy.cuda.nccl is imported."""
         hook = self._on_import or _bootstrap_hook()
         if hook is not None:
             hook(MODULE, self._install)
+            hook(CUPY_MODULE, self._install_cupy)
             return
-        module = sys.modules.get(MODULE)
-        if module is None:
-            raise CollectorError("nccl timing needs gpudiag.profiler.bootstrap.on_import "
-                                 "(or torch.distributed imported first); collectives not timed")
-        self._install(module)
+        module, cupy = sys.modules.get(MODULE), sys.modules.get(CUPY_MODULE)
+        if module is None and cupy is None:
+            raise CollectorError("nccl timing needs gpudiag.profiler.bootstrap.on_import (or "
+                                 "torch.distributed or cupy.cuda.nccl imported first); "
+                                 "collectives not timed")
+        if module is not None:
+            self._install(module)
+        if cupy is not None:
+            self._install_cupy(cupy)
 
     def pause(self) -> None:
         self._paused = True  # seq keeps counting, so ranks stay matched
@@ -206,8 +213,20 @@ class NcclTiming:
         except Exception as exc:  # then the flushes fail and say so; the program runs on
             self._fail(exc)
 
+    def _install_cupy(self, module: ModuleType) -> None:
+        """CuPy's NcclCommunicator calls, timed into this collector (never raises)."""
+        from gpudiag.profiler import nccl_cupy
+
+        self._unpatch_cupy.append(nccl_cupy.install(self, module))
+        try:
+            _import_writer()
+        except Exception as exc:  # then the flushes fail and say so; the program runs on
+            self._fail(exc)
+
     def unpatch(self) -> None:
         """Put the original functions back (wrappers others already hold just call through)."""
+        while self._unpatch_cupy:
+            self._unpatch_cupy.pop()()
         for target, name, original, wrapper in reversed(self._patched):
             if getattr(target, name, None) is wrapper:
                 setattr(target, name, original)
