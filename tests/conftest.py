@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import os
+import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,3 +45,20 @@ def framework(module: str) -> object:
 
         return importlib.import_module(module)
     return pytest.importorskip(module, reason=f"{module} is not installed (pip install {module})")
+
+
+def plotly_array(value: Any) -> np.ndarray:
+    """A figure trace's array as numpy: plotly's JSON writes numeric arrays as typed base64."""
+    if isinstance(value, dict) and "bdata" in value:
+        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        shape = [int(v) for v in str(value.get("shape", len(flat))).split(",")]
+        return flat.reshape(shape)
+    return np.asarray(value)
+
+
+def wait_for(path: Path, timeout_s: float = 30.0) -> None:
+    """Wait until `path` exists (a file another process writes); fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)

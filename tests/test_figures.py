@@ -4,7 +4,6 @@ strings kept as data, and every real fixture drawn without error."""
 
 from __future__ import annotations
 
-import base64
 import time
 from typing import Any
 
@@ -21,7 +20,7 @@ from gpudiag.analyzers.memory import fragmentation
 from gpudiag.reports import figures
 from gpudiag.trace import Trace
 from tests.builders import kernel, trace
-from tests.conftest import fixture, fixtures
+from tests.conftest import fixture, fixtures, plotly_array
 
 FIVE_MB = 5 * 1024 * 1024
 EVIL = "<script>alert(1)</script>"
@@ -30,13 +29,6 @@ SNAPSHOTS = [p.name for p in fixtures("memsnap/*.pickle")]
 PAIR = ["kineto/world128_sampled_rank0.json.gz", "kineto/world128_sampled_rank1.json.gz"]
 
 
-def _arr(value: Any) -> np.ndarray:
-    """A trace's array as numpy: plotly's JSON writes numeric arrays as typed base64."""
-    if isinstance(value, dict) and "bdata" in value:
-        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
-        shape = [int(v) for v in str(value.get("shape", len(flat))).split(",")]
-        return flat.reshape(shape)
-    return np.asarray(value)
 
 
 def _heatmaps(fig: Any) -> list[dict[str, Any]]:
@@ -46,8 +38,8 @@ def _heatmaps(fig: Any) -> list[dict[str, Any]]:
 def _loss_totals_from_figure(fig: Any) -> dict[str, np.ndarray]:
     """Per cause, the time of the loss rows summed over bins (share x bin width), in ns."""
     rows = _heatmaps(fig)[1]
-    width_ns = np.diff(_arr(rows["x"])) * 1e6
-    shares = _arr(rows["customdata"])  # devices x bins x causes
+    width_ns = np.diff(plotly_array(rows["x"])) * 1e6
+    shares = plotly_array(rows["customdata"])  # devices x bins x causes
     summed = (shares * width_ns[None, :, None]).sum(axis=1)
     return {c: summed[:, i] for i, c in enumerate(LOSS_CAUSES)}
 
@@ -61,24 +53,24 @@ def _two_streams() -> Trace:
 def test_busy_shares_per_bin_are_the_union_of_each_streams_events() -> None:
     fig = figures.utilization(_two_streams(), None, bins=4)
     (busy,) = _heatmaps(fig)
-    assert _arr(busy["x"]) == pytest.approx([0, 1e-4, 2e-4, 3e-4, 4e-4])  # edges in ms
-    assert list(_arr(busy["y"])) == ["GPU 0 · stream 7", "GPU 0 · stream 8"]
-    assert _arr(busy["z"]).tolist() == [[1.0, 0.5, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
+    assert plotly_array(busy["x"]) == pytest.approx([0, 1e-4, 2e-4, 3e-4, 4e-4])  # edges in ms
+    assert list(plotly_array(busy["y"])) == ["GPU 0 · stream 7", "GPU 0 · stream 8"]
+    assert plotly_array(busy["z"]).tolist() == [[1.0, 0.5, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
 
 
 def test_bins_tile_the_span_when_bins_do_not_divide_it() -> None:
     tr = trace(kernels=[kernel(0, 7), kernel(10, 1003, stream=9)])
     (busy,) = _heatmaps(figures.utilization(tr, None, bins=7))
-    width = np.diff(_arr(busy["x"]) * 1e6)
+    width = np.diff(plotly_array(busy["x"]) * 1e6)
     assert width.sum() == pytest.approx(1003)
-    covered = (_arr(busy["z"]) * width).sum(axis=1)
+    covered = (plotly_array(busy["z"]) * width).sum(axis=1)
     assert covered == pytest.approx([7, 993], abs=0.01)  # z is float32
 
 
 def test_hover_names_the_kernel_with_most_time_in_each_cell() -> None:
     tr = trace(kernels=[kernel(0, 10, "a"), kernel(10, 90, "b"), kernel(100, 200, "a")])
     (busy,) = _heatmaps(figures.utilization(tr, None, bins=2))
-    assert _arr(busy["customdata"]).tolist() == [["b", "a"]]
+    assert plotly_array(busy["customdata"]).tolist() == [["b", "a"]]
 
 
 def test_loss_row_shows_the_dominant_cause_and_adds_up_to_the_waterfall() -> None:
@@ -87,7 +79,7 @@ def test_loss_row_shows_the_dominant_cause_and_adds_up_to_the_waterfall() -> Non
     dx = gpudiag.diagnose(tr)
     fig = figures.utilization(tr, dx, bins=4)
     rows = _heatmaps(fig)[1]
-    cause = [LOSS_CAUSES[int(c)] for c in _arr(rows["z"])[0]]
+    cause = [LOSS_CAUSES[int(c)] for c in plotly_array(rows["z"])[0]]
     assert cause == ["useful", "launch_bound", "launch_bound", "useful"]
     totals = _loss_totals_from_figure(fig)
     lost = dx.losses.set_index("cause")["lost_ns"]
@@ -100,8 +92,9 @@ def test_every_timeline_fixture_draws_bounded_figures(path: Any) -> None:
     tr = gpudiag.load(path)
     dx = gpudiag.diagnose(tr)
     bars = figures.waterfall(dx)
-    per_device = pd.DataFrame([(y, x) for t in bars.to_dict()["data"]
-                               for y, x in zip(_arr(t["y"]), _arr(t["x"]), strict=True)])
+    per_device = pd.DataFrame([
+        (y, x) for t in bars.to_dict()["data"]
+        for y, x in zip(plotly_array(t["y"]), plotly_array(t["x"]), strict=True)])
     assert per_device.groupby(0)[1].sum().to_numpy() == pytest.approx(1.0)
     heat = figures.utilization(tr, dx)
     assert len(heat.to_json()) < FIVE_MB
@@ -131,14 +124,14 @@ def test_collective_waits_of_the_world128_pair_sum_each_ranks_waits() -> None:
     fig = figures.collective_waits(gpudiag.diagnose(tr))
     assert fig is not None
     (heat,) = _heatmaps(fig)
-    z = _arr(heat["z"])
-    assert list(_arr(heat["y"])) == ["rank 0", "rank 1"]
+    z = plotly_array(heat["z"])
+    assert list(plotly_array(heat["y"])) == ["rank 0", "rank 1"]
     assert z.shape == (2, skew["match_id"].nunique())
     per_rank = skew.groupby("rank")["wait_ns"].sum().to_numpy() / 1e6
     assert z.sum(axis=1) == pytest.approx(per_rank, abs=1e-5)
     binned = _heatmaps(figures.collective_waits(tr, max_calls=3))[0]
-    assert _arr(binned["z"]).shape == (2, 3)
-    assert _arr(binned["z"]).sum(axis=1) == pytest.approx(per_rank, abs=1e-5)
+    assert plotly_array(binned["z"]).shape == (2, 3)
+    assert plotly_array(binned["z"]).sum(axis=1) == pytest.approx(per_rank, abs=1e-5)
 
 
 def _skew_rows(comm: str) -> pd.DataFrame:
@@ -173,14 +166,14 @@ def test_memory_figure_of_each_snapshot(name: str) -> None:
     assert fig is not None
     assert len(fig.to_json()) < FIVE_MB
     (heat,) = _heatmaps(fig)
-    shares = _arr(heat["customdata"])
-    assert shares.shape[:2] == _arr(heat["z"]).shape
+    shares = plotly_array(heat["customdata"])
+    assert shares.shape[:2] == plotly_array(heat["z"]).shape
     assert shares.shape[0] <= 128 and shares.shape[1] <= 200
     assert shares.sum(axis=2) == pytest.approx(1.0, abs=1e-3)
     (curve,) = [t for t in fig.to_dict()["data"] if t["type"] == "scatter"]
     frag = fragmentation(tr)["fragmentation"]
-    assert max(_arr(curve["y"])) == pytest.approx(frag.max(), abs=1e-4)  # the peak survives
-    assert len(_arr(curve["y"])) <= 2000
+    assert max(plotly_array(curve["y"])) == pytest.approx(frag.max(), abs=1e-4)  # the peak survives
+    assert len(plotly_array(curve["y"])) <= 2000
 
 
 def test_memory_heatmap_needs_a_snapshot_curves_need_memory_events() -> None:
@@ -216,12 +209,12 @@ def test_ten_million_kernels_stay_under_five_megabytes() -> None:
     assert time.perf_counter() - began < 60  # a Python loop per kernel would take minutes
     assert len(fig.to_json()) < FIVE_MB
     busy, causes = _heatmaps(fig)
-    assert _arr(busy["z"]).shape == (4, 400)
+    assert plotly_array(busy["z"]).shape == (4, 400)
     totals = _loss_totals_from_figure(fig)
     lost = dx.losses.set_index("cause")["lost_ns"]
     window = dx.timeline.windows[(-1, 0)][1] - dx.timeline.windows[(-1, 0)][0]  # type: ignore[union-attr]
     assert totals["launch_bound"][0] == pytest.approx(lost["launch_bound"], abs=1e-3 * window)
-    assert _arr(causes["z"]).shape == (1, 400)
+    assert plotly_array(causes["z"]).shape == (1, 400)
 
 
 def test_memory_curves_without_a_snapshot_keep_the_peak() -> None:
@@ -234,7 +227,7 @@ def test_memory_curves_without_a_snapshot_keep_the_peak() -> None:
     frag = fragmentation(t)
     peak = float(frag["allocated_bytes"].max()) / 1e9
     allocated = next(d for d in fig.data if d.name.endswith("allocated"))
-    assert max(_arr(allocated.y)) == pytest.approx(peak)
-    assert len(_arr(allocated.x)) <= 2000
+    assert max(plotly_array(allocated.y)) == pytest.approx(peak)
+    assert len(plotly_array(allocated.x)) <= 2000
     alexnet = gpudiag.load(fixture("kineto/a100_alexnet_sync_critical_path.json.gz"))
     assert figures_memory.memory(alexnet) is None

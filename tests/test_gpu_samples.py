@@ -3,7 +3,6 @@ findings, and the samples figure checked on its data (`fig.to_dict()`)."""
 
 from __future__ import annotations
 
-import base64
 import re
 from typing import Any
 
@@ -18,6 +17,7 @@ from gpudiag.reports.figures_samples import bucketed
 from gpudiag.reports.figures_samples import gpu_samples as samples_figure
 from gpudiag.trace import Trace
 from tests.builders import kernel, trace
+from tests.conftest import plotly_array
 
 T0 = 1_700_000_000_000_000_000  # epoch ns, as the sampler writes them
 MS = 1_000_000
@@ -57,13 +57,6 @@ def two_gpus(kernels: list[dict[str, Any]] | None = None) -> Trace:
     return trace(kernels=kernels, samples=_samples(rows))
 
 
-def _arr(value: Any) -> np.ndarray:
-    """A trace's array as numpy: plotly's JSON writes numeric arrays as typed base64."""
-    if isinstance(value, dict) and "bdata" in value:
-        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
-        shape = [int(v) for v in str(value.get("shape", len(flat))).split(",")]
-        return flat.reshape(shape)
-    return np.asarray(value)
 
 
 # -- summary ----------------------------------------------------------------------------------
@@ -207,12 +200,12 @@ def test_figure_has_a_row_per_group_and_a_line_per_gpu_and_metric() -> None:
     names = [t["name"] for t in data]
     assert names[:4] == ["GPU 0 GPU util", "GPU 0 memory util", "GPU 1 GPU util",
                          "GPU 1 memory util"]
-    memory = {t["name"]: _arr(t["y"]) for t in data if "memory " in t["name"]
+    memory = {t["name"]: plotly_array(t["y"]) for t in data if "memory " in t["name"]
               and "util" not in t["name"]}
     assert memory["GPU 0 memory used"].tolist() == [float(i) for i in range(1, 11)]  # GiB
     assert memory["GPU 1 memory total"].tolist() == [80.0] * 10
     tx = next(t for t in data if t["name"] == "GPU 1 PCIe tx")
-    assert _arr(tx["y"]).tolist() == [2.0] * 10 and tx["yaxis"] == "y6"  # GB/s, last row
+    assert plotly_array(tx["y"]).tolist() == [2.0] * 10 and tx["yaxis"] == "y6"  # GB/s, last row
     assert {t["xaxis"] for t in data} <= {f"x{i}" if i > 1 else "x" for i in range(1, 7)}
 
 
@@ -220,7 +213,7 @@ def test_x_axis_counts_seconds_from_the_traces_first_event() -> None:
     t = two_gpus([kernel(T0 - 2_000 * MS, T0 - 1_000 * MS)])
     fig = samples_figure(t)
     assert fig is not None
-    x = _arr(fig.to_dict()["data"][0]["x"])
+    x = plotly_array(fig.to_dict()["data"][0]["x"])
     assert x.tolist() == pytest.approx([2.0 + 0.1 * i for i in range(10)])
 
 
@@ -243,11 +236,11 @@ def test_long_series_are_bucketed_and_keep_their_peaks() -> None:
     fig = samples_figure(Trace(samples=_samples(rows)), max_points=2000)
     assert fig is not None
     (line,) = fig.to_dict()["data"]
-    y, custom = _arr(line["y"]), _arr(line["customdata"])
+    y, custom = plotly_array(line["y"]), plotly_array(line["customdata"])
     assert len(y) == 2000 and y.max() == 650.0 and np.count_nonzero(y == 650.0) == 1
     assert custom[:, 1].sum() == n  # every sample in exactly one bucket
     spike = int(np.argmax(y))
-    assert _arr(line["x"])[spike] == pytest.approx(7_777 * 0.1)  # drawn at the spike's time
+    assert plotly_array(line["x"])[spike] == pytest.approx(7_777 * 0.1)  # drawn at the spike's time
     assert custom[spike, 0] == pytest.approx((650.0 + 4 * 200.0) / 5)  # the bucket's mean
     assert "max %{y:.4g} W of %{customdata[1]} samples" in line["hovertemplate"]
 

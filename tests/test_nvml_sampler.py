@@ -26,7 +26,7 @@ from gpudiag.profiler.nvml_sampler import (
     visible_indices,
 )
 from gpudiag.trace import Trace
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 
 GIB = 1 << 30
 T0 = 1_700_000_000_000_000_000  # ns, the fake clock's start
@@ -326,11 +326,6 @@ def test_mixed_gpu_models_note_that_cuda_may_number_them_differently() -> None:
     assert same.notes == []
 
 
-def _wait_for(path: Path, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
 
 
 def test_chunks_written_while_running_merge_to_the_full_series(tmp_path: Path) -> None:
@@ -342,7 +337,7 @@ def test_chunks_written_while_running_merge_to_the_full_series(tmp_path: Path) -
     real_sample = sampler.sample
     sampler.sample = lambda: counted.append(real_sample()) or counted[-1]  # type: ignore[method-assign]
     sampler.start()
-    _wait_for(tmp_path / "nvml" / "chunk-000005")
+    wait_for(tmp_path / "nvml" / "chunk-000005")
     early = load_samples(tmp_path / "nvml")  # read while the thread still writes
     assert early is not None and len(early.samples) >= 2 * 13 * 3
     sampler.stop()
@@ -458,7 +453,7 @@ def test_start_sampler_with_a_gpu_samples_until_stopped(
     monkeypatch.setattr(nvml_sampler, "require", lambda _m, _p: FakeNvml([FakeGpu(UUIDS[0])]))
     sampler = start_sampler(tmp_path / "nvml", 0.01, env={})
     assert sampler is not None
-    _wait_for(tmp_path / "nvml" / "chunk-000000")
+    wait_for(tmp_path / "nvml" / "chunk-000000")
     time.sleep(0.05)
     sampler.stop()
     trace = load_samples(tmp_path / "nvml")

@@ -8,10 +8,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 from gpudiag.profiler.session import ProfileOptions, make_run_dir, merge_run, run
+from tests.conftest import wait_for
 
 FAST = ProfileOptions(flush_interval_s=0.2)
 
@@ -33,11 +33,6 @@ def _session_in_subprocess(cmd: list[str], out: Path, **kwargs: object) -> subpr
     return subprocess.Popen([sys.executable, "-c", driver], text=True, **kwargs)  # type: ignore[call-overload]
 
 
-def _wait_for(path: Path, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
 
 
 def test_exit_status_of_the_child_is_returned(tmp_path: Path) -> None:
@@ -70,7 +65,7 @@ def test_sigterm_to_the_session_reaches_the_child(tmp_path: Path) -> None:
         time.sleep(60)
     """)
     proc = _session_in_subprocess(child, tmp_path / "run")
-    _wait_for(ready)
+    wait_for(ready)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 5
     assert got.read_text() == "yes"
@@ -89,7 +84,7 @@ def test_sigint_to_the_session_reaches_the_child(tmp_path: Path) -> None:
             pathlib.Path({str(cleaned)!r}).write_text("yes")
     """)
     proc = _session_in_subprocess(child, tmp_path / "run", stderr=subprocess.PIPE)
-    _wait_for(ready)
+    wait_for(ready)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGINT
