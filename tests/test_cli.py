@@ -152,3 +152,15 @@ def test_doctor_lists_every_collector() -> None:
     assert result.exit_code == 0
     for name in ("NVML", "cupti", "torch", "nsys", "ncu"):
         assert name in result.output
+
+
+def test_profile_into_an_unwritable_run_dir_is_one_line_before_running(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o", "/proc/gpudiag/run",
+                           "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "gpudiag: error: /proc/gpudiag/run: cannot be created as the run directory "
+        "(No such file or directory) (pass a writable -o RUN_DIR)"]
+    assert not marker.exists()

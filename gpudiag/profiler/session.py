@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gpudiag.errors import CollectorError
+from gpudiag.errors import CollectorError, InputError
 from gpudiag.profiler import bootstrap, external
 from gpudiag.profiler.backends import Plan
 from gpudiag.profiler.gather import merge_run
@@ -232,16 +232,20 @@ def make_run_dir(cmd: list[str], out_dir: Path | None) -> Path:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         out_dir = RUNS_DIR / f"{stamp}-{_command_name(cmd)}"
     candidate, n = Path(out_dir), 1
-    while True:
-        try:
-            candidate.mkdir(parents=True)
-            break
-        except FileExistsError:
-            if candidate.is_dir() and not any(candidate.iterdir()):
+    try:
+        while True:
+            try:
+                candidate.mkdir(parents=True)
                 break
-            n += 1
-            candidate = Path(f"{out_dir}-{n}")
-    (candidate / "procs").mkdir()
+            except FileExistsError:
+                if candidate.is_dir() and not any(candidate.iterdir()):
+                    break
+                n += 1
+                candidate = Path(f"{out_dir}-{n}")
+        (candidate / "procs").mkdir()
+    except OSError as exc:  # nothing has run yet: one line, not "cannot start CMD"
+        raise InputError(candidate, f"cannot be created as the run directory "
+                         f"({exc.strerror or exc})", "pass a writable -o RUN_DIR") from exc
     return candidate.resolve()
 
 
