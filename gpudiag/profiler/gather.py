@@ -128,14 +128,11 @@ def _host_part(proc: Path) -> Trace:
     return host
 
 
-def _collector_parts(
-    root: Path, unreadable: list[str], *, plugin_dirs: bool = True
-) -> list[Trace]:
-    """The Trace dirs and readable files under `root` (each plugin's folder, or `root` itself)."""
-    folders = sorted(p for p in root.iterdir() if p.is_dir() and p.name != MARKERS) \
-        if plugin_dirs else [root]
+def _collector_parts(proc: Path, unreadable: list[str]) -> list[Trace]:
+    """Each plugin folder's Trace chunks and readable files (markers belong to the host)."""
+    folders = sorted(p for p in proc.iterdir() if p.is_dir() and p.name != MARKERS)
     parts: list[Trace] = []
-    for folder in (f for f in folders if f.is_dir()):
+    for folder in folders:
         entries = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
         for chunk in (p for p in entries if p.is_dir() and is_trace_dir(p)):
             parts.append(Trace.load_dir(chunk))
