@@ -252,7 +252,9 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
         ncu_set=ncu_set, ncu_kernels=ncu_kernels,
     )
     try:
-        result, trace, notes = profile_command(list(command), plan, options, output)
+        result, trace, notes = profile_command(
+            list(command), plan, options, output,
+            progress=lambda line: click.echo(f"gpudiag: {line}", err=True))
     except OSError as exc:
         click.echo(f"gpudiag: error: cannot start {command[0]}: {exc.strerror or exc}",
                    err=True)

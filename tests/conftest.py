@@ -62,3 +62,14 @@ def wait_for(path: Path, timeout_s: float = 30.0) -> None:
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.02)
+
+
+def tool_missing(reason: str) -> None:
+    """Skip a test whose external tool (HTA, shellcheck) is absent; fail instead in CI.
+
+    `.ci/run` installs those tools and sets GPUDIAG_REQUIRE_TOOLS=1, so a broken install
+    there is a failure, never a quiet skip.
+    """
+    if os.environ.get("GPUDIAG_REQUIRE_TOOLS") == "1":
+        pytest.fail(f"required tool missing (GPUDIAG_REQUIRE_TOOLS=1): {reason}")
+    pytest.skip(reason)

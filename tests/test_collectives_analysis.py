@@ -22,7 +22,7 @@ from gpudiag.analyzers.collectives_skew import SKEW_COLUMNS, WAIT_COLUMNS
 from gpudiag.analyzers.findings import ADVICE, COLUMNS
 from gpudiag.trace import Trace
 from tests.builders import kernel, trace
-from tests.conftest import fixture
+from tests.conftest import fixture, tool_missing
 
 KINETO_NCCL = [
     "kineto/v100_rank1of2_nccl_profile_memory.json.gz",
@@ -399,7 +399,7 @@ def test_overlap_of_comm_equals_hta_comp_comm_overlap() -> None:
 
     python = hta_python()
     if python is None:
-        pytest.skip(f"Holistic Trace Analysis not found; to run the oracle: {INSTALL}")
+        tool_missing(f"Holistic Trace Analysis not found; to run the oracle: {INSTALL}")
     paths = [fixture(n) for n in KINETO_NCCL]
     done = subprocess.run([python, "-c", HTA_OVERLAP, *map(str, paths)], capture_output=True,
                           text=True, timeout=600)

@@ -29,7 +29,7 @@ from gpudiag.profiler.external import (
     result_files,
     wrap_command,
 )
-from tests.conftest import ROOT, fixture
+from tests.conftest import ROOT, fixture, tool_missing
 
 NCU_REP = "ncu/rtx3050laptop_filter_nvtx.ncu-rep"  # 1 kernel
 NSYS_SQLITE = "nsys/rtx4090_4streams_eventsync.sqlite"  # 16 kernels
@@ -401,8 +401,9 @@ def test_scripts_folder_is_the_packaged_wrappers() -> None:
     assert (ROOT / "scripts" / "ncu_wrappers").resolve() == external.WRAPPERS
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_wrapper_scripts_pass_shellcheck() -> None:
+    if shutil.which("shellcheck") is None:
+        tool_missing("shellcheck is not installed (apt install shellcheck)")
     names = (*external.NCU_SETS, "_ncu_common")
     scripts = [str(external.WRAPPERS / f"{name}.sh") for name in names]
     result = subprocess.run(["shellcheck", "-x", *scripts], capture_output=True, text=True)

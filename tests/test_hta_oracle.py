@@ -44,7 +44,7 @@ import pytest
 import gpudiag
 from gpudiag.analyzers.timeline import idle_breakdown, stream_summary, temporal_breakdown
 from gpudiag.trace import Trace
-from tests.conftest import ROOT, fixtures
+from tests.conftest import ROOT, fixtures, tool_missing
 
 RUNNER = Path(__file__).with_name("hta_oracle_runner.py")
 TRACES = fixtures("kineto/*.json*")
@@ -83,7 +83,7 @@ def hta(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """HTA's breakdowns of every Kineto fixture in both time modes, from one subprocess."""
     python = hta_python()
     if python is None:
-        pytest.skip(f"Holistic Trace Analysis not found; to run the oracle: {INSTALL}")
+        tool_missing(f"Holistic Trace Analysis not found; to run the oracle: {INSTALL}")
     out = tmp_path_factory.mktemp("hta") / "hta.json"
     done = subprocess.run([python, str(RUNNER), str(out), *map(str, TRACES)],
                           capture_output=True, text=True, timeout=900)

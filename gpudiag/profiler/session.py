@@ -168,7 +168,8 @@ def _start_nvml(run_dir: Path, options: ProfileOptions, child_env: Mapping[str, 
 
 
 def profile_command(
-    cmd: list[str], plan: Plan, options: ProfileOptions, out_dir: Path | None = None
+    cmd: list[str], plan: Plan, options: ProfileOptions, out_dir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[SessionResult, Trace, list[str]]:
     """The whole `gpudiag profile` job: run, merge, and the lines the user should read.
 
@@ -193,6 +194,9 @@ def profile_command(
             extra = external.result_files(tool, result.run_dir)
         except CollectorError as exc:
             notes.append(str(exc))
+    if progress is not None:  # a large run takes a while to merge: say what is going on
+        procs = sum(1 for p in (result.run_dir / "procs").iterdir() if p.is_dir())
+        progress(f"merging what {procs} process{'es' if procs != 1 else ''} collected...")
     trace = merge_run(result.run_dir, extra=extra)
     if tool is not None:
         trace.meta.setdefault("tool_versions", {})[tool] = version
