@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from gpudiag.analyzers.findings import LOSS_CAUSES
+from gpudiag.analyzers.findings import LOSS_CAUSES, format_ns
 from gpudiag.errors import InputError
 
 _BUDGET = re.compile(r"^\s*(?P<cause>[a-z_]+)\s*>\s*(?P<value>\d+(?:\.\d+)?)\s*"
@@ -28,7 +28,7 @@ class Budget:
 
     def __str__(self) -> str:
         return (f"{self.cause}>{100 * self.limit:g}%" if self.share
-                else f"{self.cause}>{self.limit / 1e6:g}ms")
+                else f"{self.cause}>{format_ns(self.limit).replace(' ', '')}")
 
 
 def parse(spec: str) -> list[Budget]:
@@ -57,6 +57,6 @@ def exceeded(budgets: list[Budget], losses: pd.DataFrame) -> list[str]:
         share = lost / total if total else 0.0
         value = share if budget.share else lost
         if value > budget.limit:
-            lines.append(f"budget {budget} exceeded: {budget.cause} lost {lost / 1e6:.3f} ms "
+            lines.append(f"budget {budget} exceeded: {budget.cause} lost {format_ns(lost)} "
                          f"= {100 * share:.2f}% of GPU time")
     return lines

@@ -6,10 +6,14 @@ it cost, where it happens (a Python call site when the trace has stacks, else th
 op, NVTX range or kernel name), how often, the evidence in numbers, and one concrete action.
 `diagnose()` concatenates every analyzer's findings, fills `share` (of the analyzed GPU
 time) and ranks them by `lost_ns`.
+
+Evidence writes every duration with `format_ns`, the one duration formatter of gpudiag
+(the terminal and HTML reports use it too), so a 4.64 µs loss never reads "0.00 ms".
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -19,8 +23,12 @@ import pandas as pd
 LOSS_CAUSES = ("useful", "sync_stall", "launch_bound", "host_bound", "copy", "comm_wait",
                "small_grid")
 
+#: host-side causes (`analyzers.host_steps`): host time in the steps, a share of step time
+HOST_CAUSES = ("host_data_loading", "host_python_overhead", "host_optimizer", "host_compile",
+               "host_op")
+
 #: causes a finding may name besides the waterfall's (not shares of the timeline)
-OTHER_CAUSES = ("fragmentation", "kernel", "comm", "throttle")
+OTHER_CAUSES = ("fragmentation", "kernel", "comm", "throttle", *HOST_CAUSES)
 
 COLUMNS = ("cause", "lost_ns", "share", "where", "count", "evidence", "advice")
 
@@ -73,6 +81,27 @@ ADVICE: Mapping[str, str] = {
                       "lowered limit (`nvidia-smi -pl`) or expect lower clocks on power-heavy "
                       "kernels",
 }
+
+
+_UNITS = (("s", 1e9), ("ms", 1e6), ("µs", 1e3))
+
+
+def format_ns(ns: float | None) -> str:
+    """A duration in nanoseconds in the unit that fits its size, 3 significant digits.
+
+        format_ns(4_640)          # '4.64 µs'
+        format_ns(415_856_500)    # '416 ms'
+        format_ns(999_700)        # '1 ms' (rounding never gives '1e+03 µs')
+
+    None and NaN (a duration nobody could measure) are 'n/a'.
+    """
+    if ns is None or math.isnan(ns):
+        return "n/a"
+    for unit, scale in _UNITS:
+        value = float(f"{ns / scale:.3g}")  # rounded first: 999.7 µs is 1 ms, not 1e+03 µs
+        if abs(value) >= 1:
+            return f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:g} {unit}"
+    return f"{ns:.0f} ns"
 
 
 def frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame | None = None) -> pd.DataFrame:

@@ -3,7 +3,8 @@
 Each table shows the runs' values, then one "vs <baseline>" column per later run with the
 change; a change is red when it is worse (slower, more memory, more lost time, fewer
 samples/s or less useful time) and green when better, so a reviewer sees the verdict
-before reading the numbers.
+before reading the numbers. A value a run cannot have (a waterfall without a timeline) is
+"n/a", its reason in the notes below the tables; nothing prints as nan.
 """
 
 from __future__ import annotations
@@ -69,12 +70,11 @@ def _waterfall(comparison: Comparison, console: Console) -> None:
         share = comparison.shares.loc[cause]
         if not (lost[labels].fillna(0) > 0).any():
             continue
-        runs = [_na(lost[x], format_ns) + _na(share[x], lambda v: f" ({100 * v:.1f}%)")
-                for x in labels]
+        runs = [_na(lost[x], format_ns) + ("" if pd.isna(share[x])
+                                           else f" ({100 * share[x]:.1f}%)") for x in labels]
         better = _BETTER_UP.get(str(cause), -1)
-        moves = [_colored(f"{share[f'pp:{x}']:+.1f} pp, "
-                          + _na(lost[f"delta:{x}"], _signed(format_ns)),
-                          share[f"pp:{x}"], better) for x in labels[1:]]
+        moves = [_colored(_pp(share[f"pp:{x}"], lost[f"delta:{x}"]), share[f"pp:{x}"], better)
+                 for x in labels[1:]]
         table.add_row(str(cause), *runs, *moves)
     console.print(table)
 
@@ -99,9 +99,9 @@ def _counted(title: str, frame: pd.DataFrame, labels: list[str], console: Consol
     for key in frame.index.get_level_values(0).unique():
         rows = frame.loc[key]
         count, time = rows.loc["count"], rows.drop("count").iloc[0]  # the other: a time
-        runs = [f"{count[x]:,.0f} / {format_ns(time[x])}" for x in labels]
-        moves = [_colored(_signed(_count)(count[f"delta:{x}"]) + " / "
-                          + _signed(format_ns)(time[f"delta:{x}"]),
+        runs = [f"{_na(count[x], _count)} / {format_ns(time[x])}" for x in labels]
+        moves = [_colored(_na(count[f"delta:{x}"], _signed(_count)) + " / "
+                          + _na(time[f"delta:{x}"], _signed(format_ns)),
                           time[f"delta:{x}"], -1) for x in labels[1:]]
         table.add_row(str(key), *runs, *moves)
     console.print(table)
@@ -163,6 +163,14 @@ def _count(value: float) -> str:
 def _signed(fmt: Format) -> Format:
     """'+1.2 ms' / '-3 GiB': the formatters print magnitudes, so the sign goes in front."""
     return lambda v: "0" if v == 0 else ("+" if v > 0 else "-") + fmt(abs(v))
+
+
+def _pp(points: float, delta: float) -> str:
+    """'+1.2 pp, +3 ms': a share's change in percentage points and the time's; 'n/a' when
+    either run has no waterfall."""
+    if pd.isna(points):
+        return "n/a"
+    return f"{points:+.1f} pp, " + _na(delta, _signed(format_ns))
 
 
 def _na(value: float, fmt: Format) -> str:

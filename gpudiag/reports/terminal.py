@@ -1,25 +1,36 @@
-"""Terminal rendering (rich) of what `gpudiag analyze` found. Colors only on a terminal."""
+"""Terminal rendering (rich) of what `gpudiag analyze` found. Colors only on a terminal.
+
+Durations go through `format_ns` (the one formatter, from `analyzers.findings`), shares
+that nobody could measure (no timeline) are left out rather than printed as nan, and times
+of day are relative to the first GPU event (as `--window` counts) or UTC wall clock.
+"""
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from gpudiag.analyzers.findings import format_ns
+
+__all__ = ["format_bytes", "format_ns", "format_window", "print_diagnosis", "print_summary",
+           "sources_line"]
 
 
 def print_summary(info: dict[str, Any], console: Console) -> None:
     """Print the output of `gpudiag.summary.summarize` as a few compact tables."""
-    sources = ", ".join(f"{s.get('path')} ({s.get('format')})" for s in info["sources"])
-    console.print(f"[bold]Sources[/bold]: {sources or '-'}", highlight=False)
+    console.print(f"[bold]Sources[/bold]: {escape(sources_line(info))}", highlight=False)
     if info["ranks"]:
         console.print(f"[bold]Ranks[/bold]: {', '.join(map(str, info['ranks']))}")
     window = info["window"]
     if window:
-        console.print(
-            f"[bold]GPU window[/bold]: {format_ns(window['duration_ns'])} "
-            f"(from {window['start_ns']} to {window['end_ns']} ns)"
-        )
+        label = "Window" if window.get("spec") else "GPU window"
+        console.print(f"[bold]{label}[/bold]: {escape(format_window(window))}",
+                      highlight=False)
     elif not info["timeline"]:
         console.print("[bold]GPU window[/bold]: none (kernels were replayed one by one, "
                       "as Nsight Compute does: durations are real, gaps are not)")
@@ -28,6 +39,43 @@ def print_summary(info: dict[str, Any], console: Console) -> None:
     _kernels(info["top_kernels"], console)
     for kind, count in info["warnings"].items():
         console.print(f"[yellow]note[/yellow]: {kind}: {count}", highlight=False)
+
+
+def sources_line(info: dict[str, Any]) -> str:
+    """The sources as one line: each file with its format; a `gpudiag profile` run's host
+    markers (which have no file) as the run, its program and its process count."""
+    sources = info["sources"]
+    parts = [f"{s['path']} ({s.get('format')})" for s in sources if s.get("path")]
+    run = info.get("run")
+    if run:
+        n = run["processes"]
+        parts.append(f"gpudiag profile run of {run['program'] or 'a command'} "
+                     f"({n} process{'es' if n != 1 else ''})")
+    unnamed = Counter(str(s.get("format") or "unknown") for s in sources if not s.get("path"))
+    if run:
+        unnamed.pop("gpudiag-host", None)
+    parts += [f"{fmt} ({n} part{'s' if n != 1 else ''})" for fmt, n in unnamed.items()]
+    return ", ".join(parts) or "-"
+
+
+def format_window(window: dict[str, Any]) -> str:
+    """`summarize`'s window in words: its length, where it lies from the first GPU event
+    (a chosen window) and its start as UTC wall clock when the clock is the epoch's.
+
+        '12.9 s, starting 2023-09-27 17:26:12.943 UTC'
+        'ProfilerStep#3, 5.01 ms: 1.2 s to 1.21 s from the first GPU event (of 12.9 s)'
+    """
+    text = format_ns(window["duration_ns"])
+    start = window.get("offset_ns") or 0
+    if window.get("spec"):
+        whole = window.get("trace_duration_ns")
+        text = (f"{window['spec']}, {text}: {format_ns(start)} to "
+                f"{format_ns(start + window['duration_ns'])} from the first GPU event"
+                + (f" (of {format_ns(whole)})" if whole is not None else ""))
+    when = window.get("started_at")
+    if when:
+        text += ", starting " + when.replace("T", " ").replace("Z", " UTC")
+    return text
 
 
 def _devices(devices: list[dict[str, Any]], console: Console) -> None:
@@ -65,16 +113,6 @@ def _kernels(kernels: list[dict[str, Any]], console: Console) -> None:
         table.add_row(k["short_name"], f"{k['count']:,}", format_ns(k["total_ns"]),
                       format_ns(k["mean_ns"]), f"{100 * k['share']:.1f}%")
     console.print(table)
-
-
-def format_ns(ns: float | None) -> str:
-    """1234567 -> '1.23 ms'."""
-    if ns is None:
-        return "?"
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.0f} ns"
 
 
 def format_bytes(n: int | None) -> str:
@@ -115,9 +153,9 @@ def _waterfall(losses: list[dict[str, Any]], console: Console) -> None:
         if not row["lost_ns"] and row["cause"] != "useful":
             continue
         device = str(row["device"]) if row["rank"] is None else f"r{row['rank']}:{row['device']}"
-        share = row["share"] or 0.0
-        bar = "█" * round(30 * share)
-        table.add_row(device, row["cause"], format_ns(row["lost_ns"]), f"{100 * share:.1f}%",
+        share = _known(row["share"])
+        bar = "█" * round(30 * (share or 0.0))
+        table.add_row(device, row["cause"], format_ns(row["lost_ns"]), _percent(share),
                       f"[{_CAUSE_STYLE.get(row['cause'], 'white')}]{bar}[/]")
     console.print(table)
 
@@ -131,8 +169,8 @@ def _findings(findings: list[dict[str, Any]], console: Console) -> None:
                          ("where", "left"), ("evidence", "left"), ("what to do", "left")):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for i, f in enumerate(findings, 1):
-        share = f["share"]
-        lost = format_ns(f["lost_ns"]) + (f" ({100 * share:.1f}%)" if share else "")
+        share = _known(f["share"])  # none without a timeline: not a share of anything
+        lost = format_ns(f["lost_ns"]) + (f" ({_percent(share)})" if share else "")
         table.add_row(str(i), f["cause"], lost if f["lost_ns"] else "-", f["where"] or "-",
                       f["evidence"] or "", f["advice"] or "")
     console.print(table)
@@ -142,7 +180,7 @@ def _steps(rows: list[dict[str, Any]], console: Console) -> None:
     by_step: dict[tuple[Any, Any, str], dict[str, float]] = {}
     for r in rows:
         by_step.setdefault((r["rank"], r["device"], r["step"]), {})[r["cause"]] = \
-            r["share"] or 0.0
+            _known(r["share"]) or 0.0
     causes = [c for c in _CAUSE_STYLE if any(v.get(c) for v in by_step.values())]
     table = Table(title="Per step (share of the step's GPU time)", title_justify="left")
     for col in ("device", "step", *causes):
@@ -151,3 +189,12 @@ def _steps(rows: list[dict[str, Any]], console: Console) -> None:
         label = str(device) if rank is None else f"r{rank}:{device}"
         table.add_row(label, step, *(f"{100 * shares.get(c, 0.0):.1f}%" for c in causes))
     console.print(table)
+
+
+def _known(share: float | None) -> float | None:
+    """A share, or None where it is missing or NaN (no timeline to be a share of)."""
+    return None if share is None or math.isnan(share) else float(share)
+
+
+def _percent(share: float | None) -> str:
+    return "n/a" if share is None else f"{100 * share:.1f}%"
