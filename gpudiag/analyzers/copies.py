@@ -355,9 +355,9 @@ def _evidence(g: Any) -> str:
               if n]
     if memory:
         text += "; host memory: " + ", ".join(memory)
-    text += f"; {_time(g.exposed_ns)} with no kernel running"
+    text += f"; {found.format_ns(g.exposed_ns)} with no kernel running"
     if g.problem == "copy_sync" and g.idle:
-        text += f"; GPU idle {_time(g.idle)} while the host was held in the call"
+        text += f"; GPU idle {found.format_ns(g.idle)} while the host was held in the call"
     return text
 
 
@@ -374,13 +374,6 @@ def _size(n: float) -> str:
             return f"{n:.3g} {unit}"
         n /= 1024
     return f"{n:.3g} TiB"
-
-
-def _time(ns: float) -> str:
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if ns >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.0f} ns"
 
 
 def _typed(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:

@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from gpudiag.analyzers import callsites
-from gpudiag.analyzers.findings import ADVICE, frame
+from gpudiag.analyzers.findings import ADVICE, format_ns, frame
 from gpudiag.analyzers.gaps import idle_gaps
 from gpudiag.names import short_names
 from gpudiag.trace import Trace
@@ -119,23 +119,23 @@ def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
 
 
 def _evidence(g: Any) -> str:
-    gaps = f"{g.gaps} idle gap{'s' if g.gaps != 1 else ''} (median {g.median / 1e3:.1f} µs)"
+    gaps = f"{g.gaps} idle gap{'s' if g.gaps != 1 else ''} (median {format_ns(g.median)})"
     tiny = (f"; {g.short} of the kernels after them ran shorter than their launch call"
             if g.short else "")
     if g.no_launch:
-        return (f"GPU idle {g.lost / 1e6:.2f} ms in {gaps} before this work; the trace has no "
+        return (f"GPU idle {format_ns(g.lost)} in {gaps} before this work; the trace has no "
                 "launch calls, so the gaps are attributed by their length alone")
     if g.queued and g.cause == "host_bound":
-        return (f"GPU idle {g.lost / 1e6:.2f} ms in {gaps} although this work was already "
+        return (f"GPU idle {format_ns(g.lost)} in {gaps} although this work was already "
                 "queued: it waited on a dependency (an event, another stream or rank)")
     if g.queued:
-        return (f"{gaps} between queued launches, {g.lost / 1e6:.2f} ms in all: launch and "
+        return (f"{gaps} between queued launches, {format_ns(g.lost)} in all: launch and "
                 f"dispatch latency of work issued ahead of the GPU{tiny}")
     if g.cause == "launch_bound":
-        return (f"{gaps} before launches from here, {g.lost / 1e6:.2f} ms in all: the host "
+        return (f"{gaps} before launches from here, {format_ns(g.lost)} in all: the host "
                 f"issued the next launch after the GPU ran out of work{tiny}")
     ran = "while the host ran this" if g.site_known else "before this kernel was launched"
-    return f"GPU idle {g.lost / 1e6:.2f} ms in {gaps} {ran}, with no CUDA work queued"
+    return f"GPU idle {format_ns(g.lost)} in {gaps} {ran}, with no CUDA work queued"
 
 
 #: frames that load data: a host-bound gap spent there wants a faster input pipeline

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analyzers import callsites
-from gpudiag.analyzers.findings import ADVICE, frame
+from gpudiag.analyzers.findings import ADVICE, format_ns, frame
 from gpudiag.analyzers.gaps import idle_gaps
 from gpudiag.analyzers.waits import blocking_waits
 from gpudiag.trace import Trace
@@ -158,8 +158,7 @@ def _evidence(p: Any) -> str:
     api = p.api
     via = f" via {api}" if isinstance(api, str) else ""
     return (f"{p.count} {p.kind} syncs{via}{recur}; host waited "
-            f"{p.host_wait_ns / 1e6:.2f} ms, GPU idle after them "
-            f"{p.gpu_idle_ns / 1e6:.2f} ms")
+            f"{format_ns(p.host_wait_ns)}, GPU idle after them {format_ns(p.gpu_idle_ns)}")
 
 
 def _empty() -> pd.DataFrame:
