@@ -254,10 +254,12 @@ def make_run_dir(cmd: list[str], out_dir: Path | None) -> Path:
 
 
 def _command_name(cmd: list[str]) -> str:
-    """The script for `python x.py` (more telling than 'python'), else the program name."""
-    name = Path(cmd[0]).name
-    if name.startswith("python") and len(cmd) > 1 and cmd[1].endswith(".py"):
-        name = Path(cmd[1]).stem
+    """The program the command runs, past wrappers and launchers (`commands.program_name`:
+    'train' for `torchrun --standalone ... train.py`, 'pkg.mod' for `python -m pkg.mod`),
+    in characters safe for a directory name."""
+    from gpudiag.commands import program_name
+
+    name = program_name(cmd) or (Path(cmd[0]).name if cmd else "")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     return safe[:40] or "cmd"
 

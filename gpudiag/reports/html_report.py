@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from gpudiag.analyzers.diagnosis import Diagnosis
+from gpudiag.commands import program_name
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_tables import Table
 from gpudiag.reports.terminal import format_bytes, format_ns
@@ -78,7 +79,7 @@ def _title(trace: Trace) -> str:
     sources = [s for s in trace.meta.get("sources") or [] if s.get("path")]
     command = trace.meta.get("command")
     if not name and isinstance(command, list) and command:  # a `gpudiag profile` run
-        name = Path(str(command[-1] if len(command) < 3 else command[1])).name
+        name = program_name([str(c) for c in command])
     if not name and sources:
         name = ", ".join(Path(str(s.get("path", "?"))).name for s in sources[:3])
         name += f" (+{len(sources) - 3})" if len(sources) > 3 else ""
