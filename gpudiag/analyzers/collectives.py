@@ -135,9 +135,10 @@ def overlap(trace: Trace, *, steps: bool = True) -> pd.DataFrame:
       launched inside it (as tb-profiler maps steps onto the GPU); without steps, the
       device's GPU window (first to last kernel or copy). `step_source` says which.
     Ratios are NaN where their denominator is 0. Traces without a timeline (nccl-tests logs)
-    give an empty frame.
+    give an empty frame, and collectives on no device (gloo's, timed on the host) are left
+    out: compute here is GPU kernels, and what host work hides a gloo call is not measured.
     """
-    comm = _on_timeline(trace, trace.collectives)
+    comm = _on_device(trace)
     if comm.empty:
         return typed(None, OVERLAP_COLUMNS)
     compute = spans_by_device(compute_kernels(trace))
@@ -219,6 +220,12 @@ def _on_timeline(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
     return rows if trace.meta.get("timeline", True) else rows.iloc[0:0]
 
 
+def _on_device(trace: Trace) -> pd.DataFrame:
+    """Collectives on a timeline that ran on a device (what GPU compute can hide)."""
+    c = _on_timeline(trace, trace.collectives)
+    return c[c["device"].notna().to_numpy(bool)]
+
+
 def _window(rows: pd.DataFrame) -> iv.Spans:
     if rows.empty:
         return _NONE
@@ -298,7 +305,7 @@ def _wait_findings(trace: Trace, skew: pd.DataFrame,
 
 def _exposed_findings(trace: Trace, compute: dict[tuple[int, int], iv.Spans],
                       skew: pd.DataFrame) -> list[dict[str, object]]:
-    c = _on_timeline(trace, trace.collectives)
+    c = _on_device(trace)  # a gloo call's overlap with host compute is not measured
     if c.empty:
         return []
     dur = c["end_ns"] - c["start_ns"]
@@ -352,9 +359,18 @@ def _slow_findings(trace: Trace, skew: pd.DataFrame, large_bytes: int, slow_rati
 
 
 def _wait_of(rows: pd.DataFrame, skew: pd.DataFrame) -> pd.Series:
-    """Each collective's wait_ns from `skew`, by kernel_id (0 where not matched)."""
+    """Each collective's wait_ns from `skew` (0 where not matched): by kernel_id, and rows
+    without a kernel (gloo's, host-timed) by (rank, comm, seq, start_ns)."""
     known = skew[skew["kernel_id"].notna()].drop_duplicates("kernel_id")
     wait = rows["kernel_id"].map(known.set_index("kernel_id")["wait_ns"])
+    bare = rows["kernel_id"].isna().to_numpy(bool)
+    if bare.any():
+        keys = ["rank", "comm", "seq", "start_ns"]
+        host = skew[skew["kernel_id"].isna()].drop_duplicates(keys)
+        mine = rows.loc[bare, keys].assign(comm=rows.loc[bare, "comm"].astype("string")
+                                           .fillna(""))
+        found = mine.merge(host[[*keys, "wait_ns"]], on=keys, how="left")["wait_ns"]
+        wait[bare] = found.to_numpy()
     return wait.fillna(0).astype("int64")
 
 

@@ -2,7 +2,8 @@
 
 A collective cannot finish on any rank before every rank has started it, so the NCCL kernel
 of an early rank spends `latest start - own start` spinning: time lost to the late rank, not
-to the network. Comparing starts across ranks needs two things this module states openly:
+to the network (a gloo call's work, which gives its row's time, waits the same way).
+Comparing starts across ranks needs two things this module states openly:
 
 **Matching.** The same collective on different ranks is found by `(comm, seq)`: `seq` counts
 the calls of one communicator within one rank (kineto_collectives), so it lines up across
@@ -84,7 +85,7 @@ def arrival_skew(trace: Trace, *, match: str = "auto", agree_share: float = 0.9,
 
 
 def wait_intervals(trace: Trace, *, skew: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The waiting part `[start, start + wait_ns)` of each collective kernel, per rank.
+    """The waiting part `[start, start + wait_ns)` of each collective (kernel or work), per rank.
 
         waits = wait_intervals(trace)
         (waits.end_ns - waits.start_ns).groupby(waits["rank"]).sum()   # ns waited per rank
