@@ -241,12 +241,13 @@ def _per_key(labels: list[str], frames: list[pd.DataFrame], key: str) -> pd.Data
 
 def _kernels(traces: Sequence[Trace], labels: list[str], top: int,
              notes: list[str]) -> pd.DataFrame:
-    """GPU ns per kernel name per run (0 where a run lacks the name), the `top` largest
-    changes first; `count:<label>` launches per run; `short_name` for display."""
+    """GPU ns per kernel per run (0 where a run lacks it), the `top` largest changes first;
+    `count:<label>` launches per run; `short_name` for display. Kernels are matched by name,
+    NCCL's by what they do (`kernel_key`), which stays when their signature changes."""
     time, count = {}, {}
     for label, t in zip(labels, traces, strict=True):
         grouped = (t.kernels["end_ns"] - t.kernels["start_ns"]).groupby(
-            t.kernels["name"].astype(str)).agg(["sum", "size"])
+            kernel_key(t.kernels["name"])).agg(["sum", "size"])
         time[label], count[label] = grouped["sum"], grouped["size"]
     times = pd.DataFrame(time).astype("float64").fillna(0.0)
     names = [set(s.index) for s in time.values()]
@@ -262,6 +263,54 @@ def _kernels(traces: Sequence[Trace], labels: list[str], top: int,
                  .astype(str))
     counts = pd.DataFrame(count).reindex(table.index).fillna(0).astype("int64")
     return table.join(counts.add_prefix("count:"))
+
+
+#: NCCL kernel names: ncclKernel_<op>_<algo>_<proto>[_<redop>_<type>] (NCCL < 2.19) and
+#: ncclDevKernel_<op>[_<redop>_<type>]_<algo>_<proto> (2.19 on), with the parameter list cut
+_NCCL_ALGO = r"(?P<algo>RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)"
+_NCCL_PROTO = r"(?P<proto>LL128|LL|SIMPLE)"
+_NCCL_NAMES = [re.compile(p) for p in (
+    rf"nccl(?:Dev)?Kernel_(?P<op>[A-Za-z]+)_{_NCCL_ALGO}_{_NCCL_PROTO}"
+    r"(?:_(?P<redop>[A-Za-z]+)_(?P<type>\w+))?",
+    rf"nccl(?:Dev)?Kernel_(?P<op>[A-Za-z]+)(?:_(?P<redop>[A-Za-z]+)_(?P<type>\w+?))?"
+    rf"_{_NCCL_ALGO}_{_NCCL_PROTO}",
+    r"nccl(?:Dev)?Kernel_(?P<op>SendRecv|Send|Recv)(?:_\w+)?",
+)]
+#: NCCL < 2.19 element types -> the newer names
+_NCCL_TYPES = {"int8_t": "i8", "uint8_t": "u8", "int32_t": "i32", "uint32_t": "u32",
+               "int64_t": "i64", "uint64_t": "u64", "half": "f16", "float": "f32",
+               "double": "f64", "__nv_bfloat16": "bf16", "__nv_fp8_e4m3": "f8e4m3",
+               "__nv_fp8_e5m2": "f8e5m2"}
+#: ops whose kernel does not depend on a reduction or element type (older NCCL still named
+#: them, as Sum_int8_t), and the point-to-point ops, whose newer kernel names no algorithm
+_NCCL_COPY_OPS = ("AllGather", "Broadcast")
+_NCCL_P2P_OPS = ("SendRecv", "Send", "Recv")
+
+
+def kernel_key(names: pd.Series) -> pd.Series:
+    """The name kernels are matched by across runs: the name itself, except NCCL kernels,
+    keyed by op, algorithm, protocol, reduction and element type so that one collective
+    keeps one row across NCCL versions, e.g. `ncclKernel_AllReduce_RING_LL_Sum_float
+    (ncclWorkElem)` and `ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, ...)` are
+    both 'nccl AllReduce RING LL Sum f32'. Computed once per distinct name."""
+    cat = names.astype(str).astype("category")
+    keys = [_nccl_key(str(c)) or str(c) for c in cat.cat.categories]
+    return pd.Series(np.asarray(keys, dtype=object)[cat.cat.codes.to_numpy()],
+                     index=names.index, dtype=object)
+
+
+def _nccl_key(name: str) -> str | None:
+    head = name.strip().removeprefix("void ").split("(", 1)[0].strip()
+    m = next((m for p in _NCCL_NAMES if (m := p.fullmatch(head))), None)
+    if m is None:
+        return None
+    parts = m.groupdict()
+    if parts["op"] in _NCCL_P2P_OPS:
+        return f"nccl {parts['op']}"
+    words = [parts["op"], parts.get("algo"), parts.get("proto")]
+    if parts["op"] not in _NCCL_COPY_OPS:
+        words += [parts.get("redop"), _NCCL_TYPES.get(parts.get("type") or "", parts.get("type"))]
+    return " ".join(["nccl", *(w for w in words if w)])
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
