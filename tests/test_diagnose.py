@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import gpudiag
 from gpudiag.analyzers.diagnosis import diagnose
-from gpudiag.analyzers.findings import COLUMNS, LOSS_CAUSES, OTHER_CAUSES
+from gpudiag.analyzers.findings import COLUMNS, HOST_CAUSES, LOSS_CAUSES, OTHER_CAUSES
 from gpudiag.cli import cli
 from tests.builders import api_call, kernel, trace
 from tests.conftest import fixture
@@ -38,7 +38,13 @@ def test_waterfall_covers_every_device_window_exactly(name: str) -> None:
     dx = diagnose(t)
     assert list(dx.findings.columns) == list(COLUMNS)
     assert set(dx.findings["cause"]) <= set(LOSS_CAUSES) | set(OTHER_CAUSES)
-    assert dx.findings["lost_ns"].is_monotonic_decreasing
+    # ranked by lost time within each group: GPU time, then host time, then warm-up
+    warm = dx.findings["evidence"].str.startswith("warm-up:").fillna(False)
+    host = dx.findings["cause"].isin(HOST_CAUSES) & ~warm
+    group = np.where(warm, 2, np.where(host, 1, 0))
+    assert (np.diff(group) >= 0).all()
+    for g in range(3):
+        assert dx.findings.loc[group == g, "lost_ns"].is_monotonic_decreasing
     assert (dx.findings["advice"].str.len() > 0).all()
     json.dumps(dx.to_dict(), default=str)
     if dx.losses.empty:

@@ -46,7 +46,12 @@ ANALYZERS = (
              ("kernel_metrics",), timeline=False),
     Analyzer("gpu_samples", "gpudiag.analyzers.gpu_samples", ("samples",),
              ("sample_summary",), timeline=False),
+    Analyzer("host_steps", "gpudiag.analyzers.host_steps", ("ranges",),
+             ("host_breakdown", "host_by_step", "host_top_ops", "host_memory")),
 )
+
+#: analyzers whose findings are host time (a share of step time), ranked after GPU time
+HOST_ANALYZERS = frozenset({"host_steps"})
 
 
 @dataclass
@@ -60,6 +65,8 @@ class Diagnosis:
     window_ns: tuple[int, int] | None = None
     by_step: pd.DataFrame | None = None
     timeline: LossTimeline | None = field(default=None, repr=False)
+    steps: pd.DataFrame | None = None  # `steps.training_steps`: found how, warm-up flagged
+    per_step: bool = False             # diagnose(steps=True): per-step tables in to_dict
 
     def to_dict(self, top: int | None = None) -> dict[str, Any]:
         """Plain JSON-ready data (what `gpudiag analyze --json` prints)."""
@@ -70,6 +77,18 @@ class Diagnosis:
         }
         if self.by_step is not None:
             out["by_step"] = _records(self.by_step)
+        if self.steps is not None:
+            from gpudiag.analyzers.steps import summary
+
+            out["steps"] = summary(self.steps)
+        host = {name.removeprefix("host_"): _records(self.tables[name])
+                for name in ("host_breakdown", "host_top_ops", "host_memory")
+                if name in self.tables}
+        if host:
+            host["top_ops"] = host["top_ops"][:top or 10]
+            if self.per_step and "host_by_step" in self.tables:
+                host["by_step"] = _records(self.tables["host_by_step"])
+            out["host"] = host
         return out
 
     def _repr_html_(self) -> str:
@@ -99,7 +118,9 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     `window`: a time range or a range name (see `analyzers.window`); `steps`: also the
     waterfall of each training step (`by_step`). The thresholds go to the gap rules.
     """
-    bounds = window_mod.resolve(trace, window) if window is not None else None
+    from gpudiag.analyzers import steps as steps_mod
+
+    bounds = _bounds(trace, window)
     whole = trace  # the waterfall's rules see the whole trace, then its layers are cut
     if bounds is not None:
         trace = window_mod.within(trace, bounds)
@@ -107,34 +128,132 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
                                    "sync_tolerance_ns": sync_tolerance_ns}
     notes: list[str] = []
     tables: dict[str, pd.DataFrame] = {}
-    parts: list[pd.DataFrame] = []
     timeline = _timeline(whole, gap_options, notes, tables)
-    if timeline is not None:
-        gaps = _cut(tables.pop("_gaps"), bounds)
-        from gpudiag.analyzers import host
-        from gpudiag.analyzers.timeline import stream_summary
-        parts.append(host.findings(whole, gaps))
-        tables["stream_summary"] = stream_summary(trace)
-    for analyzer in ANALYZERS:
-        if not _applies(trace, analyzer, notes):
-            continue
-        module = importlib.import_module(analyzer.module)
-        parts.append(module.findings(trace))
-        for name in analyzer.tables:
-            tables[name] = getattr(module, name)(trace)
+    all_gaps = tables.pop("_gaps", None)
+    gpu, host = _findings(trace, whole, _cut(all_gaps, bounds), notes, tables)
     loss = timeline.totals(bounds) if timeline is not None else losses_frame()
     total = int(loss.groupby(["rank", "device"], dropna=False)["lost_ns"].sum().sum())
-    dx = Diagnosis(losses=loss, findings=findings_mod.combine(parts, total), tables=tables,
-                   notes=notes, window_ns=bounds, timeline=timeline)
+    found = findings_mod.combine(gpu, total)
+    training = steps_mod.training_steps(trace)
+    notes.extend(_step_notes(training, trace))
+    warm = steps_mod.warmup_window(training)
+    if warm is not None and timeline is not None and len(found):
+        warm_bounds = (max(warm[0], bounds[0]), min(warm[1], bounds[1])) if bounds else warm
+        found = _flag_warmup(found, whole, all_gaps, warm_bounds, training)
+    dx = Diagnosis(losses=loss, findings=_rank(found, host), tables=tables, notes=notes,
+                   window_ns=bounds, timeline=timeline, steps=training, per_step=steps)
     if steps and timeline is not None:
-        from gpudiag.analyzers.steps import losses_by_step
-        dx.by_step = losses_by_step(trace, timeline)
+        dx.by_step = steps_mod.losses_by_step(trace, timeline)
     return dx
 
 
-def _cut(gaps: pd.DataFrame, bounds: tuple[int, int] | None) -> pd.DataFrame:
+def _bounds(trace: Trace, window: str | tuple[int, int] | None) -> tuple[int, int] | None:
+    """A window spec as bounds; a name that only a detected step has (`step 3` of a run
+    without markers) is that step's window."""
+    if window is None:
+        return None
+    if isinstance(window, str) and not (trace.ranges["name"].astype(str) == window).any():
+        from gpudiag.analyzers.steps import training_steps
+
+        steps = training_steps(trace)
+        named = steps[steps["step"].astype(str) == window]
+        if len(named):
+            return int(named["start_ns"].min()), int(named["end_ns"].max())
+    return window_mod.resolve(trace, window)
+
+
+def _findings(trace: Trace, whole: Trace, gaps: pd.DataFrame | None, notes: list[str],
+              tables: dict[str, pd.DataFrame] | None, *, skip: frozenset[str] = frozenset()
+              ) -> tuple[list[pd.DataFrame], list[pd.DataFrame]]:
+    """Every applicable analyzer's findings on `trace` (the window), split into GPU-time
+    findings and host-time ones; detail tables go into `tables` (None: not wanted)."""
+    gpu: list[pd.DataFrame] = []
+    host: list[pd.DataFrame] = []
+    if gaps is not None:
+        from gpudiag.analyzers import host as host_gaps
+        from gpudiag.analyzers.timeline import stream_summary
+        gpu.append(host_gaps.findings(whole, gaps))
+        if tables is not None:
+            tables["stream_summary"] = stream_summary(trace)
+    for analyzer in ANALYZERS:
+        if analyzer.name in skip or not _applies(trace, analyzer, notes):
+            continue
+        module = importlib.import_module(analyzer.module)
+        (host if analyzer.name in HOST_ANALYZERS else gpu).append(module.findings(trace))
+        if tables is not None:
+            for name in analyzer.tables:
+                tables[name] = getattr(module, name)(trace)
+    return gpu, host
+
+
+def _step_notes(steps: pd.DataFrame, trace: Trace) -> list[str]:
+    """What the steps are and how they were found; which are warm-up."""
+    from gpudiag.analyzers.host_advice import duration
+    from gpudiag.analyzers.steps import summary
+
+    info = summary(steps)
+    if not info["count"]:
+        has_ops = trace.ranges["source"].isin(["torch_op", "host", "annotation"]).any()
+        return ["no training steps found (no step markers, optimizer steps, jitted step "
+                "executions or repeating ops): host tables cover the whole trace"] \
+            if has_ops else []
+    line = (f"steps: {info['count']} ({info['method_text']}: {info['detail']}); median "
+            f"{duration(info['median_ns'])}")
+    if info["warmup"]:
+        warm = steps[steps["warmup"]]
+        names = ", ".join(warm["step"].astype(str).head(3))
+        line += (f"; warm-up: {names} ({duration(info['warmup_ns'])}), left out of the "
+                 "median and of the ranking of findings")
+    return [line]
+
+
+def _flag_warmup(found: pd.DataFrame, whole: Trace, gaps: pd.DataFrame | None,
+                 warm: tuple[int, int], steps: pd.DataFrame, *,
+                 min_share: float = 0.5) -> pd.DataFrame:
+    """Mark findings whose lost time lies mostly (`min_share`) inside the warm-up steps:
+    the same analyzers on the warm-up window, matched by (cause, where, advice)."""
+    if warm[1] <= warm[0]:
+        return found
+    inside = window_mod.within(whole, warm)
+    parts, _ = _findings(inside, whole, _cut(gaps, warm), [], None, skip=HOST_ANALYZERS)
+    early = findings_mod.combine(parts, 0)
+    if early.empty:
+        return found
+    key = ["cause", "where", "advice"]
+    lost = early.groupby(key, dropna=False)["lost_ns"].sum().rename("warm_ns")
+    joined = found.join(lost, on=key)
+    share = joined["warm_ns"].fillna(0) / found["lost_ns"].where(found["lost_ns"] > 0)
+    flagged = (share >= min_share).to_numpy(bool)
+    names = ", ".join(steps.loc[steps["warmup"], "step"].astype(str).head(3))
+    out = found.copy()
+    out["evidence"] = out["evidence"].astype(object)
+    out.loc[flagged, "evidence"] = [
+        f"warm-up: {100 * min(s, 1):.0f}% of this time is in the warm-up step(s) {names} "
+        f"(one-time costs: compilation, cuDNN autotuning, allocator growth); {e}"
+        for s, e in zip(share[flagged], found.loc[flagged, "evidence"], strict=True)]
+    out["evidence"] = out["evidence"].astype("string")
+    out["_warmup"] = flagged
+    return out
+
+
+def _rank(found: pd.DataFrame, host: list[pd.DataFrame]) -> pd.DataFrame:
+    """GPU findings by lost time, then host findings (host time, their own share of step
+    time), then warm-up ones: a one-time cost is never the top finding."""
+    host_found = findings_mod.frame(pd.concat([h for h in host if len(h)], ignore_index=True)) \
+        if any(len(h) for h in host) else findings_mod.frame()
+    gpu = found if "_warmup" in found else found.assign(_warmup=False)
+    both = pd.concat([gpu.assign(_group=0), host_found.assign(_group=1, _warmup=False)],
+                     ignore_index=True)
+    if both.empty:
+        return findings_mod.frame()
+    both = both.sort_values(["_warmup", "_group", "lost_ns", "count"],
+                            ascending=[True, True, False, False], kind="stable")
+    return findings_mod.frame(both.drop(columns=["_warmup", "_group"]))
+
+
+def _cut(gaps: pd.DataFrame | None, bounds: tuple[int, int] | None) -> pd.DataFrame | None:
     """Gap pieces inside the window, cut to it."""
-    if bounds is None:
+    if bounds is None or gaps is None:
         return gaps
     inside = gaps[(gaps["end_ns"] > bounds[0]) & (gaps["start_ns"] < bounds[1])]
     return inside.assign(start_ns=inside["start_ns"].clip(lower=bounds[0]),

@@ -136,6 +136,9 @@ def print_diagnosis(dx: dict[str, Any], console: Console, top: int = 10) -> None
     _waterfall(dx["losses"], console)
     if dx.get("by_step"):
         _steps(dx["by_step"], console)
+    from gpudiag.reports.terminal_steps import print_steps
+
+    print_steps(dx, console)
     _findings(dx["findings"][:top], console)
     for note in dx["notes"]:
         console.print(f"[dim]note[/dim]: {note}", highlight=False)
