@@ -12,14 +12,21 @@ NaN means "not available in that run" (no step markers, no memory events, no tim
 
 Definitions, per run:
 - wall time: the GPU window, first kernel/copy start to last end (`Trace.gpu_window_ns`);
-- step time: the median step of `analyzers.steps.step_windows` (a step runs to the next
-  step's start), over every rank; NaN without step markers;
+- process time: the wall time of the longest-lived profiled process (a `gpudiag profile`
+  run records each process's start and end), else the span of the trace's host events:
+  what a run without GPU activity is measured by;
+- step time: the median step of `analyzers.steps.training_steps` (step markers or, without
+  them, the detected steps: optimizer steps, jitted-step executions, a repeating op
+  sequence; a step runs to the next step's start), over every rank, warm-up steps left
+  out; NaN when no steps are found. `steps` counts them all, `warmup_steps` the warm-up;
 - samples/s: `step_size` / step time, when the caller gives the samples per step;
 - peak memory (reserved) and peak allocated: the highest value any one device reached in
   `analyzers.memory.fragmentation`, i.e. the profiler's running totals (Kineto `[memory]`
   events) or the snapshot and its replayed history. Running sums of bare tensor deltas are
   left out: they start at 0 when recording starts, so they are not the device's memory.
   The highest single device, not the sum, because that is the one that runs out;
+- peak CPU memory: the highest running total of host allocations (Kineto `[memory]` events
+  on device -1, `analyzers.host_steps.host_memory`) of any one process;
 - losses: the waterfall summed over devices; a share is a cause's time over the summed
   windows, the same numbers `gpudiag analyze` and its `--fail-on` use;
 - kernels: GPU time and launches per kernel name; a name absent from a run took 0 ns there
@@ -42,24 +49,30 @@ import pandas as pd
 from gpudiag.analyzers.diagnosis import Diagnosis, diagnose
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.analyzers.memory import fragmentation
-from gpudiag.analyzers.steps import step_windows
+from gpudiag.analyzers.steps import summary as step_summary
+from gpudiag.analyzers.steps import training_steps
 from gpudiag.errors import InputError
 from gpudiag.names import short_names
 from gpudiag.trace import Trace
 
 #: rows of `Comparison.summary`, in display order (units in the names)
-SUMMARY_ROWS = ("wall_time_ns", "step_time_ns", "steps", "samples_per_s",
-                "peak_reserved_bytes", "peak_allocated_bytes", "kernel_time_ns", "kernels")
+SUMMARY_ROWS = ("wall_time_ns", "process_time_ns", "step_time_ns", "steps", "warmup_steps",
+                "samples_per_s", "peak_reserved_bytes", "peak_allocated_bytes",
+                "peak_cpu_bytes", "kernel_time_ns", "kernels")
 
 #: `--fail-on` metric -> summary row (loss causes are metrics too: `pp` or `%`)
 BUDGET_METRICS = {"step_time": "step_time_ns", "wall_time": "wall_time_ns",
                   "samples_per_s": "samples_per_s", "peak_memory": "peak_reserved_bytes",
-                  "peak_allocated": "peak_allocated_bytes"}
+                  "peak_allocated": "peak_allocated_bytes", "process_time": "process_time_ns",
+                  "cpu_memory": "peak_cpu_bytes"}
 
 #: why a metric can be missing from a run, said when a budget cannot be checked
-_MISSING = {"step_time": "it has no step markers (ProfilerStep#N or gpudiag.step())",
-            "wall_time": "it has no kernels or copies on a timeline",
-            "samples_per_s": "it needs step markers and --step-size N (samples per step)",
+_MISSING = {"step_time": "no steps were found in it (no step markers, optimizer steps, jitted "
+                         "step or repeating ops)",
+            "wall_time": "it has no kernels or copies on a timeline (compare process_time)",
+            "process_time": "it has no process times and no host events",
+            "cpu_memory": "it has no CPU memory events (torch.profiler profile_memory=True)",
+            "samples_per_s": "it needs steps and --step-size N (samples per step)",
             "peak_memory": "it has no memory totals or snapshot "
                            "(profile with profile_memory=True or dump a snapshot)",
             "peak_allocated": "it has no memory totals or snapshot "
@@ -172,24 +185,57 @@ def _summary(trace: Trace, dx: Diagnosis, step_size: int | None, label: str,
     window = trace.gpu_window_ns()
     if window is None:
         notes.append(f"{label}: no kernels or copies on a timeline, so no wall time or "
-                     "waterfall")
-    windows = step_windows(trace)
-    step = float((windows["end_ns"] - windows["start_ns"]).median()) if len(windows) \
-        else math.nan
-    if math.isnan(step):
-        notes.append(f"{label}: no step markers, so no step time or samples/s")
+                     "waterfall (process time, steps and CPU memory still compare)")
+    steps = dx.steps if dx.steps is not None else training_steps(trace)
+    info = step_summary(steps)
+    step = math.nan if info["median_ns"] is None else float(info["median_ns"])
+    if not info["count"]:
+        notes.append(f"{label}: no steps found (no step markers, optimizer steps, jitted "
+                     "step or repeating ops), so no step time or samples/s")
+    elif info["method"] != "markers":
+        notes.append(f"{label}: steps are {info['method_text']} ({info['detail']})")
     reserved, allocated = _peaks(trace, dx)
-    if math.isnan(reserved) and math.isnan(allocated):
+    cpu = _cpu_peak(trace, dx)
+    if math.isnan(reserved) and math.isnan(allocated) and math.isnan(cpu):
         notes.append(f"{label}: no memory totals or snapshot, so no peak memory")
     dur = trace.kernels["end_ns"] - trace.kernels["start_ns"]
     return pd.Series({
         "wall_time_ns": math.nan if window is None else float(window[1] - window[0]),
+        "process_time_ns": _process_time(trace),
         "step_time_ns": step,
-        "steps": float(windows["step"].nunique()) if len(windows) else math.nan,
+        "steps": float(info["count"]) if info["count"] else math.nan,
+        "warmup_steps": float(info["warmup"]) if info["count"] else math.nan,
         "samples_per_s": step_size / step * 1e9 if step_size and step > 0 else math.nan,
         "peak_reserved_bytes": reserved, "peak_allocated_bytes": allocated,
+        "peak_cpu_bytes": cpu,
         "kernel_time_ns": float(dur.sum()), "kernels": float(len(dur)),
     }, dtype="float64")
+
+
+def _process_time(trace: Trace) -> float:
+    """The longest profiled process's wall time (run metadata), else the span of the host
+    events; NaN without either."""
+    spans = [p.get("end_ns", 0) - p.get("start_ns", 0)
+             for p in trace.meta.get("processes", []) or []
+             if isinstance(p, dict) and isinstance(p.get("start_ns"), int)
+             and isinstance(p.get("end_ns"), int)]
+    if spans and max(spans) > 0:
+        return float(max(spans))
+    host = trace.ranges[trace.ranges["tid"].notna()]
+    if host.empty:
+        return math.nan
+    return float(host["end_ns"].max() - host["start_ns"].min())
+
+
+def _cpu_peak(trace: Trace, dx: Diagnosis) -> float:
+    """The highest CPU allocation total of any one process; NaN when unknown."""
+    memory = dx.tables.get("host_memory")
+    if memory is None:
+        from gpudiag.analyzers.host_steps import host_memory
+
+        memory = host_memory(trace)
+    peak = memory["peak_bytes"].dropna() if len(memory) else memory
+    return float(peak.max()) if len(peak) else math.nan
 
 
 def _peaks(trace: Trace, dx: Diagnosis) -> tuple[float, float]:
