@@ -55,13 +55,7 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
     budgets = budget_mod.parse(fail_on) if fail_on else []
 
     trace = _load(list(paths))
-    if not trace.has_gpu_activity():
-        names = ", ".join(str(p) for p in paths)
-        raise InputError(
-            names, "holds no GPU activity (no kernels, copies, syncs or memory events)",
-            "record it with GPU activity on, e.g. torch.profiler.profile(activities="
-            "[ProfilerActivity.CPU, ProfilerActivity.CUDA])",
-        )
+    _require_events(trace, paths)
     info = summarize(trace, top=top)
     dx = diagnose(trace, window=window, steps=steps)
     info["diagnosis"] = dx.to_dict()
@@ -99,6 +93,7 @@ def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | No
     from gpudiag.reports.build import report_page
 
     trace = _load(list(paths))
+    _require_events(trace, paths)
     dx = diagnose(trace, window=window, steps=steps)
     command = "gpudiag report " + " ".join(str(p) for p in paths)
     _write(output, report_page(trace, dx, cdn=cdn, generated_for=command))
@@ -162,6 +157,30 @@ def compare(*, paths: tuple[Path, ...], output: Path | None, fail_on: str | None
         click.echo(f"gpudiag: {line}", err=True)
     if broken:
         sys.exit(1)
+
+
+#: how to record what gpudiag needs, in the words of the framework that made the trace
+_RECORD_ADVICE = {
+    "jax": "record the training loop inside jax.profiler.trace(log_dir) (or run "
+           "gpudiag profile --backend jax -- python train.py)",
+    "torch": "record it with torch.profiler.profile(activities=[ProfilerActivity.CPU, "
+             "ProfilerActivity.CUDA]) around a few steps (or run gpudiag profile -- python "
+             "train.py)",
+}
+
+
+def _require_events(trace: Trace, paths: tuple[Path, ...]) -> None:
+    """A trace with neither GPU activity nor host events has nothing to analyze: say how
+    to record one, in its framework's words. Host events alone (a CPU-only run) are
+    analyzed: the host-side step breakdown applies."""
+    from gpudiag.analyzers.host_steps import framework, has_host_events
+
+    if trace.has_gpu_activity() or has_host_events(trace):
+        return
+    raise InputError(", ".join(str(p) for p in paths),
+                     "holds no GPU activity and no host events (no kernels, copies, syncs, "
+                     "memory events or framework ops)",
+                     _RECORD_ADVICE.get(framework(trace) or "torch", _RECORD_ADVICE["torch"]))
 
 
 def _labels(paths: tuple[Path, ...]) -> list[str]:

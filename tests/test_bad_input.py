@@ -77,14 +77,22 @@ def test_missing_path_and_empty_directory(tmp_path: Path) -> None:
         gpudiag.load([])
 
 
-def test_trace_without_gpu_events_loads_but_analyze_refuses(tmp_path: Path) -> None:
+def test_trace_without_gpu_or_host_events_loads_but_analyze_refuses(tmp_path: Path) -> None:
+    kt = KinetoTrace()
+    kt.python("train.py(3): <module>", ts=10, dur=5)  # no op: nothing to break down
+    path = kt.write(tmp_path / "nothing.json")
+    assert not gpudiag.load(path).has_gpu_activity()
+    result = run_cli("analyze", str(path))
+    assert result.returncode == 2 and "no GPU activity and no host events" in result.stderr
+    assert "ProfilerActivity.CUDA" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cpu_only_trace_is_analyzed_on_the_host_side(tmp_path: Path) -> None:
     kt = KinetoTrace()
     kt.op("aten::add", ts=10, dur=5)
     path = kt.write(tmp_path / "cpu_only.json")
-    assert not gpudiag.load(path).has_gpu_activity()
     result = run_cli("analyze", str(path))
-    assert result.returncode == 2 and "no GPU activity" in result.stderr
-    assert "ProfilerActivity.CUDA" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 0, result.stderr
 
 
 def test_debug_flag_shows_the_traceback(tmp_path: Path) -> None:
