@@ -56,8 +56,8 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
 
     trace = _load(list(paths))
     _require_events(trace, paths)
-    info = summarize(trace, top=top)
     dx = diagnose(trace, window=window, steps=steps)
+    info = summarize(trace, top=top, window_ns=dx.window_ns, window_spec=window)
     info["diagnosis"] = dx.to_dict()
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))

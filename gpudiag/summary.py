@@ -5,37 +5,86 @@ Pure computation on a Trace; rendering lives in gpudiag/reports/.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 import pandas as pd
 
+from gpudiag.analyzers import window as window_mod
+from gpudiag.commands import program_name
 from gpudiag.names import short_names
 from gpudiag.trace import Trace
 
+#: epoch nanoseconds from 2001-09-09 to 2096: a clock that reads this is a wall clock (Kineto,
+#: CUPTI as gpudiag records it, XSpace); smaller values count from a session start (nsys)
+_EPOCH_NS = (10**18, 4 * 10**18)
 
-def summarize(trace: Trace, top: int = 10) -> dict[str, Any]:
+
+def summarize(trace: Trace, top: int = 10, *, window_ns: tuple[int, int] | None = None,
+              window_spec: str | None = None) -> dict[str, Any]:
     """Devices, time window, rows per table and the top kernels by total GPU time.
 
         info = summarize(gpudiag.load("trace.json.gz"))
         info["top_kernels"][0]["name"]
+        info = summarize(trace, window_ns=dx.window_ns, window_spec="ProfilerStep#3")
 
-    Every value is JSON-serializable; times are integer nanoseconds.
+    Every value is JSON-serializable; times are integer nanoseconds. `window_ns` (the
+    analyzed window, `Diagnosis.window_ns`) restricts the rows and top kernels to what
+    overlaps it; `window` then describes it (see `_window`). `run` is set for a
+    `gpudiag profile` run: its program (`commands.program_name`) and process count.
     """
-    window = trace.gpu_window_ns()
+    shown = trace if window_ns is None else window_mod.within(trace, window_ns)
     return {
         "sources": trace.meta.get("sources", []),
+        "run": _run(trace),
         "ranks": _ranks(trace),
         "vendor": trace.meta.get("vendor"),
         "timeline": bool(trace.meta.get("timeline", True)),
         "devices": _devices(trace),
-        "window": None if window is None else {
-            "start_ns": window[0], "end_ns": window[1], "duration_ns": window[1] - window[0],
-        },
-        "rows": trace.row_counts(),
+        "window": _window(trace, window_ns, window_spec),
+        "rows": shown.row_counts(),
         "gpu_activity": trace.has_gpu_activity(),
-        "top_kernels": top_kernels(trace.kernels, top),
+        "top_kernels": top_kernels(shown.kernels, top),
         "warnings": dict(trace.meta.get("warnings", {})),
     }
+
+
+def _window(trace: Trace, window_ns: tuple[int, int] | None,
+            spec: str | None) -> dict[str, Any] | None:
+    """The analyzed window (the GPU window without `window_ns`), None without either.
+
+    `start_ns`/`end_ns` are the trace's own clock; `offset_ns` is the start counted from the
+    first GPU event (as `--window START:END` counts); `started_at` the start as UTC wall
+    clock (ISO 8601) when the clock is the epoch's, else None; `trace_duration_ns` the whole
+    GPU window; `spec` the --window text.
+    """
+    whole = trace.gpu_window_ns()
+    bounds = window_ns if window_ns is not None else whole
+    if bounds is None:
+        return None
+    lo, hi = int(bounds[0]), int(bounds[1])
+    return {"start_ns": lo, "end_ns": hi, "duration_ns": hi - lo,
+            "offset_ns": lo - window_mod.edges(trace)[0], "started_at": wall_clock(lo),
+            "trace_duration_ns": None if whole is None else whole[1] - whole[0],
+            "spec": spec}
+
+
+def wall_clock(ns: int) -> str | None:
+    """'2023-09-27T17:26:12.943Z' for epoch nanoseconds, None for a session clock."""
+    if not _EPOCH_NS[0] <= ns < _EPOCH_NS[1]:
+        return None
+    when = datetime.fromtimestamp(ns // 1_000_000 / 1e3, tz=timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _run(trace: Trace) -> dict[str, Any] | None:
+    """A `gpudiag profile` run (its meta has the command): program, command, processes."""
+    command = trace.meta.get("command")
+    if not isinstance(command, list) or not command:
+        return None
+    return {"program": program_name([str(c) for c in command]),
+            "command": [str(c) for c in command],
+            "processes": len(trace.meta.get("processes") or [])}
 
 
 def top_kernels(kernels: pd.DataFrame, top: int = 10) -> list[dict[str, Any]]:

@@ -5,7 +5,9 @@
 side meaning the trace's edge) or the name of a range (an NVTX range, annotation or step
 such as `ProfilerStep#3`; a regular expression matching several spans their union).
 Every analyzer then sees a trace whose events are cut to the window, so each one answers
-for the window without knowing about it.
+for the window without knowing about it. A `START:END` window that misses the trace's span
+entirely is an InputError that names the span: an empty window would only say "No
+findings."
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analyzers import keys
+from gpudiag.analyzers.findings import format_ns
 from gpudiag.errors import InputError
 from gpudiag.trace import Trace
 
@@ -35,7 +38,7 @@ def resolve(trace: Trace, spec: str | tuple[int, int]) -> tuple[int, int]:
     """
     if isinstance(spec, tuple):
         return int(spec[0]), int(spec[1])
-    origin, last = _edges(trace)
+    origin, last = edges(trace)
     if ":" in spec and all(_BOUND.match(p) or not p.strip() for p in spec.split(":", 1)):
         lo_text, hi_text = spec.split(":", 1)
         lo = origin + _parse(lo_text) if lo_text.strip() else origin
@@ -43,6 +46,13 @@ def resolve(trace: Trace, spec: str | tuple[int, int]) -> tuple[int, int]:
         if hi <= lo:
             raise InputError("--window", f"window '{spec}' ends before it starts",
                              "give START:END with END after START, e.g. 100ms:300ms")
+        if last > origin and (lo >= last or hi <= origin):
+            span = format_ns(last - origin)
+            raise InputError(
+                "--window", f"window '{spec}' lies outside the trace: its events span "
+                f"0 ns to {span}, counted from its first GPU event",
+                f"give START:END within 0:{span.replace(' ', '').replace(',', '')}, "
+                "or a range name")
         return lo, hi
     return _named(trace, spec)
 
@@ -53,7 +63,9 @@ def _parse(text: str) -> int:
     return round(float(m[1]) * _UNITS[m[2] or "ns"])
 
 
-def _edges(trace: Trace) -> tuple[int, int]:
+def edges(trace: Trace) -> tuple[int, int]:
+    """(first, last) ns of the trace: its GPU window, else the span of its host intervals
+    ((0, 0) without any). `START:END` windows count from the first."""
     window = trace.gpu_window_ns()
     if window is not None:
         return window
@@ -70,9 +82,11 @@ def _named(trace: Trace, spec: str) -> tuple[int, int]:
             exact = trace.ranges[names.str.fullmatch(spec)]
         except re.error:
             exact = exact.iloc[0:0]
-    if exact.empty:
-        sample = ", ".join(sorted(set(trace.ranges.loc[trace.ranges["source"].isin(
-            ["step", "nvtx", "annotation"]), "name"].astype(str)))[:5])
+    if exact.empty:  # name some ranges, steps first: a step is what one usually wants
+        ranges = trace.ranges
+        shown = [name for source in ("step", "nvtx", "annotation") for name in sorted(
+            set(ranges.loc[ranges["source"] == source, "name"].astype(str)))]
+        sample = ", ".join(shown[:5])
         raise InputError("--window", f"no range named '{spec}' in the trace",
                          f"give START:END (e.g. 100ms:300ms) or a range name"
                          f"{' such as ' + sample if sample else ''}")
