@@ -166,12 +166,13 @@ def test_findings_name_the_call_site_and_carry_the_numbers() -> None:
     assert small["evidence"] == (
         "tiny: 1 launch, 1.6 µs; grid of 54 blocks for 864 block slots (8 blocks/SM x 108 "
         "SMs) = 0.0625 waves; SM slots idle 94% of the kernel time; theoretical occupancy "
-        "100% (limited by warps); ncu Small Grid estimate 50%")
+        "100% (limited by warps); estimated speedup 50% with a grid filling the GPU")
     assert (tail["cause"], tail["lost_ns"], tail["where"]) == ("small_grid", 500,
                                                                "train.py:50 (step)")
     assert tail["advice"] == ADVICE["tail"]
     assert "= 1.5 waves, last wave 50% full" in tail["evidence"]
-    assert "ncu Tail Effect estimate 50%" in tail["evidence"]
+    assert "estimated speedup 50% without the partial last wave" in tail["evidence"]
+    assert "ncu" not in small["evidence"] + tail["evidence"]  # no Nsight Compute data here
 
 
 def test_findings_fall_back_to_the_kernel_name_and_say_when_times_are_replays() -> None:

@@ -27,7 +27,7 @@ import pandas as pd
 
 from gpudiag.analyzers import callsites, keys
 from gpudiag.analyzers import occupancy as occ
-from gpudiag.analyzers.findings import ADVICE, frame
+from gpudiag.analyzers.findings import ADVICE, format_ns, frame
 from gpudiag.analyzers.losses import COMM_KERNEL
 from gpudiag.names import short_names
 from gpudiag.trace import Trace
@@ -369,7 +369,9 @@ def findings(trace: Trace, *, tail_min_speedup: float = 0.2,
     grids (`tail_ns`). `where` is the call site of the launches (the user's Python line,
     torch op or NVTX range open at the launch call) when the trace has one, else the
     kernel's short name. `evidence` gives the launch count and time, and the grid,
-    blocks/SM, SMs, waves, occupancy and limiter of the launch that lost the most. A
+    blocks/SM, SMs, waves, occupancy and limiter of the launch that lost the most, and the
+    estimated speedup of ncu's rule (named after ncu only when the trace holds Nsight
+    Compute data: elsewhere the rule is gpudiag's evaluation of the launch). A
     finding is kept when its lost time is at least `min_share` of its launches' duration
     (a tail of 1 % of a kernel is noise). Only launches with a duration count; collective
     kernels are left out (see `per_launch`).
@@ -378,11 +380,12 @@ def findings(trace: Trace, *, tail_min_speedup: float = 0.2,
     if g.empty:
         return frame()
     note = "" if trace.meta.get("timeline", True) else "; " + NO_TIMELINE_NOTE
+    ncu = len(trace.metrics) > 0
     rows = []
     for part, advice in (("small_grid_ns", "small_grid"), ("tail_ns", "tail")):
         for f in _groups(g, part, min_share).to_dict("records"):  # one per kernel x site
             rows.append({"cause": "small_grid", "lost_ns": round(f["lost"]), "where": f["where"],
-                         "count": f["count"], "evidence": _evidence(f, part) + note,
+                         "count": f["count"], "evidence": _evidence(f, part, ncu) + note,
                          "advice": ADVICE[advice]})
     return frame(rows)
 
@@ -421,23 +424,26 @@ def _groups(g: pd.DataFrame, part: str, min_share: float) -> pd.DataFrame:
 RULE_OF = {"small_grid_ns": "ncu_small_grid_speedup", "tail_ns": "ncu_tail_speedup"}
 
 
-def _evidence(g: dict[str, Any], part: str) -> str:
+#: the estimated speedup of each part's rule, in words: after ncu's rule name when the trace
+#: holds Nsight Compute data, else what the estimate assumes (no tool named that did not run)
+_ESTIMATE = {("small_grid_ns", True): "ncu Small Grid estimate {:.0%}",
+             ("tail_ns", True): "ncu Tail Effect estimate {:.0%}",
+             ("small_grid_ns", False): "estimated speedup {:.0%} with a grid filling the GPU",
+             ("tail_ns", False): "estimated speedup {:.0%} without the partial last wave"}
+
+
+def _evidence(g: dict[str, Any], part: str, ncu: bool) -> str:
     """The numbers behind a finding: the totals, and the launch that lost the most."""
     slots = int(g["blocks_per_sm"]) * int(g["sm_count"])
     waves, tail, count = float(g["waves"]), float(g["tail_efficiency"]), int(g["count"])
     head = f"{g['name']}: " if g["where"] != g["name"] else ""
-    shape = (f"{count} launch{'es' if count != 1 else ''}, {_time(g['dur'])}; grid of "
+    shape = (f"{count} launch{'es' if count != 1 else ''}, {format_ns(g['dur'])}; grid of "
              f"{int(g['grid_blocks'])} blocks for {slots} block slots "
              f"({g['blocks_per_sm']} blocks/SM x {int(g['sm_count'])} SMs) = {waves:.3g} waves")
     if part == "tail_ns":
         shape += f", last wave {waves - np.floor(waves):.0%} full"
-    rule = "Small Grid" if part == "small_grid_ns" else "Tail Effect"
     speedup = float(g["speedup"])
-    ncu = f"; ncu {rule} estimate {speedup:.0%}" if speedup > 0 else ""
+    estimate = "; " + _ESTIMATE[part, ncu].format(speedup) if speedup > 0 else ""
     return (f"{head}{shape}; SM slots idle {1 - tail:.0%} of the kernel time; theoretical "
             f"occupancy {float(g['theoretical_occupancy']):.0%} (limited by {g['limiter']})"
-            f"{ncu}")
-
-
-def _time(ns: float) -> str:
-    return f"{ns / 1e6:.2f} ms" if ns >= 1e6 else f"{ns / 1e3:.1f} µs"
+            f"{estimate}")
