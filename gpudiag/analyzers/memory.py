@@ -25,15 +25,16 @@ a heatmap); this module assembles the tables and the findings and re-exports the
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
 from gpudiag.analyzers import findings as found
 from gpudiag.analyzers.memory_grid import occupancy_grid
 from gpudiag.analyzers.memory_replay import Key, Steps, keys_of, replay_devices, select
-from gpudiag.analyzers.memory_sites import free_pieces, internal_waste, sites
+from gpudiag.analyzers.memory_sites import free_pieces, internal_waste, site_label, sites
 from gpudiag.analyzers.steps import step_windows
-from gpudiag.names import short_name
 from gpudiag.trace import Trace
 
 __all__ = ["REUSE_ADVICE", "churn", "findings", "fragmentation", "free_pieces",
@@ -333,7 +334,7 @@ def _worst_site(culprits: pd.DataFrame, key: Key) -> str:
     site = mine["site"].iloc[0]
     if pd.isna(site):
         return "unknown call site (snapshot recorded without stacks)"
-    return short_name(str(site))  # C++ frames carry hundreds of characters of templates
+    return site_label(str(site))
 
 
 def _evidence(final: pd.Series, piece: pd.Series, steps: Steps, verdicts: pd.DataFrame,
@@ -345,9 +346,8 @@ def _evidence(final: pd.Series, piece: pd.Series, steps: Steps, verdicts: pd.Dat
             f"{int(piece['stranded_holes'])} blocks over {int(piece['stranded_segments'])} "
             f"segments beside blocks in use, {_size(int(piece['cached_bytes']))} in "
             f"{int(piece['cached_segments'])} wholly free segments; largest free block "
-            f"{_size(int(final['largest_free_bytes']))} (fragmentation "
-            f"{float(final['fragmentation']):.2f}); allocated "
-            f"{_size(int(final['allocated_bytes']))}")
+            f"{_size(int(final['largest_free_bytes']))}{_ratio(final['fragmentation'])}; "
+            f"allocated {_size(int(final['allocated_bytes']))}")
     if len(steps.moved):
         text += (f"; over {len(steps.moved)} allocator events free bytes ranged "
                  f"{_size(int(steps.free.min()))}-{_size(int(steps.free.max()))}")
@@ -357,6 +357,12 @@ def _evidence(final: pd.Series, piece: pd.Series, steps: Steps, verdicts: pd.Dat
     text += ("; OOMs: " + ", ".join(f"{int(n)} {v}" for v, n in counts.items() if n)
              if len(verdicts) else "; no OOM recorded")
     return text + ("; expandable segments already on" if expandable else "")
+
+
+def _ratio(value: float) -> str:
+    """' (fragmentation 0.99)', or nothing when the layout could not say (NaN)."""
+    ratio = float(value) if not pd.isna(value) else math.nan
+    return "" if math.isnan(ratio) else f" (fragmentation {ratio:.2f})"
 
 
 def _size(n: float) -> str:

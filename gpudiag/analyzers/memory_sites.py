@@ -21,9 +21,12 @@ find each hole's neighbours, one group-by.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
+from gpudiag.names import short_name
 from gpudiag.trace import Trace
 
 ORDER = ["rank", "device", "segment_addr", "addr"]
@@ -133,3 +136,32 @@ def internal_waste(trace: Trace) -> pd.DataFrame:
     return out.astype({"rank": "Int64", "device": "Int64", "site": "string", "blocks": "int64",
                        "bytes": "int64", "requested_bytes": "int64", "waste_bytes": "int64"}
                       ).reset_index(drop=True)
+
+
+#: a site as the snapshot reader writes it: 'file:line (function)'
+_SITE = re.compile(r"^(?P<file>.+?):(?P<line>\d+|\?) \((?P<func>.*)\)$", re.S)
+#: the op inside autograd's generated wrappers (VariableType_N.cpp), templates or not
+_AUTOGRAD_OP = re.compile(r"VariableType::\(anonymous namespace\)::(\w+)")
+
+
+def site_label(site: str) -> str:
+    """A call site as a finding names it: Python frames whole, C++ frames short.
+
+        s = sites(trace)
+        s["site"].dropna().map(site_label).head()
+        site_label("/u/model.py:39 (forward)")       # unchanged
+
+    The reader picks a C++ frame only when the stack holds no Python frame (autograd's
+    backward thread), so such a site says so and names the op it runs
+    (`VariableType_2.cpp:0 (new_empty_strided; C++ stack, no Python frame)`) rather than
+    hundreds of characters of dispatcher templates.
+    """
+    m = _SITE.match(site)
+    if m is None:
+        return short_name(site)
+    path = m["file"]
+    if path.endswith(".py") or path.startswith("<"):
+        return site
+    op = _AUTOGRAD_OP.search(m["func"])
+    func = op[1] if op else short_name(m["func"])
+    return f"{path}:{m['line']} ({func}; C++ stack, no Python frame)"

@@ -4,7 +4,10 @@ A snapshot entry's `frames` is a list of `{"filename", "line", "name"}` dicts, i
 first, mixing C++ frames (`filename` like 'CUDACachingAllocator.cpp' or '??') with Python
 frames when it was recorded with stacks='all'. The useful answer is the innermost Python
 frame that is neither torch itself nor an installed package: `model.py:42 (forward)` rather
-than `torch/nn/modules/module.py:1750 (_call_impl)`. Without one, the innermost Python frame;
+than `torch/nn/modules/module.py:1750 (_call_impl)`. A Python frame is one whose file is a
+`.py` file or a code object's pseudo-file: `<string>` (`python -c`, `exec`), `<stdin>`,
+`<ipython-input-...>` (typed by the user, so user frames), `<frozen ...>` or torch.fx's
+`<eval_with_key>.N` (library). Without a user frame, the innermost Python frame;
 without any (autograd's backward thread has only C++ frames), the innermost native frame with
 a file name, past the recorder, the allocator and the generated dispatcher wrappers that
 every C++ stack starts with, which leaves the op (`VariableType_0.cpp:0 (...mul_Tensor...)`)
@@ -23,7 +26,9 @@ from typing import Any
 #: how good a frame is as a site: lower wins; NOTHING means not usable at all
 USER_PY, LIBRARY_PY, NATIVE, NOTHING = range(4)
 LIBRARY_MARKS = ("/torch/", "/site-packages/", "/dist-packages/")
-NO_FILE = ("", "??")
+NO_FILE = ("", "??", "<unknown>")
+#: pseudo-files of Python code the user typed (`python -c`, a REPL, a notebook cell)
+TYPED_FILES = ("<string>", "<stdin>", "<console>", "<ipython-input-")
 #: native files of the recorder and allocator themselves: in every C++ stack, never the cause
 RECORDER_FILES = frozenset({
     "memory_snapshot.cpp", "CUDACachingAllocator.cpp", "unwind.cpp", "combined_traceback.cpp",
@@ -43,16 +48,16 @@ def frame_rank(frame: Any) -> tuple[int, str | None]:
     shown_line = line if type(line) is int and line.bit_length() < 64 else "?"
     label = f"{filename}:{shown_line} ({name if type(name) is str else '?'})"
     slashed = filename.replace("\\", "/")
-    if not filename.endswith(".py"):
-        base = slashed.rsplit("/", 1)[-1]
-        # generated dispatcher wrappers (RegisterCUDA_0.cpp...) sit between every op and the
-        # allocator; skipping them and the recorder leaves the op (VariableType_0.cpp: mul)
-        if base in RECORDER_FILES or base.startswith("Register"):
-            return NOTHING, None
-        return NATIVE, label
-    if any(mark in slashed for mark in LIBRARY_MARKS):
-        return LIBRARY_PY, label
-    return USER_PY, label
+    if filename.endswith(".py") or filename.startswith("<"):  # `<...>`: a code object's
+        library = ((filename.startswith("<") and not filename.startswith(TYPED_FILES))
+                   or any(mark in slashed for mark in LIBRARY_MARKS))
+        return (LIBRARY_PY if library else USER_PY), label
+    base = slashed.rsplit("/", 1)[-1]
+    # generated dispatcher wrappers (RegisterCUDA_0.cpp...) sit between every op and the
+    # allocator; skipping them and the recorder leaves the op (VariableType_0.cpp: mul)
+    if base in RECORDER_FILES or base.startswith("Register"):
+        return NOTHING, None
+    return NATIVE, label
 
 
 class Sites:
