@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analyzers.diagnosis import Diagnosis, diagnose
-from gpudiag.analyzers.findings import LOSS_CAUSES
+from gpudiag.analyzers.findings import LOSS_CAUSES, format_ns
 from gpudiag.analyzers.memory import fragmentation
 from gpudiag.analyzers.steps import summary as step_summary
 from gpudiag.analyzers.steps import training_steps
@@ -475,7 +475,7 @@ def _budget_source(comparison: Comparison,
 def _show(unit: str, value: float) -> str:
     """A value for a one-line message."""
     if unit == "ns":
-        return f"{value / 1e6:.3f} ms"
+        return format_ns(value)
     if unit == "bytes":
         return f"{value / 2**20:.1f} MiB"
     if unit == "share":

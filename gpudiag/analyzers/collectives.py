@@ -19,7 +19,7 @@ import pandas as pd
 from gpudiag.analyzers import callsites
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.collectives_skew import arrival_skew, typed, wait_intervals
-from gpudiag.analyzers.findings import ADVICE, frame
+from gpudiag.analyzers.findings import ADVICE, format_ns, frame
 from gpudiag.trace import Trace
 
 __all__ = ["arrival_skew", "bus_factor", "collective_calls", "collective_stats", "findings",
@@ -415,4 +415,4 @@ def _calls(n: object) -> str:
 
 
 def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.2f} ms"
+    return format_ns(ns)  # the one duration formatter: 4.6 µs, not 0.00 ms
