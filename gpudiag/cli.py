@@ -10,6 +10,7 @@ import json
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -227,6 +228,20 @@ def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: st
     click.echo(f"wrote {len(files)} {fmt} files to {output or 'gpudiag-tables'}", err=True)
 
 
+class StepCount(click.ParamType):
+    """`--steps`: a positive number of steps, or `all`."""
+
+    name = "steps"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) or str(value).lower() == "all":
+            return value if isinstance(value, int) else "all"
+        if str(value).isdigit() and int(value) > 0:
+            return int(value)
+        self.fail(f"{value!r} is not a positive number of steps or 'all'", param, ctx)
+
+
 @cli.command(context_settings={"ignore_unknown_options": True,
                                 "allow_interspersed_args": False})
 @click.option("-o", "--output", type=click.Path(path_type=Path),
@@ -240,8 +255,11 @@ def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: st
               help="Stop collecting S seconds after collection began.")
 @click.option("--delay", type=click.FloatRange(min=0), metavar="S",
               help="Start collecting S seconds after each process starts (skip warm-up).")
-@click.option("--steps", type=click.IntRange(min=1), metavar="N",
-              help="Collect N steps, from the first gpudiag.step() after --delay.")
+@click.option("--steps", type=StepCount(), metavar="N|all",
+              help="Collect N steps after the warm-up (default 20; a step is a gpudiag.step() "
+                   "or, without markers, an optimizer step); all: the whole run.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), metavar="W",
+              help="Leading steps left out of the collection window (default 3).")
 @click.option("--nvml-interval", type=click.FloatRange(min=0), default=0.1, show_default=True,
               metavar="S", help="Seconds between NVML samples of the GPUs (0: off).")
 @click.option("--no-memory", is_flag=True,
@@ -254,9 +272,9 @@ def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: st
               help="Seconds between flushes of what each process collected.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(*, output: Path | None, backend: str, duration: float | None, delay: float | None,
-            steps: int | None, nvml_interval: float, no_memory: bool, ncu_set: str,
-            ncu_kernels: str | None, no_report: bool, flush_interval: float,
-            command: tuple[str, ...]) -> None:
+            steps: int | str | None, warmup_steps: int | None, nvml_interval: float,
+            no_memory: bool, ncu_set: str, ncu_kernels: str | None, no_report: bool,
+            flush_interval: float, command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with collectors injected into every Python process, merge
     what they recorded into one trace, analyze it and write report.html; exits with
     COMMAND's status. `gpudiag doctor` says what this machine can collect."""
@@ -266,7 +284,7 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
     plan = resolve(backend)
     options = ProfileOptions(
         backend=backend, collectors=plan.collectors, flush_interval_s=flush_interval,
-        duration_s=duration, delay_s=delay, steps=steps,
+        duration_s=duration, delay_s=delay, steps=steps, warmup_steps=warmup_steps,
         nvml_interval_s=nvml_interval or None, memory=not no_memory, report=not no_report,
         ncu_set=ncu_set, ncu_kernels=ncu_kernels,
     )
@@ -290,8 +308,7 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
         from gpudiag.reports.terminal import print_diagnosis
 
         dx = diagnose(trace)
-        if trace.has_gpu_activity():
-            print_diagnosis(dx.to_dict(), Console(stderr=True, highlight=False))
+        print_diagnosis(dx.to_dict(), Console(stderr=True, highlight=False))
         _write(result.run_dir / "report.html", report_page(
             trace, dx, generated_for="gpudiag profile -- " + " ".join(command)))
     sys.exit(result.exit_code)

@@ -1,4 +1,4 @@
-"""The bootstrap's plugin layer: import triggers, the collection window, plugin fan-out."""
+"""The bootstrap's plugin layer: import triggers, plugin fan-out, main-thread calls."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpudiag.profiler import inproc
-from gpudiag.profiler.inproc import ImportWatcher, Plugins, Window
+from gpudiag.profiler.inproc import ImportWatcher, Plugins
 
 
 @pytest.fixture
@@ -64,51 +64,6 @@ def test_install_is_idempotent(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sum(isinstance(f, ImportWatcher) for f in sys.meta_path) == 1
 
 
-def _edges(settings: dict[str, Any]) -> tuple[Window, list[bool]]:
-    edges: list[bool] = []
-    return Window(settings, edges.append), edges
-
-
-def test_window_without_limits_opens_at_once_and_stays_open() -> None:
-    window, edges = _edges({})
-    window.begin()
-    assert edges == [True] and window.on
-
-
-def test_delay_then_duration() -> None:
-    window, edges = _edges({"delay_s": 0.1, "duration_s": 0.1})
-    window.begin()
-    assert edges == []
-    time.sleep(0.15)
-    assert edges == [True]
-    time.sleep(0.2)
-    assert edges == [True, False] and window.done
-
-
-def test_steps_window_opens_at_first_step_and_closes_after_n() -> None:
-    window, edges = _edges({"steps": 2})
-    window.begin()
-    assert edges == []  # --steps waits for a step
-    window.step_opened()
-    assert edges == [True]
-    window.step_opened()
-    assert edges == [True]
-    window.step_opened()  # step 3 opens: two steps were collected
-    assert edges == [True, False]
-    window.step_opened()
-    assert edges == [True, False]  # a window opens once
-
-
-def test_steps_before_the_delay_do_not_count() -> None:
-    window, edges = _edges({"steps": 1, "delay_s": 0.1})
-    window.begin()
-    window.step_opened()
-    assert edges == [] and window.steps_seen == 0
-    time.sleep(0.12)
-    window.step_opened()
-    assert edges == [True]
-
-
 class FakePlugin:
     """Records every call; `fail` names a method that raises."""
 
@@ -145,7 +100,7 @@ def test_plugin_starts_on_its_trigger_import(tmp_path: Path, watcher: ImportWatc
     errors: list[str] = []
     plugins = Plugins(["host", "fake", "unknown"], {"memory": True}, errors.append)
     assert plugins.names == ["fake"]
-    plugins.set_window(True)
+    plugins.edge("resume")
     plugins.arm(watcher, lambda: tmp_path)
     assert log == []
     _module(tmp_path, "fake_trigger", "", monkeypatch)
@@ -154,7 +109,7 @@ def test_plugin_starts_on_its_trigger_import(tmp_path: Path, watcher: ImportWatc
     assert (tmp_path / "fake").is_dir()
     assert plugins.started["fake"].out_dir == tmp_path / "fake"
     plugins.call("flush", True)
-    plugins.set_window(False)
+    plugins.edge("pause")
     assert log[-2:] == ["flush", "pause"] and errors == []
 
 
@@ -184,7 +139,7 @@ def test_a_failing_call_never_raises(tmp_path: Path,
     _log, fail = fake_plugin
     errors: list[str] = []
     plugins = Plugins(["fake"], {}, errors.append)
-    plugins.set_window(True)
+    plugins.edge("resume")
     plugins.start("fake", "fake_gpudiag_plugin", tmp_path)
     fail["method"] = "flush"
     plugins.started["fake"].fail = "flush"

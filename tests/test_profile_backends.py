@@ -85,7 +85,8 @@ def test_torch_backend_run_dir_trace_and_report(tmp_path: Path) -> None:
 def test_steps_window_collects_only_those_steps(tmp_path: Path) -> None:
     framework("torch")
     done, run_dir = _profile(tmp_path, TORCH_LOOP.format(steps=6, tail=""),
-                             "--backend", "torch", "--steps", "2", "--no-report")
+                             "--backend", "torch", "--steps", "2", "--warmup-steps", "0",
+                             "--no-report")
     assert done.returncode == 0, done.stderr
     trace = gpudiag.load(run_dir / "trace")
     steps, ops = _steps(trace), _ops(trace)
@@ -109,14 +110,15 @@ def test_delay_skips_the_warm_up(tmp_path: Path) -> None:
     framework("torch")
     code = """
         import sys, time, torch, gpudiag
-        started = sys.modules["gpudiag.profiler.bootstrap"]._active.start_ns  # process start
+        window = sys.modules["gpudiag.profiler.bootstrap"]._active.window
         x = torch.ones(8)
-        i = 0
-        while time.time_ns() < started + 5_000_000_000:  # until 2 s after the delay
+        i = after = 0
+        while after < 10:  # ten steps after the window opened, however slow the machine
             gpudiag.step()
             y = (x * i).sum().item()
             time.sleep(0.05)
             i += 1
+            after += window.on
     """
     done, run_dir = _profile(tmp_path, code, "--backend", "torch", "--delay", "3",
                              "--no-report")

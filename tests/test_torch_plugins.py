@@ -7,6 +7,7 @@ CUDA-only allocator snapshot and the thread rule of torch.profiler can be checke
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -107,7 +108,14 @@ def test_profiler_records_cuda_activity_when_there_is_a_gpu(tmp_path: Path,
     assert [p.name for p in tmp_path.iterdir()] == ["segment-0001.pt.trace.json"]
 
 
-def test_window_edges_from_another_thread_wait_for_the_programs_next_step(
+def _until(condition: Any, seconds: float = 5.0) -> None:
+    """Run bytecode on this (main) thread until `condition()`: pending calls run between."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        sum(range(1000))
+
+
+def test_window_edges_from_a_timer_run_on_the_programs_main_thread(
         tmp_path: Path, fake_torch: Any) -> None:
     torch = fake_torch(cuda=False)
     plugin = torch_backend.create(tmp_path, {})
@@ -115,16 +123,39 @@ def test_window_edges_from_another_thread_wait_for_the_programs_next_step(
     timer = threading.Thread(target=plugin.resume)  # what the --delay timer does
     timer.start()
     timer.join()
-    assert torch.log == []  # Kineto must not be started from the timer's thread
-    plugin.on_step()  # the program's thread, at gpudiag.step()
+    _until(lambda: len(torch.log) == 2)
     assert torch.log == [("profile", ["cpu"]), ("start", threading.get_ident())]
     stopper = threading.Thread(target=plugin.pause)
     stopper.start()
     stopper.join()
-    assert len(torch.log) == 2
-    plugin.on_step()
-    assert torch.log[-1] == ("stop", threading.get_ident())
+    _until(lambda: len(torch.log) == 3)
+    assert torch.log[-1] == ("stop", threading.get_ident())  # Kineto's own thread
     assert [p.name for p in tmp_path.iterdir()] == ["segment-0001.pt.trace.json"]
+
+
+def test_edges_wait_for_the_next_step_when_torch_lives_off_the_main_thread(
+        tmp_path: Path, fake_torch: Any) -> None:
+    torch = fake_torch(cuda=False)
+    box: dict[str, Any] = {}
+    go, done = threading.Event(), threading.Event()
+
+    def program() -> None:  # a program that imported torch on a worker thread
+        box["plugin"] = plugin = torch_backend.create(tmp_path, {})
+        plugin.start()
+        go.wait(5)
+        box["before_step"] = list(torch.log)
+        plugin.on_step()  # its next gpudiag.step()
+        done.set()
+
+    worker = threading.Thread(target=program)
+    worker.start()
+    _until(lambda: "plugin" in box)
+    box["plugin"].resume()  # from another thread (the main one, here: not the owner)
+    go.set()
+    done.wait(5)
+    worker.join()
+    assert box["before_step"] == []  # Kineto must not start from a thread that is not its own
+    assert torch.log == [("profile", ["cpu"]), ("start", worker.ident)]
 
 
 def test_segments_are_numbered_per_window(tmp_path: Path, fake_torch: Any) -> None:

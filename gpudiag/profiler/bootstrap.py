@@ -44,10 +44,15 @@ _active: HostCollector | None = None
 
 def _load_inproc() -> ModuleType:
     """`inproc.py` beside this file, by path (the gpudiag package would pull in pandas)."""
-    name = "gpudiag.profiler.inproc"
+    return _load_sibling("inproc")
+
+
+def _load_sibling(stem: str) -> ModuleType:
+    """The stdlib-only module `<stem>.py` beside this file, loaded by path once."""
+    name = f"gpudiag.profiler.{stem}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("inproc.py"))
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{stem}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -92,7 +97,7 @@ class HostCollector:
             self.skipped += [f"{n} (launcher process)" for n in names if n in inproc.PLUGINS]
             names = ["host"]
         self.plugins = inproc.Plugins(names, settings, self.report)
-        self.window = inproc.Window(settings, self.plugins.set_window)
+        self.window = _load_sibling("collection_window").Window(settings, self.plugins.edge)
         self._reset_for_process()
 
     def _reset_for_process(self) -> None:
@@ -108,6 +113,8 @@ class HostCollector:
         self._flush_lock = threading.RLock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._boundary_ns: int | None = None  # the last optimizer step's end
+        self._auto_steps = 0
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -132,6 +139,27 @@ class HostCollector:
         with self._lock:
             self.ranges.append((threading.get_native_id(), start_ns, end_ns, name, source))
 
+    def optimizer_stepped(self, at_ns: int) -> None:
+        """An optimizer step ended at `at_ns` (the torch plugin's hook), in a program that
+        marks no steps itself: the time since the previous one is a step, and a step opens.
+
+        Steps are whole iterations between two optimizer-step ends, named "step N" from 1
+        (iteration 0's start is not known: it is never recorded).
+        """
+        if self.window.step_source == "marker":
+            return
+        previous, self._boundary_ns = self._boundary_ns, at_ns
+        if previous is not None:
+            self._auto_steps += 1
+            self.add_range(f"step {self._auto_steps}", previous, at_ns, "step")
+        self.window.step("optimizer")
+        self.plugins.call("on_step", optional=True)
+
+    def own_thread_ids(self) -> list[int]:
+        """Native ids of gpudiag's threads here (the merge drops their Python events)."""
+        threads = [self._thread, *self.window.threads()]
+        return sorted({t.native_id for t in threads if t is not None and t.native_id})
+
     def meta(self, end_ns: int | None) -> dict[str, Any]:
         """The per-process Trace meta (what merge_run and the report show per process)."""
         process = {
@@ -141,6 +169,7 @@ class HostCollector:
             "local_rank": _env_int("LOCAL_RANK"),
             "collectors": ["host", *self.plugins.started],
             "collectors_failed": self.plugins.failed, "collectors_skipped": self.skipped,
+            "window": self.window.info(), "gpudiag_thread_ids": self.own_thread_ids(),
         }
         return {
             **_FORMAT, "sources": [{"format": "gpudiag-host", "pid": self.pid}],
@@ -279,11 +308,18 @@ def _note_error(run_dir: Path, exc: BaseException | str) -> None:
 
 
 def step_opened() -> None:
-    """Called by `gpudiag.step()` when a step opens: the --steps window counts them."""
+    """Called by `gpudiag.step()` when a step opens: the step window counts them."""
     collector = _active
     if collector is not None:
-        collector.window.step_opened()
+        collector.window.step("marker")
         collector.plugins.call("on_step", optional=True)
+
+
+def optimizer_stepped(at_ns: int) -> None:
+    """Called by the torch plugin's optimizer-step hook (`HostCollector.optimizer_stepped`)."""
+    collector = _active
+    if collector is not None:
+        collector.optimizer_stepped(at_ns)
 
 
 def settings_from_env() -> dict[str, Any]:

@@ -6,11 +6,11 @@ every Python process of the profiled command half a second of pandas). Three par
 - `on_import(name, callback)`: run `callback(module)` right after the program first imports
   `name` (at once when it already has). The torch backend starts when the program imports
   torch, so a Python process that never touches a GPU framework never pays for one.
-- `Window`: when collection is on. `--delay` opens it late, `--duration` closes it after a
-  time, `--steps N` opens it at the first `gpudiag.step()` after the delay and closes it when
-  step N+1 opens. Plugins are paused and resumed at its edges.
+- `main_thread_call(fn)`: run `fn` on the program's main thread at its next bytecode, from
+  any thread (the torch profiler must be stopped on the thread that started it).
 - `Plugins`: start each named plugin (`gpudiag.profiler.<module>.create(out_dir, settings)`)
-  when its trigger module is imported, and fan flush/pause/resume/after_fork out to them.
+  when its trigger module is imported, and fan flush/pause/resume/after_fork out to them;
+  the collection window (`collection_window.py`) drives their pause/resume edges.
   A failing plugin is reported once and dropped: the user's program never sees the error.
 
     watcher = ImportWatcher.install()
@@ -19,12 +19,12 @@ every Python process of the profiled command half a second of pandas). Three par
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -40,6 +40,8 @@ PLUGINS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 Callback = Callable[[ModuleType], None]
+_PENDING = None  # the ctypes callback type of Py_AddPendingCall, made on first use
+_pending_keep: list[list[Any]] = []  # [callback, ran]: a callback must outlive its call
 
 #: launchers that only start the workers: profiling them adds a useless trace per run
 LAUNCHER_SCRIPTS = ("torchrun",)
@@ -149,69 +151,6 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
         return None
 
 
-class Window:
-    """Whether collection is on now, from --delay / --duration / --steps (all optional).
-
-    `listener(on)` is called at every edge, from whichever thread crossed it (a timer thread
-    for time edges, the program's thread for step edges).
-    """
-
-    def __init__(self, settings: dict[str, Any], listener: Callable[[bool], None]) -> None:
-        self.delay_s = settings.get("delay_s") or 0.0
-        self.duration_s = settings.get("duration_s")
-        self.steps = settings.get("steps")
-        self.listener = listener
-        self.start_s = time.monotonic()
-        self.on = False
-        self.done = False
-        self.steps_seen = 0
-        self._lock = threading.Lock()
-        self._timers: list[threading.Timer] = []
-
-    def begin(self) -> None:
-        """Open now, or arm the delay timer; with --steps, wait for the first step instead."""
-        if self.delay_s > 0:
-            self._after(self.delay_s, self._delay_over)
-        else:
-            self._delay_over()
-
-    def _delay_over(self) -> None:
-        if self.steps is None:
-            self._set(True)
-
-    def step_opened(self) -> None:
-        """A `gpudiag.step()` opened a step: with --steps, open at the first and count."""
-        if self.steps is None or self.done:
-            return
-        if time.monotonic() - self.start_s < self.delay_s:
-            return
-        self.steps_seen += 1
-        if self.steps_seen == 1:
-            self._set(True)
-        elif self.steps_seen > self.steps:
-            self._set(False)
-
-    def _set(self, on: bool) -> None:
-        with self._lock:
-            if self.done or on == self.on:
-                return
-            self.on = on
-            self.done = not on  # a window opens once: after it closes, it stays closed
-        if on and self.duration_s is not None:
-            self._after(self.duration_s, lambda: self._set(False))
-        self.listener(on)
-
-    def _after(self, seconds: float, action: Callable[[], None]) -> None:
-        timer = threading.Timer(seconds, action)
-        timer.daemon = True
-        timer.start()
-        self._timers.append(timer)
-
-    def cancel(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
-
-
 class Plugins:
     """The started plugins of one process and their output directories.
 
@@ -288,10 +227,14 @@ class Plugins:
         with self._lock:
             self.closed = True
 
-    def set_window(self, on: bool) -> None:
+    def edge(self, edge: str) -> None:
+        """The collection window crossed an edge: "resume", "pause" or "restart" (plugins
+        that can drop what they recorded so far do so, then everyone resumes)."""
         with self._lock:
-            self.window_on = on
-        self.call("resume" if on else "pause")
+            self.window_on = edge != "pause"
+        if edge == "restart":
+            self.call("discard", optional=True)
+        self.call("pause" if edge == "pause" else "resume")
 
     def after_fork(self, proc_dir: Path) -> None:
         """In a forked child: each plugin moves to the child's directory (or disables itself)."""
@@ -304,3 +247,38 @@ class Plugins:
                 plugin.after_fork(proc_dir / name)
             except Exception as exc:
                 self.report(f"collector {name} after_fork failed: {exc}")
+
+
+def main_thread_call(function: Callable[[], None]) -> bool:
+    """Have the main thread run `function` at its next bytecode (Py_AddPendingCall).
+
+    Used for the edges a timer or the flush thread crosses while the program's main thread
+    owns the torch profiler: no signal is sent and no system call of the program is
+    interrupted; a main thread inside a long C call runs it when the call returns. False when
+    it could not be queued (no ctypes, a full queue): the caller falls back to waiting.
+    """
+    global _PENDING  # noqa: PLW0603 -- built once, on first use
+    try:
+        import ctypes
+
+        if _PENDING is None:
+            _PENDING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+            ctypes.pythonapi.Py_AddPendingCall.argtypes = [_PENDING, ctypes.c_void_p]
+            ctypes.pythonapi.Py_AddPendingCall.restype = ctypes.c_int
+
+        def run(_arg: Any) -> int:
+            entry[1] = True  # freed at a later call, never while it runs
+            with contextlib.suppress(Exception):  # never raise into the program's frame
+                function()
+            return 0
+
+        _pending_keep[:] = [e for e in _pending_keep if not e[1]]
+        entry: list[Any] = [None, False]
+        entry[0] = _PENDING(run)
+        _pending_keep.append(entry)
+        if ctypes.pythonapi.Py_AddPendingCall(entry[0], None) != 0:
+            entry[1] = True
+            return False
+        return True
+    except (ImportError, AttributeError, OSError):
+        return False

@@ -74,7 +74,8 @@ class ProfileOptions:
     flush_interval_s: float = 1.0
     duration_s: float | None = None
     delay_s: float | None = None
-    steps: int | None = None
+    steps: int | str | None = None
+    warmup_steps: int | None = None
     nvml_interval_s: float | None = 0.1
     memory: bool = True
     report: bool = True
@@ -89,7 +90,7 @@ class ProfileOptions:
         return {
             "backend": self.backend, "flush_interval_s": self.flush_interval_s,
             "delay_s": self.delay_s, "duration_s": self.duration_s, "steps": self.steps,
-            "memory": self.memory,
+            "warmup_steps": self.warmup_steps, "memory": self.memory,
         }
 
 

@@ -7,54 +7,122 @@ and runtime calls. The allocator snapshot is the separate `torch_snapshot` plugi
 also runs beside the CUPTI backend.
 
 torch.profiler keeps its events in memory until it is stopped, so the trace is written as
-*segments*: one Kineto JSON per collection window (`--delay`, `--duration`, `--steps` pause
-and resume it) and one at exit or SIGTERM. A SIGKILL loses the open segment; the host markers
-and NVML samples of the same run survive (their flushes are periodic). Kineto timestamps are
-Unix-epoch based (`baseTimeNanoseconds`), the clock of every other collector.
+*segments* (`segment-NNNN.pt.trace.json`): one per collection window, plus a new one
+whenever the process grew by `segment_bytes` since the open one began (memory stays
+bounded however long the window). Kineto must be started and stopped on one thread: edges
+crossed elsewhere (timers, the flush thread) are applied on the program's main thread at its
+next bytecode (`inproc.main_thread_call`), else at its next step. A SIGKILL loses the open
+segment; the host markers and NVML samples of the same run survive.
+
+Two hooks serve the rest of the session: the end of every optimizer step is a step boundary
+for a program that marks none (`bootstrap.optimizer_stepped`), and the open segment is
+written before `torch.distributed.destroy_process_group` (a gloo process group torn down
+while the profiler runs can deadlock on the GIL in its worker threads' teardown).
 
     plugin = create(out_dir, {"memory": True})
-    plugin.start(); ...; plugin.flush(final=True)      # what the bootstrap does
+    plugin.start(); plugin.resume(); ...; plugin.flush(final=True)      # the bootstrap
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
+import importlib
 import os
+import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpudiag.collectors import kineto_repair
 from gpudiag.optional import require
 
+#: a new segment begins once the process grew by this much since the open one began
+DEFAULT_SEGMENT_BYTES = 384 * 2**20
+
 
 def create(out_dir: Path, settings: dict[str, Any]) -> TorchCollector:
     """The collector for one process (called by the bootstrap when torch was imported)."""
-    return TorchCollector(out_dir, memory=bool(settings.get("memory", True)))
+    return TorchCollector(out_dir, memory=bool(settings.get("memory", True)),
+                          segment_bytes=int(settings.get("segment_bytes")
+                                            or DEFAULT_SEGMENT_BYTES))
 
 
 class TorchCollector:
-    """torch.profiler around the program, one exported segment per collection window."""
+    """torch.profiler around the program, written as bounded segments."""
 
-    def __init__(self, out_dir: Path, *, memory: bool = True) -> None:
+    def __init__(self, out_dir: Path, *, memory: bool = True,
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
         self.out_dir = out_dir
         self.memory = memory
+        self.segment_bytes = segment_bytes
         self.torch = require("torch", "The torch backend of gpudiag profile")
         self.cuda = bool(self.torch.cuda.is_available())
         self._profiler: Any = None
         self._segments = 0
         self._finished = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._owner = threading.get_ident()  # the thread that imported torch: the program's
-        self._pending: str | None = None
+        self._pending: list[str] = []  # edges waiting for the owner thread (_deferred)
+        self._scheduled = False  # a main-thread call to apply them is queued
+        self._in_hook = False  # inside the optimizer-step hook (inside Optimizer.step#)
+        self._segment_rss = 0  # the process's resident bytes when the open segment began
+        self._optimizer: int | None = None  # id() of the optimizer whose steps are counted
 
     def start(self) -> None:
         """Get ready; the first segment begins at `resume()`, when the window is open.
 
         The final export is registered with atexit now, after torch's own hooks, so it runs
-        before them (atexit is last-in, first-out).
+        before them (atexit is last-in, first-out); then the two hooks of the docstring.
         """
         atexit.register(self.flush, True)  # before torch's atexit hooks (registered earlier)
+        try:  # the package deletes its `optimizer` attribute: import the module by name
+            hooks = importlib.import_module("torch.optim.optimizer")
+        except ImportError:
+            hooks = None
+        if hooks is not None and hasattr(hooks, "register_optimizer_step_post_hook"):
+            hooks.register_optimizer_step_post_hook(self._optimizer_stepped)
+        self._wrap_process_group_teardown()
+
+    def _optimizer_stepped(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        """Every optimizer's step ends here; one optimizer's (the first seen) count as steps,
+        so two optimizers per iteration (a GAN) or accumulation still give one per step."""
+        if self._optimizer is None:
+            self._optimizer = id(optimizer)
+        if id(optimizer) != self._optimizer:
+            return
+        boot = _bootstrap()
+        if boot is not None:
+            self._in_hook = threading.get_ident() == self._owner
+            try:
+                boot.optimizer_stepped(time.time_ns())
+            finally:
+                self._in_hook = False
+
+    def _wrap_process_group_teardown(self) -> None:
+        """Write the last segment before `destroy_process_group`.
+
+        Collection ends there: a profiler started again after the teardown crashed the
+        process at exit (SIGSEGV, torch 2.13, gloo), and programs end soon after it anyway.
+        """
+        dist: Any = getattr(self.torch, "distributed", None)
+        c10d: Any = getattr(dist, "distributed_c10d", None)
+        original = getattr(c10d, "destroy_process_group", None)
+        if original is None or getattr(original, "_gpudiag_wrapped", False):
+            return
+
+        @functools.wraps(original)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == self._owner:
+                self.flush(True)  # the last segment: a profiler restarted after it crashes
+            return original(*args, **kwargs)
+
+        destroy_process_group._gpudiag_wrapped = True  # type: ignore[attr-defined]
+        c10d.destroy_process_group = destroy_process_group
+        if getattr(dist, "destroy_process_group", None) is original:
+            dist.destroy_process_group = destroy_process_group
 
     def resume(self) -> None:
         if self._deferred("resume"):
@@ -71,6 +139,7 @@ class TorchCollector:
                 profile_memory=self.memory,
             )
             self._profiler.start()
+            self._segment_rss = _resident_bytes()
 
     def pause(self) -> None:
         """Close the open segment and write it (the window closed)."""
@@ -79,32 +148,90 @@ class TorchCollector:
         with self._lock:
             self._export_segment()
 
-    def _deferred(self, action: str) -> bool:
-        """Kineto must be started and stopped on one thread (else it aborts the process).
+    def discard(self) -> None:
+        """Drop what was recorded so far (the provisional start-up and warm-up): stop the
+        open segment without writing it and remove the segments already written."""
+        if self._deferred("discard"):
+            return
+        with self._lock:
+            profiler, self._profiler = self._profiler, None
+            if profiler is not None:
+                started = time.time_ns()
+                profiler.stop()
+                _note_pause("gpudiag: profiler stopped (warm-up dropped)", started)
+            for old in self.out_dir.glob("segment-*.pt.trace.json"):
+                old.unlink(missing_ok=True)
 
-        A window edge crossed on another thread (the --delay / --duration timers) is kept
-        and applied by `on_step` at the program's next `gpudiag.step()`, or at exit.
+    def rotate(self) -> None:
+        """Write the open segment and go on in a new one (bounded memory)."""
+        with self._lock:
+            if self._profiler is None or self._finished:
+                return
+            self._export_segment()
+            self.resume()
+
+    def _deferred(self, action: str) -> bool:
+        """Kineto must be started and stopped on one thread (else it aborts the process),
+        and never inside a torch `record_function` (the optimizer hook runs inside
+        `Optimizer.step#...`: a profiler stopped there crashes the process later, when that
+        range's handle is collected).
+
+        Such an edge is queued and run on the program's main thread when that is the owner,
+        at its next bytecode outside `Optimizer.step` (`inproc.main_thread_call`); otherwise
+        it waits for `on_step` at the program's next `gpudiag.step()`, or for exit.
         """
-        if threading.get_ident() == self._owner:
-            self._pending = None
+        if threading.get_ident() == self._owner and not self._in_hook:
             return False
-        self._pending = action
+        self._pending.append(action)
+        self._schedule()
         return True
 
-    def on_step(self) -> None:
-        """A step opened on some thread: apply a pending window edge if it is the owner's."""
-        action = self._pending
-        if action is not None and threading.get_ident() == self._owner:
+    def _schedule(self) -> None:
+        if self._owner == threading.main_thread().ident and not self._scheduled:
+            self._scheduled = _main_thread_call(self._apply_pending)
+
+    def _apply_pending(self) -> None:
+        self._scheduled = False
+        if threading.get_ident() != self._owner or self._in_hook:
+            return
+        if _inside_optimizer_step():
+            self._schedule()  # again at a later bytecode: the range is about to close
+            return
+        actions, self._pending = self._pending, []
+        for action in actions:
             getattr(self, action)()
 
+    def on_step(self) -> None:
+        """A step opened: apply waiting edges, or rotate when the open segment grew past
+        its bound (a step edge is the cheapest place to cut)."""
+        if threading.get_ident() != self._owner:
+            return
+        if self._too_big() and "rotate" not in self._pending:
+            self._pending.append("rotate")
+        if self._pending:
+            if self._in_hook:
+                self._schedule()
+            else:
+                self._apply_pending()
+
+    def _too_big(self) -> bool:
+        return (self._profiler is not None and self._segment_rss > 0
+                and _resident_bytes() - self._segment_rss > self.segment_bytes)
+
     def flush(self, final: bool) -> None:
-        """At exit: write the open segment; otherwise nothing.
+        """At exit: write the open segment. Periodically (the flush thread): rotate when the
+        open segment grew past its bound, on the owner's thread.
 
         A periodic flush cannot take events out of a running torch.profiler without stopping
-        it, so segments are written only when a window closes and at exit. The final flush
-        runs on the main thread (atexit, SIGTERM); from another thread it is left to them.
+        it. The final flush runs on the main thread (atexit, SIGTERM); from another thread
+        it is left to them.
         """
-        if not final or threading.get_ident() != self._owner:
+        if not final:
+            if self._too_big() and "rotate" not in self._pending:
+                self._pending.append("rotate")
+                self._schedule()
+            return
+        if threading.get_ident() != self._owner:
             return
         with self._lock:
             if self._finished:
@@ -122,9 +249,10 @@ class TorchCollector:
         self._profiler = None
         self._segments = 0
         self._finished = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._owner = threading.get_ident()
-        self._pending = None
+        self._pending = []
+        self._scheduled = False
         self.cuda = False
         self.resume()
 
@@ -132,6 +260,7 @@ class TorchCollector:
         profiler, self._profiler = self._profiler, None
         if profiler is None:
             return
+        started = time.time_ns()
         profiler.stop()
         self._segments += 1
         final = self.out_dir / f"segment-{self._segments:04d}.pt.trace.json"
@@ -139,6 +268,50 @@ class TorchCollector:
         profiler.export_chrome_trace(str(tmp))
         escape_bare_quotes(tmp)
         os.replace(tmp, final)
+        _note_pause("gpudiag: profiler segment written", started)
+
+
+#: the name prefix of the host ranges that mark gpudiag's own pauses of the program
+PAUSE_PREFIX = "gpudiag: "
+
+
+def _note_pause(name: str, started_ns: int) -> None:
+    """Mark the time the program's thread spent in gpudiag (stopping, writing a segment),
+    so step times can be read with it in view."""
+    boot = _bootstrap()
+    if boot is not None:
+        boot.record_range(name, started_ns, time.time_ns(), "annotation")
+
+
+def _resident_bytes() -> int:
+    """This process's resident set (Linux /proc; 0 elsewhere: segments then follow the window
+    edges only)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _inside_optimizer_step() -> bool:
+    """Whether this thread is inside torch's `Optimizer.step` wrapper (its record_function)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(os.path.join("torch", "optim", "optimizer.py")):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _bootstrap() -> Any:
+    """The bootstrap module of this process (loaded by path under its package name)."""
+    return sys.modules.get("gpudiag.profiler.bootstrap")
+
+
+def _main_thread_call(function: Callable[[], None]) -> bool:
+    from gpudiag.profiler import inproc  # the bootstrap's instance when it loaded one
+
+    return inproc.main_thread_call(function)
 
 
 def escape_bare_quotes(path: Path) -> int:
