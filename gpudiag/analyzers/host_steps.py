@@ -45,6 +45,7 @@ from gpudiag.analyzers.host_categories import (
     self_times,
 )
 from gpudiag.analyzers.steps import training_steps
+from gpudiag.collectors.intervals import nesting_depth
 from gpudiag.trace import Trace
 
 WHOLE = "(whole trace)"
@@ -238,9 +239,12 @@ def _self_time(ranges: pd.DataFrame, steady: pd.DataFrame) -> pd.DataFrame:
     start = ops["start_ns"].to_numpy(np.int64)
     at = np.searchsorted(steady["start_ns"].to_numpy(np.int64), start, side="right") - 1
     inside = (at >= 0) & (start < steady["end_ns"].to_numpy(np.int64)[np.maximum(at, 0)])
+    # a call recorded twice (jax's nested PjitFunction) is one call
+    same = keys.codes(ops["tid"], ops["name"].astype(str))
+    call = nesting_depth(same, start, ops["end_ns"].to_numpy(np.int64)) == 0
     kept = pd.DataFrame({"name": ops["name"].astype(str).to_numpy()[inside],
-                         "self_ns": own[inside]})
-    return kept.groupby("name").agg(calls=("self_ns", "size"), self_ns=("self_ns", "sum")
+                         "self_ns": own[inside], "call": call[inside].astype(np.int64)})
+    return kept.groupby("name").agg(calls=("call", "sum"), self_ns=("self_ns", "sum")
                                     ).reset_index()
 
 

@@ -80,8 +80,26 @@ def detect_steps(trace: Trace, *, min_steps: int = 2, min_cover: float = 0.1,
     `max_anchors`: names tried as its anchor per level. Computed once per trace.
     """
     key = f"steps:{min_steps}:{min_cover}:{levels}:{max_anchors}"
+    if (min_steps, min_cover, levels, max_anchors) == _DEFAULTS:
+        key = _KEY  # what `restrict` seeds
     return trace.derived(key, lambda: _detect(trace, min_steps, min_cover, levels,
                                               max_anchors))
+
+
+_DEFAULTS = (2, 0.1, 6, 256)
+_KEY = "steps:default"
+
+
+def restrict(whole: Trace, window: tuple[int, int], into: Trace) -> None:
+    """Give `into` (the part of `whole` inside `window`, `window.within`) the steps of the
+    whole trace that overlap the window, cut to it: a window of a few steps holds too few
+    optimizer steps or repeats to find them again."""
+    steps = detect_steps(whole)
+    lo, hi = window
+    inside = steps[(steps["end_ns"] > lo) & (steps["start_ns"] < hi)].copy()
+    inside["start_ns"] = inside["start_ns"].clip(lower=lo)
+    inside["end_ns"] = inside["end_ns"].clip(upper=hi)
+    into.derived(_KEY, lambda: inside.reset_index(drop=True))
 
 
 def _detect(trace: Trace, min_steps: int, min_cover: float, levels: int,

@@ -167,7 +167,10 @@ def _findings(findings: list[dict[str, Any]], console: Console) -> None:
     if not findings:
         console.print("No findings.")
         return
-    table = Table(title="Findings, by GPU time lost", title_justify="left", show_lines=True)
+    host = [str(f["cause"]).startswith("host_") for f in findings]  # host time, not GPU
+    title = "Findings, by host time (share of step time)" if all(host) else \
+        "Findings, by GPU time lost" + (" (host-side findings after)" if any(host) else "")
+    table = Table(title=title, title_justify="left", show_lines=True)
     for col, justify in (("#", "right"), ("cause", "left"), ("lost", "right"),
                          ("where", "left"), ("evidence", "left"), ("what to do", "left")):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
