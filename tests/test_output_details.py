@@ -121,3 +121,16 @@ def test_small_losses_and_medians_are_written_in_their_unit(tmp_path: Path) -> N
     alexnet = CliRunner(env=WIDE).invoke(cli, ["analyze", str(fixture(ALEXNET))]).output
     for text in (run, alexnet):
         assert not re.search(r"\b0\.00 ms|\d{4,}(\.\d+)? µs", text), text
+
+
+def test_the_report_writes_the_window_as_the_terminal_does(tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    for args, text in (([str(fixture(ALEXNET))], "12.9 s, starting 2023-09-27 17:26:12.943 UTC"),
+                       ([str(_steps_trace(tmp_path)), "--window", "ProfilerStep#3"],
+                        "1 ms: 2.99 ms to 3.99 ms from the first GPU event (of 4.1 ms)")):
+        result = CliRunner(env=WIDE).invoke(cli, ["report", *args, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        page = out.read_text(encoding="utf-8")
+        assert text in page
+        shown = re.sub(r"<script.*?</script>", "", page, flags=re.S)  # figures' data aside
+        assert not EPOCH_NS.search(shown)

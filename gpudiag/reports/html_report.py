@@ -22,7 +22,7 @@ from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.commands import program_name
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_tables import Table
-from gpudiag.reports.terminal import format_bytes, format_ns
+from gpudiag.reports.terminal import format_bytes, format_ns, format_window
 from gpudiag.summary import summarize
 from gpudiag.trace import Trace
 
@@ -45,7 +45,7 @@ def report(trace: Trace, dx: Diagnosis, *, figures: Mapping[str, Any] | None = N
 
     Sections without data are left out. `cdn`: link plotly.js instead of inlining it.
     """
-    info = summarize(trace, top=TOP_ROWS)
+    info = summarize(trace, top=TOP_ROWS, window_ns=dx.window_ns)
     figs = {name: _as_list(fig) for name, fig in (figures or {}).items()}
     built = [
         _run_summary(trace, info),
@@ -141,9 +141,8 @@ def _run_summary(trace: Trace, info: dict[str, Any]) -> Section:
 
 def _window(info: dict[str, Any]) -> str:
     window = info["window"]
-    if window:
-        return (f"{format_ns(window['duration_ns'])} "
-                f"(from {window['start_ns']} to {window['end_ns']} ns)")
+    if window:  # as the terminal writes it: a length, offsets from the first GPU event
+        return format_window(window)
     if not info["timeline"]:
         return "none: kernels were replayed one by one (durations are real, gaps are not)"
     return "none"

@@ -66,12 +66,11 @@ def format_window(window: dict[str, Any]) -> str:
         'ProfilerStep#3, 5.01 ms: 1.2 s to 1.21 s from the first GPU event (of 12.9 s)'
     """
     text = format_ns(window["duration_ns"])
-    start = window.get("offset_ns") or 0
-    if window.get("spec"):
-        whole = window.get("trace_duration_ns")
-        text = (f"{window['spec']}, {text}: {format_ns(start)} to "
-                f"{format_ns(start + window['duration_ns'])} from the first GPU event"
-                + (f" (of {format_ns(whole)})" if whole is not None else ""))
+    start, whole = window.get("offset_ns") or 0, window.get("trace_duration_ns")
+    if window.get("spec") or (start, window["duration_ns"]) != (0, whole):  # a chosen one
+        text = (f"{window['spec'] + ', ' if window.get('spec') else ''}{text}: "
+                f"{format_ns(start)} to {format_ns(start + window['duration_ns'])} from the "
+                "first GPU event" + (f" (of {format_ns(whole)})" if whole is not None else ""))
     when = window.get("started_at")
     if when:
         text += ", starting " + when.replace("T", " ").replace("Z", " UTC")
