@@ -268,13 +268,17 @@ class StepCount(click.ParamType):
               show_default=True, help="Metric set of --backend ncu (scripts/ncu_wrappers).")
 @click.option("--ncu-kernels", metavar="REGEX", help="--backend ncu: only kernels matching.")
 @click.option("--no-report", is_flag=True, help="Do not analyze or write report.html.")
+@click.option("--stall-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              metavar="S", help="End a profiled process S seconds after it stopped making "
+                                "progress once the command or another rank finished, its "
+                                "stacks written to the run directory (0: never).")
 @click.option("--flush-interval", default=1.0, show_default=True, type=click.FloatRange(0.05),
               help="Seconds between flushes of what each process collected.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(*, output: Path | None, backend: str, duration: float | None, delay: float | None,
             steps: int | str | None, warmup_steps: int | None, nvml_interval: float,
             no_memory: bool, ncu_set: str, ncu_kernels: str | None, no_report: bool,
-            flush_interval: float, command: tuple[str, ...]) -> None:
+            flush_interval: float, stall_timeout: float, command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with collectors injected into every Python process, merge
     what they recorded into one trace, analyze it and write report.html; exits with
     COMMAND's status. `gpudiag doctor` says what this machine can collect."""
@@ -286,7 +290,7 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
         backend=backend, collectors=plan.collectors, flush_interval_s=flush_interval,
         duration_s=duration, delay_s=delay, steps=steps, warmup_steps=warmup_steps,
         nvml_interval_s=nvml_interval or None, memory=not no_memory, report=not no_report,
-        ncu_set=ncu_set, ncu_kernels=ncu_kernels,
+        ncu_set=ncu_set, ncu_kernels=ncu_kernels, stall_timeout_s=stall_timeout,
     )
     try:
         result, trace, notes = profile_command(

@@ -39,7 +39,11 @@ SEAL_ROWS = 50_000
 #: matches gpudiag.trace.FORMAT_NAME / FORMAT_VERSION (not imported: that pulls in pandas)
 _FORMAT = {"gpudiag_format": "gpudiag-trace", "gpudiag_format_version": 1}
 
+#: the signal on which a profiled process writes every thread's Python stack (faulthandler):
+#: a real-time one, which programs leave alone (SIGUSR1/2 belong to them and their launchers)
+STACK_SIGNAL = int(getattr(signal, "SIGRTMIN", 34)) + 6
 _active: HostCollector | None = None
+_stack_log: Any = None  # the open file faulthandler writes to (it must stay open)
 
 
 def _load_inproc() -> ModuleType:
@@ -114,10 +118,12 @@ class HostCollector:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._boundary_ns: int | None = None  # the last optimizer step's end
+        self._stack_file: str | None = None
         self._auto_steps = 0
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._stack_file = _register_stack_dump(self.dir)
         self.flush()
         self._thread = threading.Thread(target=self._loop, name="gpudiag-flush", daemon=True)
         self._thread.start()
@@ -166,11 +172,13 @@ class HostCollector:
             "pid": self.pid, "ppid": os.getppid(), "host": socket.gethostname(),
             "argv": list(sys.argv), "executable": sys.executable,
             "start_ns": self.start_ns, "end_ns": end_ns,
-            "local_rank": _env_int("LOCAL_RANK"),
+            "rank": _env_int("RANK"), "local_rank": _env_int("LOCAL_RANK"),
             "collectors": ["host", *self.plugins.started],
             "collectors_failed": self.plugins.failed, "collectors_skipped": self.skipped,
             "window": self.window.info(), "gpudiag_thread_ids": self.own_thread_ids(),
         }
+        if self._stack_file is not None:  # what the session's watchdog signals for stacks
+            process.update(stack_signal=STACK_SIGNAL, stack_file=self._stack_file)
         return {
             **_FORMAT, "sources": [{"format": "gpudiag-host", "pid": self.pid}],
             "warnings": {}, "timeline": True, "rank": _env_int("RANK"),
@@ -238,6 +246,8 @@ class HostCollector:
         try:
             self.plugins.close()
             self.flush(final=True)
+            if self._stack_file is not None and os.path.getsize(self._stack_file) == 0:
+                os.unlink(self._stack_file)  # never asked for: leave no empty file behind
         except Exception as exc:  # exit must not fail because of gpudiag
             _note_error(self.run_dir, exc)
 
@@ -254,6 +264,34 @@ class HostCollector:
         mp_util = sys.modules.get("multiprocessing.util")
         if mp_util is not None:  # the child clears finalizers first, then runs after-forkers
             mp_util.register_after_fork(self, _finalize_at_mp_exit)
+
+
+def _register_stack_dump(proc_dir: Path) -> str | None:
+    """Have STACK_SIGNAL write every thread's Python stack to `<proc>/stacks-python.txt`.
+
+    faulthandler writes from the signal handler without the GIL, so it answers even a
+    process deadlocked on it (the watchdog's case). Only where the signal is free (never
+    replacing a handler of the program) and on a platform that has it; None otherwise.
+    """
+    global _stack_log  # the one open file faulthandler keeps writing to
+    if not hasattr(signal, "SIGRTMIN"):
+        return None
+    try:
+        import faulthandler
+
+        if threading.current_thread() is not threading.main_thread() and _stack_log is None:
+            return None
+        if _stack_log is None and signal.getsignal(STACK_SIGNAL) not in (signal.SIG_DFL, None):
+            return None
+        path = proc_dir / "stacks-python.txt"
+        log = path.open("a")
+        faulthandler.register(STACK_SIGNAL, file=log, all_threads=True, chain=False)
+        previous, _stack_log = _stack_log, log
+        if previous is not None:
+            previous.close()  # the parent's, in a forked child
+        return str(path)
+    except (OSError, ValueError, RuntimeError, AttributeError):
+        return None
 
 
 def _finalize_at_mp_exit(collector: HostCollector) -> None:

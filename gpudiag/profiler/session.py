@@ -31,6 +31,7 @@ from gpudiag.errors import CollectorError, InputError
 from gpudiag.profiler import bootstrap, external
 from gpudiag.profiler.backends import Plan
 from gpudiag.profiler.gather import merge_run
+from gpudiag.profiler.watchdog import DEFAULT_GRACE_S, Watchdog
 from gpudiag.trace import Trace
 
 #: the default parent of run directories, relative to the working directory
@@ -81,6 +82,7 @@ class ProfileOptions:
     report: bool = True
     ncu_set: str = "launch"
     ncu_kernels: str | None = None
+    stall_timeout_s: float = DEFAULT_GRACE_S
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "collectors": list(self.collectors)}
@@ -143,8 +145,11 @@ def run(
             meta.update(end_ns=time.time_ns(), exit_code=127, error=str(exc))
             write_json(run_dir / "meta.json", meta)
             raise
+        watchdog = Watchdog(run_dir, options.stall_timeout_s)
         with _forward_signals(proc):
-            returncode = proc.wait()
+            returncode = watchdog.wait(proc)
+        if watchdog.ended:
+            meta["watchdog"] = watchdog.ended
     finally:
         if sampler is not None:
             sampler.stop()  # joins, writes the last chunk, never raises
@@ -216,16 +221,54 @@ def run_notes(run_dir: Path, trace: Trace, plan: Plan, options: ProfileOptions) 
     errors = run_dir / "bootstrap-errors.log"
     if errors.exists():
         notes.append(f"collectors reported problems: see {errors}")
-    if options.steps is not None and not (trace.ranges["source"] == "step").any():
-        notes.append("--steps was given but the program never called gpudiag.step(): "
-                     "nothing was collected in that window")
     processes = trace.meta.get("processes", [])
+    notes += window_notes(processes)
+    kept = {p.get("pid"): p.get("data", False) for p in processes}
+    for ended in trace.meta.get("run", {}).get("watchdog", []):
+        who = f"rank {ended['rank']}" if ended.get("rank") is not None else "process"
+        data = ("its profile was written before it ended" if kept.get(ended["pid"])
+                else "its profile is lost")
+        notes.append(f"{who} (pid {ended['pid']}) {ended['reason']}: ended with "
+                     f"{ended['ended_by']}; {data}, the others' data is kept; its stacks are "
+                     f"in {ended['stacks']}")
     started = sorted({c for p in processes for c in p.get("collectors", [])} - {"host"})
     if processes and not started and set(plan.collectors) - {"host"}:
         wanted = ", ".join(sorted(set(plan.collectors) - {"host"}))
         notes.append(f"no in-process collector started ({wanted} start when the program "
                      "imports torch / jax / cupy): only host markers were recorded")
     return notes
+
+
+def window_notes(processes: list[dict[str, Any]]) -> list[str]:
+    """What the collection window caught, said once for the processes it was the same in."""
+    said: dict[str, list[str]] = {}
+    for process in processes:
+        window = process.get("window") or {}
+        if window.get("mode") != "steps" or not set(process.get("collectors", [])) - {"host"}:
+            continue
+        rank = process.get("rank", process.get("local_rank"))
+        who = f"rank {rank}" if rank is not None else f"pid {process.get('pid')}"
+        if window.get("step_source") is None:
+            line = (f"no training step found (no optimizer step, no gpudiag.step()): "
+                    f"collected the first {window['startup_limit_s']:g} s at most; choose "
+                    "another part with --delay/--duration")
+        elif window.get("recorded") == "provisional":
+            line = (f"the program ran {window['steps_seen']} steps, within the "
+                    f"{window['warmup_steps']} warm-up steps: the whole run was collected, "
+                    "warm-up included")
+        else:
+            first = window["warmup_steps"] + 1
+            last = min(window["steps_seen"] - 1 if window.get("closed_by") == "steps"
+                       else window["steps_seen"], window["warmup_steps"] + window["steps"])
+            source = "the optimizer" if window["step_source"] == "optimizer" \
+                else "gpudiag.step()"
+            line = (f"collected steps {first}-{last} (steps from {source}; "
+                    f"{window['warmup_steps']} warm-up steps left out; --steps all for "
+                    "the whole run)")
+        said.setdefault(line, []).append(who)
+    if len(processes) <= 1:
+        return list(said)
+    return [f"{line} [{', '.join(whos)}]" for line, whos in said.items()]
 
 
 def make_run_dir(cmd: list[str], out_dir: Path | None) -> Path:
