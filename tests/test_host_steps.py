@@ -14,12 +14,13 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+import gpudiag
 from gpudiag.analyzers import host_steps
 from gpudiag.analyzers.diagnosis import diagnose
 from gpudiag.cli import _require_events, cli
 from gpudiag.errors import InputError
 from gpudiag.trace import Trace
-from tests.conftest import DATA, ROOT, framework
+from tests.conftest import DATA, ROOT, fixture, framework
 
 
 def r(name: str, start: int, end: int, source: str = "torch_op", tid: int = 1
@@ -147,6 +148,23 @@ def test_a_trace_with_nothing_to_analyze_gets_its_frameworks_advice() -> None:
         _require_events(Trace(meta={"format": "xplane"}), (Path("run"),))
     with pytest.raises(InputError, match=r"torch\.profiler\.profile"):
         _require_events(Trace(meta={"format": "kineto"}), (Path("run"),))
+
+
+def test_a_real_gpu_run_with_num_workers_0_is_found_data_bound() -> None:
+    """Kineto's tb_plugin sample 'resnet50_num_workers_0' (2021 schema: ProfilerStep#N and
+    the DataLoader are torch ops, autograd nodes are bare `...Backward` names on their own
+    thread): data loading is the largest host category, as the sample was made to show."""
+    t = gpudiag.load(fixture("kineto/v100_resnet50_legacy2021_schema.pt.trace.json.gz"))
+    by_step = host_steps.host_by_step(t)
+    assert by_step["step"].tolist() == [f"ProfilerStep#{k}" for k in range(5, 11)]
+    assert (by_step["backward_ns"] > 0).all() and (by_step["forward_ns"] > 0).all()
+    shares = host_steps.host_breakdown(t).set_index("category")["share"]
+    assert shares.idxmax() == "data_loading" and 0.3 < shares["data_loading"] < 0.5
+    found = diagnose(t).findings
+    host = found[found["cause"].str.startswith("host_")]
+    assert host["cause"].iloc[0] == "host_data_loading"
+    assert "num_workers" in host["advice"].iloc[0]
+    assert "host_op" not in set(host["cause"])  # the DataLoader op is not reported twice
 
 
 # -- the CLI on the real CPU recordings -----------------------------------------------------

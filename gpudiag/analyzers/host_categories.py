@@ -7,9 +7,10 @@ the step's time):
 - `data_loading`: DataLoader `__next__` (the `enumerate(DataLoader)#...__next__`
   annotation, or its Python frame) on the step's thread;
 - `optimizer`: `Optimizer.step#...` and `Optimizer.zero_grad#...`;
-- `backward`: autograd's `autograd::engine::evaluate_function: ...` ops on any thread of
-  the process (on a GPU they run on autograd's own thread while the training thread
-  waits), and the training thread's `backward` / `run_backward` frames;
+- `backward`: autograd's `autograd::engine::evaluate_function: ...` ops (older traces:
+  the bare `...Backward` node names) on any thread of the process (on a GPU they run on
+  autograd's own thread while the training thread waits), and the training thread's
+  `backward` / `run_backward` frames;
 - `compile`: compiler work on the step's thread (XLA `...Compile...` events; torch's
   `Torch-Compiled Region` is running compiled code, not compiling);
 - `forward`: the other outermost torch ops on the step's thread that start before the
@@ -35,6 +36,7 @@ import pandas as pd
 
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers import keys
+from gpudiag.analyzers.step_detection import BACKWARD_OP, STEP_NAME
 from gpudiag.collectors.intervals import nesting_depth
 
 CATEGORIES = ("data_loading", "optimizer", "backward", "compile", "forward", "other_ops",
@@ -42,7 +44,6 @@ CATEGORIES = ("data_loading", "optimizer", "backward", "compile", "forward", "ot
 
 DATA = re.compile(r"DataLoader.*__next__|utils/data/dataloader\.py\(\d+\): __next__")
 OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
-BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
 BACKWARD_FRAME = re.compile(r"run_backward|_engine_run_backward|"
                             r"(autograd/__init__|_tensor)\.py\(\d+\): backward$")
 COMPILE = re.compile(r"Compile(?!d Region)|compile_fx|backend_compile")
@@ -58,6 +59,7 @@ def category_spans(ranges: pd.DataFrame, lane_tid: int | None, step_start: npt.A
     `ranges` (host ranges of that process only), with `lane_tid` its training thread
     (None: the thread with the most op time) and its steps' windows (sorted, disjoint:
     they decide forward vs other_ops)."""
+    ranges = ranges[~keys.matches(ranges["name"], STEP_NAME)]  # a step is not an op
     if ranges.empty:
         return {c: _empty() for c in CATEGORIES if c != "python"}
     tid = ranges["tid"].to_numpy("float64", na_value=np.nan)

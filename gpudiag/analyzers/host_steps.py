@@ -44,6 +44,7 @@ from gpudiag.analyzers.host_categories import (
     category_spans,
     self_times,
 )
+from gpudiag.analyzers.step_detection import STEP_NAME
 from gpudiag.analyzers.steps import training_steps
 from gpudiag.collectors.intervals import nesting_depth
 from gpudiag.trace import Trace
@@ -232,7 +233,8 @@ def _memory_row(rank: int, pid: int, mem: pd.DataFrame, table: pd.DataFrame
 
 def _self_time(ranges: pd.DataFrame, steady: pd.DataFrame) -> pd.DataFrame:
     """Self ns per op name, counting ops that start inside the steady steps."""
-    ops = ranges[ranges["source"].isin(OP_SOURCES)]
+    ops = ranges[ranges["source"].isin(OP_SOURCES).to_numpy(bool)
+                 & ~keys.matches(ranges["name"], STEP_NAME)]
     if ops.empty or steady.empty:
         return pd.DataFrame({"name": [], "calls": [], "self_ns": []})
     own = self_times(ops)
@@ -323,6 +325,8 @@ def findings(trace: Trace, *, min_share: float = 0.1, min_op_share: float = 0.2,
                      "evidence": evidence(cause, ns, context),
                      "advice": advice(cause, kind)})
     ops = _analysis(trace)["top_ops"]
+    named = pd.Series(ops["name"], dtype="category")  # loader / optimizer ranges: said above
+    ops = ops[~(keys.matches(named, DATA) | keys.matches(named, OPTIMIZER))]
     for op in ops[ops["self_ns"] >= min_op_share * total].head(top_ops).itertuples():
         rows.append({"cause": "host_op", "lost_ns": int(op.self_ns), "share": op.self_ns / total,
                      "where": op.name, "count": int(op.calls),

@@ -8,7 +8,8 @@ steps are found from what the framework records anyway. The first method that fi
 steps wins, in this order:
 
 1. `markers`: ranges with source `step` (Kineto's `ProfilerStep#N`, `gpudiag.step()`, the
-   profiler's optimizer-step hook). When any process has them, only they are used.
+   profiler's optimizer-step hook), and `ProfilerStep#N` ops of the 2021 Kineto schema.
+   When any process has them, only they are used.
 2. `optimizer_step` (torch): `Optimizer.step#<Class>.step` ranges. Step k runs from the end
    of optimizer step k-1 (for k = 1: the first top-level op of that thread) to the end of
    optimizer step k. Several optimizers per iteration, or gradient accumulation: one
@@ -61,7 +62,12 @@ METHODS = {
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#[^#]+\.step$")
 JIT_CALL = re.compile(r"^PjitFunction\((?P<fn>.+)\)$")
 JIT_MODULE = re.compile(r"^jit_(?P<fn>[^:(\s]+)")
-BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
+#: autograd's work: `evaluate_function` wrappers, and the bare node names older Kineto
+#: traces record (`CudnnConvolutionBackward`, `torch::autograd::AccumulateGrad`)
+BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|"
+                         r"^torch::autograd::AccumulateGrad$")
+#: Kineto's step ranges (user annotations; torch_op in the 2021 schema)
+STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 #: range sources that are framework ops or user annotations on a host thread
 OP_SOURCES = ("torch_op", "annotation", "nvtx", "host")
 
@@ -104,7 +110,8 @@ def restrict(whole: Trace, window: tuple[int, int], into: Trace) -> None:
 
 def _detect(trace: Trace, min_steps: int, min_cover: float, levels: int,
             max_anchors: int) -> pd.DataFrame:
-    marked = trace.ranges[trace.ranges["source"] == "step"]
+    r = trace.ranges
+    marked = r[(r["source"] == "step").to_numpy(bool) | keys.matches(r["name"], STEP_NAME)]
     if len(marked):
         return _markers(marked)
     ops = host_ops(trace)
@@ -143,7 +150,8 @@ def host_ops(trace: Trace) -> pd.DataFrame:
     is level 0 even under `with_stack` frames). Computed once per trace."""
     def compute() -> pd.DataFrame:
         r = trace.ranges
-        ops = r[r["source"].isin(OP_SOURCES) & r["tid"].notna()]
+        ops = r[r["source"].isin(OP_SOURCES).to_numpy(bool) & r["tid"].notna().to_numpy(bool)
+                & ~keys.matches(r["name"], STEP_NAME)]
         ops = ops[["rank", "pid", "tid", "start_ns", "end_ns", "name", "source"]]
         ops = ops.sort_values("start_ns", kind="stable").reset_index(drop=True)
         rank = ops["rank"].astype("Int64").fillna(-1)
