@@ -17,6 +17,7 @@ from click.testing import CliRunner
 import gpudiag
 from gpudiag.analyzers import host_steps
 from gpudiag.analyzers.diagnosis import diagnose
+from gpudiag.analyzers.findings import HOST_CAUSES
 from gpudiag.cli import _require_events, cli
 from gpudiag.errors import InputError
 from gpudiag.trace import Trace
@@ -135,7 +136,7 @@ def test_steps_outside_the_profiled_window_do_not_count() -> None:
 def test_diagnose_registers_the_analyzer_and_reports_its_tables() -> None:
     dx = diagnose(loop(), steps=True)
     assert {"host_breakdown", "host_by_step", "host_top_ops", "host_memory"} <= set(dx.tables)
-    assert dx.findings["cause"].str.startswith("host_").all()
+    assert dx.findings["cause"].isin(HOST_CAUSES).all()
     data = dx.to_dict()
     assert data["steps"]["method"] == "optimizer_step" and data["steps"]["count"] == 4
     assert len(data["host"]["by_step"]) == 4
@@ -161,7 +162,7 @@ def test_a_real_gpu_run_with_num_workers_0_is_found_data_bound() -> None:
     shares = host_steps.host_breakdown(t).set_index("category")["share"]
     assert shares.idxmax() == "data_loading" and 0.3 < shares["data_loading"] < 0.5
     found = diagnose(t).findings
-    host = found[found["cause"].str.startswith("host_")]
+    host = found[found["cause"].isin(HOST_CAUSES)]
     assert host["cause"].iloc[0] == "host_data_loading"
     assert "num_workers" in host["advice"].iloc[0]
     assert "host_op" not in set(host["cause"])  # the DataLoader op is not reported twice
@@ -177,7 +178,7 @@ def test_analyze_a_cpu_torch_trace_shows_steps_and_host_findings() -> None:
     dx = json.loads(out.output)["diagnosis"]
     assert dx["steps"]["method"] == "optimizer_step" and dx["steps"]["count"] == 6
     assert len(dx["host"]["by_step"]) == 6
-    assert dx["findings"] and all(f["cause"].startswith("host_") for f in dx["findings"])
+    assert dx["findings"] and all(f["cause"] in HOST_CAUSES for f in dx["findings"])
     text = CliRunner().invoke(cli, ["analyze", str(path), "--steps"])
     assert text.exit_code == 0 and "No findings." not in text.output
     assert "Host time by step" in text.output and "CPU memory peak" in text.output

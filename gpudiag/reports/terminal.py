@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gpudiag.analyzers.findings import format_ns
+from gpudiag.analyzers.findings import HOST_CAUSES, format_ns
 
 __all__ = ["format_bytes", "format_ns", "format_window", "print_diagnosis", "print_summary",
            "sources_line"]
@@ -166,7 +166,7 @@ def _findings(findings: list[dict[str, Any]], console: Console) -> None:
     if not findings:
         console.print("No findings.")
         return
-    host = [str(f["cause"]).startswith("host_") for f in findings]  # host time, not GPU
+    host = [f["cause"] in HOST_CAUSES for f in findings]  # host time, not GPU time
     title = "Findings, by host time (share of step time)" if all(host) else \
         "Findings, by GPU time lost" + (" (host-side findings after)" if any(host) else "")
     table = Table(title=title, title_justify="left", show_lines=True)
