@@ -220,6 +220,31 @@ def test_jax_backend_lines_up_with_the_markers(tmp_path: Path) -> None:
     assert xla["end_ns"].max() < steps["end_ns"].max() + 10**9
 
 
+def test_jax_step_window_drops_the_warm_up(tmp_path: Path) -> None:
+    framework("jax")
+    code = """
+        import jax, jax.numpy as jnp, gpudiag
+        f = jax.jit(lambda x: (x @ x).sum())
+        x = jnp.ones((64, 64))
+        for i in range(8):
+            gpudiag.step()
+            float(f(x + i))
+    """
+    done, run_dir = _profile(tmp_path, code, "--backend", "jax", "--warmup-steps", "2",
+                             "--steps", "3", "--no-report", timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert len(list(run_dir.glob("procs/*/jax/plugins/profile/*/*.xplane.pb"))) == 1
+    assert "collected steps 3-5" in done.stderr
+    trace = gpudiag.load(run_dir / "trace")
+    steps = _steps(trace)
+    xla = trace.ranges[trace.ranges["source"].isin(["host", "python"])]
+    assert len(steps) == 8 and len(xla)
+    ops = xla[xla["source"] == "host"] if (xla["source"] == "host").any() else xla[
+        xla["depth"] > 0]  # a Python frame open since the start (the module) starts early
+    assert ops["start_ns"].min() >= steps["start_ns"].iloc[2]  # warm-up steps 1-2 dropped
+    assert xla["end_ns"].max() <= steps["start_ns"].iloc[5] + 50_000_000  # closed at step 6
+
+
 def test_capture_collects_a_block_in_this_process() -> None:
     torch = framework("torch")
     x = torch.randn(32, 32)  # type: ignore[attr-defined]

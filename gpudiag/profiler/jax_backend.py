@@ -13,6 +13,7 @@ XSpace is written per collection window and at exit; a SIGKILL loses the open on
 from __future__ import annotations
 
 import atexit
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,14 @@ class JaxCollector:
     def pause(self) -> None:
         with self._lock:
             self._stop()
+
+    def discard(self) -> None:
+        """Drop the start-up and warm-up recorded so far (the step window opened): stop
+        the open trace and remove every XSpace written until now."""
+        with self._lock:
+            self._stop()
+            for old in self.out_dir.glob("plugins/profile/*"):
+                shutil.rmtree(old, ignore_errors=True)
 
     def flush(self, final: bool) -> None:
         """At exit: stop the open trace (which writes its XSpace); periodic flushes cannot."""

@@ -150,6 +150,7 @@ def run(
             returncode = watchdog.wait(proc)
         if watchdog.ended:
             meta["watchdog"] = watchdog.ended
+        meta["peak_rss_bytes"] = _children_peak_rss()
     finally:
         if sampler is not None:
             sampler.stop()  # joins, writes the last chunk, never raises
@@ -337,6 +338,17 @@ def run_meta(cmd: list[str], options: ProfileOptions, start_ns: int) -> dict[str
         "platform": platform.platform(), "host": platform.node(),
         "options": options.to_dict(),
     }
+
+
+def _children_peak_rss() -> int | None:
+    """The largest peak resident set of a process the session waited for (the command;
+    Linux counts its waited-for descendants too): what the program itself needed."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return None
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return int(peak) * (1 if sys.platform == "darwin" else 1024)
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
