@@ -87,8 +87,18 @@ class Trace:
         return {name: len(frame) for name, frame in self.tables().items()}
 
     def has_gpu_activity(self) -> bool:
-        """True when any table of GPU activity (kernels, copies, syncs, memory...) has rows."""
-        return any(len(getattr(self, name)) for name in GPU_TABLES)
+        """True when any table of GPU activity (kernels, copies, syncs, memory...) has rows
+        on a GPU: CPU allocator events (device -1) and host-timed collectives (gloo, no
+        device) are host activity."""
+        for name in GPU_TABLES:
+            table = getattr(self, name)
+            if not len(table):
+                continue
+            if "device" not in table.columns or name not in ("memory", "collectives"):
+                return True
+            if (table["device"].fillna(-1) >= 0).any():
+                return True
+        return False
 
     def gpu_window_ns(self) -> tuple[int, int] | None:
         """(first start, last end) over kernels and copies, or None without GPU work."""
