@@ -129,17 +129,18 @@ def describe(trace: Trace) -> str:
     Printed after every `gpudiag profile`, so a run without GPU activity still shows what
     it did record (step times come from the host markers alone).
     """
-    from gpudiag.analyzers.steps import step_windows
-    from gpudiag.reports.terminal import format_ns
+    from gpudiag.analyzers.findings import format_ns
+    from gpudiag.analyzers.steps import step_windows, summary
 
     processes = trace.meta.get("processes", [])
     with_data = sum(1 for p in processes if p.get("data", True))
     parts = [_count(len(processes), "process", "processes") if with_data == len(processes)
              else f"{with_data:,} of {_count(len(processes), 'process', 'processes')}"]
-    steps = step_windows(trace)
-    if len(steps):
-        median = int((steps["end_ns"] - steps["start_ns"]).median())
-        parts.append(f"{_count(len(steps), 'step')} (median {format_ns(median)})")
+    steps = summary(step_windows(trace))
+    if steps["count"]:
+        warm = f", {steps['warmup']} warm-up" if steps["warmup"] else ""
+        parts.append(f"{_count(steps['count'], 'step')} (median {format_ns(steps['median_ns'])}"
+                     f"{warm})")
     ranges = trace.ranges
     for label, source in (("torch op", "torch_op"), ("XLA op", "host")):
         parts.append(_count(int((ranges["source"] == source).sum()), label))

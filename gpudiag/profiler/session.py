@@ -147,7 +147,7 @@ def run(
             raise
         watchdog = Watchdog(run_dir, options.stall_timeout_s)
         with _forward_signals(proc):
-            returncode = watchdog.wait(proc)
+            returncode = watchdog.wait(proc, on_exit=sampler.stop if sampler else None)
         if watchdog.ended:
             meta["watchdog"] = watchdog.ended
         meta["peak_rss_bytes"] = _children_peak_rss()

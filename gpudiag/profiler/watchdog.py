@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +60,15 @@ class Watchdog:
         self._exited_at: float | None = None
         self._rank_done_at: float | None = None  # when a rank was first seen finished
 
-    def wait(self, proc: subprocess.Popen[bytes]) -> int:
-        """`proc.wait()`, ending stalled processes on the way; the command's return code."""
+    def wait(self, proc: subprocess.Popen[bytes],
+             on_exit: Callable[[], None] | None = None) -> int:
+        """`proc.wait()`, ending stalled processes on the way; the command's return code.
+        `on_exit` runs as soon as the command itself exited (before any leftover is seen to)."""
         if self.grace_s <= 0:
-            return proc.wait()
+            returncode = proc.wait()
+            if on_exit is not None:
+                on_exit()
+            return returncode
         while True:
             try:
                 returncode = proc.wait(timeout=POLL_S)
@@ -71,6 +77,8 @@ class Watchdog:
                 continue
             if self._exited_at is None:
                 self._exited_at = time.monotonic()
+                if on_exit is not None:
+                    on_exit()
             settled = time.monotonic() - self._exited_at >= SETTLE_S
             if not self._check(command_done=True) and settled:
                 self._write()
