@@ -29,7 +29,8 @@ Definitions, per run:
   on device -1, `analyzers.host_steps.host_memory`) of any one process;
 - losses: the waterfall summed over devices; a share is a cause's time over the summed
   windows, the same numbers `gpudiag analyze` and its `--fail-on` use;
-- kernels: GPU time and launches per kernel name; a name absent from a run took 0 ns there
+- kernels: GPU time and launches per kernel (NCCL kernels by op, algorithm, protocol and
+  type, so a renamed NCCL kernel keeps one row); a kernel absent from a run took 0 ns there
   (a PyTorch and a JAX run share few names: compare `kernel_time_ns` and the waterfall);
 - collectives: calls and time per op (`collective_stats`); syncs: count and host wait per
   kind (`sync_points`).

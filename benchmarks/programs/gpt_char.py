@@ -2,9 +2,10 @@
 
     python benchmarks/programs/gpt_char.py --iters 300 [--manual-profiler]
 
-The shape of karpathy/nanoGPT's `train_shakespeare_char` config shrunk for a CPU: causal
-self-attention blocks (LayerNorm, attention, MLP), AdamW, a random character corpus, one
-optimizer step per iteration and no gpudiag markers. `--manual-profiler` wraps the loop in
+The shape of karpathy/nanoGPT's `train_shakespeare_char` config shrunk for a CPU (4 layers
+keep the op count per step, which is what profiling memory grows with; small widths keep a
+step quick): causal self-attention blocks (LayerNorm, attention, MLP), AdamW, a random
+character corpus, one optimizer step per iteration and no gpudiag markers. `--manual-profiler` wraps the loop in
 torch.profiler with the options gpudiag's torch backend uses (what a user would write by
 hand), exporting one trace at the end. Prints one JSON line: iterations, loop seconds,
 seconds per step after 5 warm-up steps.
@@ -65,9 +66,9 @@ def main() -> None:
     parser.add_argument("--manual-profiler", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
-    vocab, block, batch = 65, 64, 12
+    vocab, block, batch = 65, 32, 8
     data = torch.randint(vocab, (200_000,))
-    model = CharGPT(vocab, block, width=128, layers=4, heads=4)
+    model = CharGPT(vocab, block, width=48, layers=4, heads=4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     profiler = nullcontext()
     if args.manual_profiler:
