@@ -8,6 +8,7 @@ faithful check that no input string opened or closed one.
 from __future__ import annotations
 
 import json
+from html import escape as html_escape
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ PLOTLY_MARKER = "* plotly.js v"  # the banner at the top of the bundled plotly.j
 class Structure(HTMLParser):
     """What the tests rely on: tags in order, script bodies, ids, text, well-nestedness."""
 
-    VOID = frozenset({"meta", "link", "br", "img", "input", "hr"})
+    VOID = frozenset({"meta", "link", "br", "wbr", "img", "input", "hr"})
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -306,3 +307,91 @@ def test_in_a_browser_plots_draw_tables_sort_numerically_and_nothing_executes(
     body = dom[dom.index("<tbody>"):]
     order = [body.index(f">{t}<") for t in ("3 µs", "1.2 ms", "2 s")]
     assert order == sorted(order)  # by data-value, not by the text '1.2 ms' < '2 s' < '3 µs'
+
+
+# -- reads at a glance (issue 11) ------------------------------------------------------------
+
+
+def test_a_section_with_nothing_to_show_is_left_out_heading_and_all() -> None:
+    sections = [Section("Nothing"), Section("No rows", table=pd.DataFrame({"a": []})),
+                Section("Kept", text="one line", tables=[Table(pd.DataFrame({"b": []}))])]
+    doc = parse(page("run", sections))
+    assert [a["href"] for a in doc.tags("a")] == ["#s1"]
+    text = "".join(doc.text)
+    assert "Kept" in text and "Nothing" not in text and "No rows" not in text
+    assert doc.tags("table") == []  # a header without rows says nothing either
+
+
+def test_a_figure_box_is_as_tall_as_its_figure() -> None:
+    short = go.Figure(go.Bar(x=[1], y=[1])).update_layout(height=188)
+    doc = parse(page("run", [Section("Figs", figures=[short, go.Figure(go.Bar(x=[1]))])]))
+    plots = [a for a in doc.tags("div") if "plot" in (a.get("class") or "").split()]
+    assert [p.get("style") for p in plots] == ["height:188px;min-height:0", None]
+
+
+def test_cells_carry_escaped_hover_titles() -> None:
+    frame = pd.DataFrame({"kernel": ["gemm", "relu"], "n": [1, 2]})
+    doc = parse(table(frame, titles={"kernel": [EVIL, None]}))
+    cells = doc.tags("td")
+    assert cells[0]["title"] == EVIL and "title" not in cells[2]  # parsed back: exact text
+    assert "<script>" not in table(frame, titles={"kernel": [EVIL, ""]})
+    with pytest.raises(ValueError, match="unknown column"):
+        table(frame, titles={"name": ["a", "b"]})
+    with pytest.raises(ValueError, match="2 rows but 1 titles"):
+        table(frame, titles={"kernel": ["a"]})
+
+
+def test_long_names_get_places_to_wrap_and_short_words_stay_whole() -> None:
+    from gpudiag.reports.html_tables import breakable
+
+    assert breakable("host_bound") == "host_bound"
+    assert breakable("aten::max_pool2d_with_indices") == \
+        "aten::<wbr>max_<wbr>pool2d_<wbr>with_<wbr>indices"
+    assert breakable("MemoryCacheAccessPattern") == "Memory<wbr>Cache<wbr>Access<wbr>Pattern"
+    assert breakable("x" * 40) == "x" * 16 + "<wbr>" + "x" * 16 + "<wbr>" + "x" * 8
+    evil = breakable(EVIL * 2)
+    assert "<script" not in evil and evil.replace("<wbr>", "") == html_escape(EVIL * 2)
+    doc = parse(table(pd.DataFrame({"where": ["aten::max_pool2d_with_indices"]})))
+    assert "".join(doc.text).strip().endswith("\naten::max_pool2d_with_indices")  # as text
+
+
+def test_heatmap_rule_findings_name_kernels_short_with_the_full_name_on_hover() -> None:
+    from gpudiag.reports.build import heatmap_page
+
+    trace = gpudiag.load(fixture("ncu/a100pcie_selfjoin_setfull_ncu2022.ncu-rep"))
+    doc = parse(heatmap_page(trace, None, cdn=True))
+    cells = [a for a in doc.tags("td") if a.get("title")]
+    assert cells and all(str(a["title"]).startswith("nodeByPoint5(unsigned int, double *")
+                         for a in cells)
+    text = "".join(doc.text)
+    assert "nodeByPoint5" in text and "nodeByPoint5(unsigned" not in text
+
+
+def test_heatmap_without_rule_findings_says_so_in_one_line() -> None:
+    from gpudiag.reports.build import heatmap_page
+
+    trace = gpudiag.load(fixture("ncu/rtx4090_smem_transpose_15sections_source.ncu-rep"))
+    text = shown_text(heatmap_page(trace, None, cdn=True))
+    assert "Nsight Compute's rule findings per kernel None: ncu reported no warnings" in text
+
+
+def test_ncu_report_says_which_kernel_ncu_measured_nothing_for() -> None:
+    from gpudiag.reports.html_report import NO_METRICS
+
+    document, _ = build("ncu/a10g_esmm_4kernels_default.ncu-rep", cdn=True)
+    text = shown_text(document)
+    assert NO_METRICS in text
+    assert "not in this report (not collected, columns left out): L1 hit %, L2 hit %" in text
+    assert ">SM %</th>" in document
+    assert ">L1 hit %</th>" not in document  # the column is gone, not a column of blanks
+
+
+def test_compare_page_names_kernels_short_with_the_full_name_on_hover() -> None:
+    from gpudiag.compare import compare
+    from gpudiag.reports.build import compare_page
+
+    runs = [gpudiag.load(fixture(p)) for p in ("kineto/world128_sampled_rank0.json.gz",
+                                               "kineto/world128_sampled_rank1.json.gz")]
+    doc = parse(compare_page(compare(runs, ["r0", "r1"]), cdn=True))
+    titled = [a["title"] for a in doc.tags("td") if a.get("title")]
+    assert titled and any("(" in str(t) for t in titled)  # parameter lists only on hover

@@ -11,9 +11,11 @@ import pandas as pd
 
 from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.compare import Comparison
+from gpudiag.names import short_names
 from gpudiag.reports import figures, figures_samples, ncu_heatmap
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_report import report
+from gpudiag.reports.html_tables import Table
 from gpudiag.trace import Trace
 
 
@@ -60,10 +62,14 @@ def heatmap_page(trace: Trace, dx: Diagnosis | None, *, cdn: bool = False,
         html = heatmap_page(gpudiag.load("report.ncu-rep"), None)
     """
     if len(trace.metrics):
+        found = _rule_findings(trace)
         sections = [Section("Kernel x metric (Nsight Compute)",
                             figures=(ncu_heatmap.figure(trace, **ncu_options),)),
+                    Section("Nsight Compute's rule findings per kernel", tables=[found])
+                    if found is not None else
                     Section("Nsight Compute's rule findings per kernel",
-                            table=_rule_findings(trace))]
+                            text="None: ncu reported no warnings or optimization hints "
+                                 "for these kernels.")]
         return page("gpudiag heatmap", sections, cdn=cdn)
     figs = report_figures(trace, dx) if dx is not None else {}
     titles = {"utilization": "Utilization per stream, and the loss cause of idle time",
@@ -77,17 +83,24 @@ def heatmap_page(trace: Trace, dx: Diagnosis | None, *, cdn: bool = False,
     return page("gpudiag heatmap", sections, cdn=cdn)
 
 
-def _rule_findings(trace: Trace) -> pd.DataFrame | None:
+def _rule_findings(trace: Trace) -> Table | None:
     """ncu's warnings and optimization hints, one row per kernel and rule, most speedup
-    first (the heatmap shows them on hover; this lists them)."""
+    first (the heatmap shows them on hover; this lists them). Kernels by their short
+    name, the full demangled one on hover (a template-heavy name fills a cell 40 lines
+    tall)."""
     from gpudiag.analyzers.kernel_metrics import rules
 
     found = rules(trace)
     found = found[found["type"].isin(["warning", "optimization"])]
     if found.empty:
         return None
-    cols = ["name", "rule", "title", "speedup_type", "speedup_pct", "message"]
-    return found.sort_values("speedup_pct", ascending=False, na_position="last")[cols]
+    found = found.sort_values("speedup_pct", ascending=False, na_position="last")
+    full = found["name"].astype(str).reset_index(drop=True)
+    frame = found[["rule", "title", "speedup_type", "speedup_pct", "message"]].reset_index(
+        drop=True).rename(columns={"speedup_type": "speedup of", "speedup_pct": "speedup"})
+    frame.insert(0, "kernel", short_names(full).astype(str))
+    empty = [c for c in ("title", "speedup of", "speedup") if frame[c].isna().all()]
+    return Table(frame.drop(columns=empty), {"speedup": "pct"}, titles={"kernel": full})
 
 
 def compare_page(cmp: Comparison, lines: list[str] | None = None, *,
@@ -100,10 +113,20 @@ def compare_page(cmp: Comparison, lines: list[str] | None = None, *,
         ("Summary", cmp.summary), ("Loss waterfall (ns)", cmp.losses),
         ("Loss shares", cmp.shares), ("Kernels by time delta", cmp.kernels),
         ("Collectives", cmp.collectives), ("Syncs", cmp.syncs)]
-    sections = [Section(title, table=frame.reset_index()) for title, frame in tables
-                if len(frame)]
+    sections = [Section(title, tables=[_short_kernels(frame.reset_index())])
+                for title, frame in tables if len(frame)]
     if lines:
         sections.insert(0, Section("Budgets broken", notes=tuple(lines)))
     if cmp.notes:
         sections.append(Section("Notes", notes=tuple(cmp.notes)))
     return page("gpudiag compare: " + " vs ".join(cmp.labels), sections, cdn=cdn)
+
+
+def _short_kernels(frame: pd.DataFrame) -> Table:
+    """A comparison table; where it names kernels both ways, the short name is shown and
+    the full one is its hover."""
+    if not {"name", "short_name"} <= set(frame.columns):
+        return Table(frame)
+    full = frame["name"].astype(str)
+    shown = frame.drop(columns=["name"]).rename(columns={"short_name": "kernel"})
+    return Table(shown, titles={"kernel": full.tolist()})

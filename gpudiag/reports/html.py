@@ -7,7 +7,10 @@ Why this shape (pyinstrument's one-file HTML renderer is the model):
 - it is deterministic: ids come from section order (`s1`, `s1-fig1`), nothing reads a clock
   or a random source, so the same input gives byte-identical files (diffable in CI);
 - everything from an input is escaped: text with `html.escape`, figure JSON with `<`, `>` and
-  `&` written as `\\u003c`-style JSON escapes, so a kernel named `</script>...` stays data.
+  `&` written as `\\u003c`-style JSON escapes, so a kernel named `</script>...` stays data;
+- it reads at a glance: tables wrap long cells to fit the page width (no sideways scroll),
+  each figure's box is as tall as the figure (no blank band under it), and a section with
+  nothing to show (no text, notes, figures or table rows) is left out, heading and all.
 """
 
 from __future__ import annotations
@@ -45,9 +48,14 @@ class Section:
     tables: Sequence[Table] = field(default_factory=tuple)
 
     def all_tables(self) -> list[Table]:
-        """The main table (when given) followed by the captioned ones."""
+        """The main table (when given) followed by the captioned ones; tables without rows
+        are dropped (a header with nothing under it says nothing)."""
         main = [] if self.table is None else [Table(self.table, self.formats)]
-        return main + list(self.tables)
+        return [t for t in main + list(self.tables) if len(t.frame)]
+
+    def is_empty(self) -> bool:
+        """Nothing to show under the heading: such a section is left off the page."""
+        return not (self.text or self.notes or self.figures or self.all_tables())
 
 
 def page(title: str, sections: Sequence[Section], *, cdn: bool = False,
@@ -60,8 +68,10 @@ def page(title: str, sections: Sequence[Section], *, cdn: bool = False,
 
     plotly.js is only added when some section has a figure. `generated_for` is a line shown
     under the title (e.g. the command and the run's own start time): the page never adds a
-    time itself, so that output stays byte-identical for the same input.
+    time itself, so that output stays byte-identical for the same input. Sections with
+    nothing to show are left out (`Section.is_empty`).
     """
+    sections = [s for s in sections if not s.is_empty()]
     has_figures = any(s.figures for s in sections)
     parts = [
         "<!DOCTYPE html>",
@@ -131,13 +141,26 @@ def _section(index: int, section: Section) -> str:
         parts.append(f'<ul class="notes">{items}</ul>')
     for j, fig in enumerate(section.figures, 1):
         fid = f"{sid}-fig{j}"
-        parts.append(f'<div class="plot plotly-graph-div" id="{fid}"></div>')
+        parts.append(f'<div class="plot plotly-graph-div" id="{fid}"{_height(fig)}></div>')
         parts.append(f'<script type="application/json" id="{fid}-data">'
                      f"{figure_json(fig)}</script>")
     for tab in section.all_tables():
         parts.append(f'<div class="table-wrap">{tab.render()}</div>')
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _height(fig: Any) -> str:
+    """The figure's own height as its box's height, so the box neither leaves a blank band
+    under a short figure nor clips a tall one (figures without a height keep the CSS
+    minimum, which plotly then fills)."""
+    layout = getattr(fig, "layout", None)
+    height = getattr(layout, "height", None) if layout is not None else None
+    if height is None and isinstance(fig, Mapping):
+        height = (fig.get("layout") or {}).get("height")
+    if not isinstance(height, int | float):
+        return ""
+    return f' style="height:{int(height)}px;min-height:0"'
 
 
 _DRAW_JS = """
@@ -161,11 +184,13 @@ nav.toc{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:.4
 nav.toc h2{border:0;margin:.3rem 0;font-size:1rem}nav.toc ol{margin:.2rem 0;columns:2}
 a{color:#0969da}ul.notes{color:#59636e}
 div.table-wrap{overflow-x:auto;margin:.6rem 0}
-table{border-collapse:collapse;font-size:13px}caption{text-align:left;font-weight:600;
-padding:.3rem 0}
-th,td{border:1px solid #d0d7de;padding:.25rem .5rem;vertical-align:top;text-align:left}
-th{background:#f6f8fa;position:sticky;top:0}td{max-width:48rem;overflow-wrap:break-word}
-.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+table{border-collapse:collapse;font-size:13px;max-width:100%}caption{text-align:left;
+font-weight:600;padding:.3rem 0}
+th,td{border:1px solid #d0d7de;padding:.25rem .4rem;vertical-align:top;text-align:left;
+overflow-wrap:break-word}
+th{background:#f6f8fa;position:sticky;top:0}td{max-width:48rem}
+.num{text-align:right;font-variant-numeric:tabular-nums}td.num{white-space:nowrap}
+td[title]{text-decoration:underline dotted #8c959f;cursor:help}
 table.sortable th{cursor:pointer;user-select:none}
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
 tbody tr:nth-child(even){background:#fafbfc}

@@ -356,42 +356,80 @@ def _kernel_metrics(trace: Trace, dx: Diagnosis, figs: list[Any]) -> Section | N
     if metrics is not None:
         top = _cut(metrics.sort_values("duration_ns", ascending=False, kind="stable"),
                    notes, "profiled kernels", n=2 * TOP_ROWS)
-        flags = [", ".join(label for col, label in _FLAGS.items() if row[col] is True)
-                 for row in top[list(_FLAGS)].astype(object).to_dict("records")]
-        frame = top[["kernel_id", "short_name", "duration_ns", "grid_size", "block_size",
-                     "sm_throughput_pct", "memory_throughput_pct", "dram_throughput_pct",
-                     "l1_hit_rate_pct", "l2_hit_rate_pct", "achieved_occupancy_pct",
-                     "theoretical_occupancy_pct", "waves_per_sm", "regs_per_thread",
-                     "smem_bytes", "bottleneck"]].assign(flags=flags, missing=top["missing"])
-        frame.columns = ["id", "kernel", "time", "grid", "block", "SM %", "memory %",
-                         "DRAM %", "L1 hit %", "L2 hit %", "achieved occ. %",
-                         "theoretical occ. %", "waves/SM", "registers", "shared memory",
-                         "bottleneck", "flags", "metrics missing"]
-        pct = dict.fromkeys(["SM %", "memory %", "DRAM %", "L1 hit %", "L2 hit %",
-                             "achieved occ. %", "theoretical occ. %"], "pct")
-        tables.append(Table(frame, {**pct, "time": "ns", "shared memory": "bytes"},
-                            caption="Nsight Compute metrics per kernel"))
+        tables.append(_metrics_table(top, notes))
     rules = _rules(trace.meta.get("ncu_rules") or [], metrics)
     if rules is not None:
-        tables.append(Table(_cut(rules, notes, "rule results", n=2 * TOP_ROWS),
-                            caption="Nsight Compute rule results (warnings)"))
+        rules = _cut(rules, notes, "rule results", n=2 * TOP_ROWS)
+        tables.append(Table(rules.drop(columns=["full name"]),
+                            caption="Nsight Compute rule results (warnings)",
+                            titles={"kernel": rules["full name"].tolist()}))
     return Section("Kernel metrics (Nsight Compute)", notes=notes, figures=figs,
                    tables=tables)
 
 
+_METRIC_HEADERS = {
+    "kernel_id": "id", "short_name": "kernel", "duration_ns": "time", "grid_size": "grid",
+    "block_size": "block", "sm_throughput_pct": "SM %", "memory_throughput_pct": "memory %",
+    "dram_throughput_pct": "DRAM %", "l1_hit_rate_pct": "L1 hit %",
+    "l2_hit_rate_pct": "L2 hit %", "achieved_occupancy_pct": "achieved occ. %",
+    "theoretical_occupancy_pct": "theoretical occ. %", "waves_per_sm": "waves per SM",
+    "regs_per_thread": "registers", "smem_bytes": "shared memory", "bottleneck": "bottleneck"}
+_MEASURED = list(_METRIC_HEADERS)[2:-1]  # what ncu measures (not the id, name, verdict)
+NO_METRICS = "all: ncu recorded no metrics for this kernel"
+"""The 'metrics missing' cell of a kernel ncu could not profile (every metric empty)."""
+
+
+def _metrics_table(top: pd.DataFrame, notes: list[str]) -> Table:
+    """kernel_metrics' rows as shown: the short name (full one on hover), metrics that no
+    kernel has left out and named in a note, and per kernel what it lacks."""
+    absent = [c for c in _MEASURED if top[c].isna().all()]
+    if absent and len(absent) < len(_MEASURED):
+        notes.append("not in this report (not collected, columns left out): "
+                     + ", ".join(_METRIC_HEADERS[c] for c in absent))
+    else:
+        absent = []
+    flags = [", ".join(label for col, label in _FLAGS.items() if row[col] is True)
+             for row in top[list(_FLAGS)].astype(object).to_dict("records")]
+    shown = [c for c in _METRIC_HEADERS if c not in absent]
+    lacking = _missing_text(top, absent)
+    frame = top[shown].rename(columns=_METRIC_HEADERS).assign(flags=flags)
+    if any(lacking):  # a column of empty cells only takes width
+        frame["metrics missing"] = lacking
+    pct = dict.fromkeys(["SM %", "memory %", "DRAM %", "L1 hit %", "L2 hit %",
+                         "achieved occ. %", "theoretical occ. %"], "pct")
+    return Table(frame.reset_index(drop=True), {**pct, "time": "ns", "shared memory": "bytes"},
+                 caption="Nsight Compute metrics per kernel",
+                 titles={"kernel": top["name"].astype(str).tolist()})
+
+
+def _missing_text(metrics: pd.DataFrame, absent: list[str]) -> list[str]:
+    """Per kernel, the shown metrics it lacks, by their headers; one sentence when ncu
+    recorded nothing for the kernel (a row of empty cells would not say why)."""
+    lacking = metrics[[c for c in _MEASURED if c not in absent]].isna()
+    measured = (~metrics[_MEASURED].isna()).any(axis=1).tolist()
+    return [", ".join(_METRIC_HEADERS[c] for c, gone in row.items() if gone) if any_value
+            else NO_METRICS
+            for row, any_value in zip(lacking.to_dict("records"), measured, strict=True)]
+
+
 def _rules(rules: Sequence[dict[str, Any]], metrics: pd.DataFrame | None) -> pd.DataFrame | None:
-    """ncu's own rule results that warn, with the kernel's short name."""
+    """ncu's own rule results that warn, with the kernel's short name (and its full name
+    in "full name", for the hover)."""
     warn = [r for r in rules if r.get("type") in ("warning", "error")]
     if not warn:
         return None
     names: dict[int, str] = {}
+    full: dict[int, str] = {}
     if metrics is not None:
         names = dict(zip(metrics["kernel_id"].tolist(), metrics["short_name"].astype(str),
                          strict=True))
+        full = dict(zip(metrics["kernel_id"].tolist(), metrics["name"].astype(str),
+                        strict=True))
+    ids = [int(r["kernel_id"]) if r.get("kernel_id") is not None else None for r in warn]
     frame = pd.DataFrame({
         "id": [r.get("kernel_id") for r in warn],
-        "kernel": [names.get(int(r["kernel_id"]), "") if r.get("kernel_id") is not None
-                   else "" for r in warn],
+        "kernel": [names.get(i, "") if i is not None else "" for i in ids],
+        "full name": [full.get(i, "") if i is not None else "" for i in ids],
         "rule": [str(r.get("title") or r.get("name") or "") for r in warn],
         "message": [str(r.get("message") or "") for r in warn],
         "estimated speedup": pd.array([r.get("speedup") for r in warn], dtype="Float64"),

@@ -3,14 +3,17 @@
 Numbers are shown formatted ('1.23 ms', '4.5 GiB') but sorted by their raw value, which each
 cell carries in a `data-value` attribute; the sorter (`SORT_JS`, inlined once per page) reads
 it, so sorting stays numeric whatever the display unit. Every cell and header is escaped with
-`html.escape`: kernel names and call sites come straight from the profiled program.
+`html.escape`: kernel names and call sites come straight from the profiled program. A column
+can carry a hover text per cell (`titles`: the cell's `title` attribute), so a table shows a
+kernel's short name and keeps the full demangled one a mouse-over away.
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,15 +71,17 @@ class Table:
     formats: Mapping[str, Format] | None = None
     caption: str | None = None
     sortable: bool = True
+    titles: Mapping[str, Sequence[Any]] | None = None  # column -> hover text per row
 
     def render(self) -> str:
         """The escaped `<table>` markup (see `table`)."""
         return table(self.frame, formats=self.formats, sortable=self.sortable,
-                     caption=self.caption)
+                     caption=self.caption, titles=self.titles)
 
 
 def table(df: pd.DataFrame, *, formats: Mapping[str, Format] | None = None,
-          sortable: bool = True, caption: str | None = None) -> str:
+          sortable: bool = True, caption: str | None = None,
+          titles: Mapping[str, Sequence[Any]] | None = None) -> str:
     """One escaped HTML table; numeric cells keep their raw value for numeric sorting.
 
         html = table(frame, formats={"dur_ns": "ns", "share": "share"})
@@ -85,15 +90,21 @@ def table(df: pd.DataFrame, *, formats: Mapping[str, Format] | None = None,
 
     Columns without a format are shown by dtype (integers with thousands separators, floats
     with 3 significant digits, booleans as 'yes'); missing values are empty cells. The index
-    is not shown: pass `df.reset_index()` to keep it.
+    is not shown: pass `df.reset_index()` to keep it. `titles`: per column, one hover text
+    per row (e.g. `{"kernel": frame_of_full_names}`), escaped like the cells; a missing
+    or empty text gives no `title` attribute.
     """
     formats = formats or {}
+    titles = titles or {}
     columns = [str(c) for c in df.columns]
+    unknown = sorted(set(map(str, titles)) - set(columns))
+    if unknown:
+        raise ValueError(f"titles for unknown column(s) {unknown}; the table has {columns}")
     numeric = [_is_numeric(df[c]) for c in df.columns]
     cls = ' class="sortable"' if sortable else ""
-    head = "".join(f'<th scope="col"{_NUM if num else ""}>{html.escape(name)}</th>'
+    head = "".join(f'<th scope="col"{_NUM if num else ""}>{breakable(name)}</th>'
                    for name, num in zip(columns, numeric, strict=True))
-    cells = [_column_cells(df[c], formats.get(str(c)), num)
+    cells = [_column_cells(df[c], formats.get(str(c)), num, titles.get(str(c)))
              for c, num in zip(df.columns, numeric, strict=True)]
     body = "\n".join("<tr>" + "".join(row) + "</tr>" for row in zip(*cells, strict=True)) \
         if cells else ""
@@ -102,20 +113,68 @@ def table(df: pd.DataFrame, *, formats: Mapping[str, Format] | None = None,
             f"<tbody>\n{body}\n</tbody></table>")
 
 
-def _column_cells(column: pd.Series, fmt: Format | None, numeric: bool) -> list[str]:
+def _column_cells(column: pd.Series, fmt: Format | None, numeric: bool,
+                  titles: Sequence[Any] | None = None) -> list[str]:
     """Every cell of one column as `<td>` markup (a column at a time: one dtype check)."""
     show = _formatter(column, fmt)
+    values = column.tolist()
+    hover = [""] * len(values) if titles is None else [
+        "" if _missing(t) else str(t) for t in list(titles)]
+    if len(hover) != len(values):
+        raise ValueError(f"column {column.name!r} has {len(values)} rows but "
+                         f"{len(hover)} titles")
     out = []
-    for value in column.tolist():  # report tables are capped to a few hundred rows
-        missing = value is None or value is pd.NA or (isinstance(value, float)
-                                                      and math.isnan(value))
-        text = "" if missing else html.escape(show(value))
+    for value, tip in zip(values, hover, strict=True):  # tables are capped to a few hundred rows
+        missing = _missing(value)
+        title = f' title="{html.escape(tip)}"' if tip else ""
         if numeric:
+            text = "" if missing else html.escape(show(value))
             raw = "" if missing else _raw(value)
-            out.append(f'<td class="num" data-value="{raw}">{text}</td>')
+            out.append(f'<td class="num" data-value="{raw}"{title}>{text}</td>')
         else:
-            out.append(f"<td>{text}</td>")
+            text = "" if missing else breakable(show(value))
+            out.append(f"<td{title}>{text}</td>")
     return out
+
+
+LONG_TOKEN = 20
+"""Characters past which a token without spaces gets places to wrap (`breakable`)."""
+_AFTER_SEPARATOR = re.compile(r"(?<=::)|(?<=[_,/.(<>=\]\-])(?=[^_,/.(<>=\]\-:])"
+                              r"|(?<=[a-z])(?=[A-Z])")  # and inside CamelCase
+
+
+def breakable(text: str) -> str:
+    """`text` escaped, with `<wbr>` (a place the browser may wrap, invisible otherwise)
+    inside tokens longer than LONG_TOKEN: after `::`, `_`, `/`, `.`, `,`, brackets, between
+    the words of CamelCase, and every 16 characters where there is none of these.
+
+        breakable("aten::max_pool2d_with_indices")  # 'aten::<wbr>max_<wbr>pool2d_<wbr>...'
+
+    A call site or a kernel name is one long word: without these a table grows as wide
+    as its longest name (the page scrolls sideways), or breaks short words like
+    'host_bound' at any letter when wrapping anywhere is allowed.
+    """
+    out = []
+    for token in _SPACE.split(text):
+        if len(token) <= LONG_TOKEN:
+            out.append(html.escape(token))
+            continue
+        pieces = [chunk for piece in _AFTER_SEPARATOR.split(token)
+                  for chunk in _chunks(piece, 16)]
+        out.append("<wbr>".join(html.escape(piece) for piece in pieces if piece))
+    return "".join(out)
+
+
+_SPACE = re.compile(r"(\s+)")
+
+
+def _chunks(piece: str, size: int) -> list[str]:
+    return [piece] if len(piece) <= LONG_TOKEN else [
+        piece[i:i + size] for i in range(0, len(piece), size)]
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
 def _formatter(column: pd.Series, fmt: Format | None) -> Callable[[Any], str]:
