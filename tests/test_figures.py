@@ -231,3 +231,44 @@ def test_memory_curves_without_a_snapshot_keep_the_peak() -> None:
     assert len(plotly_array(allocated.x)) <= 2000
     alexnet = gpudiag.load(fixture("kineto/a100_alexnet_sync_critical_path.json.gz"))
     assert figures_memory.memory(alexnet) is None
+
+
+# -- sized from their content (issue 11) -----------------------------------------------------
+
+
+def test_waterfall_is_as_tall_as_its_devices_and_shows_its_whole_key() -> None:
+    """The cause key is one row over the bars (a vertical legend beside one bar scrolled),
+    and the height is the title, the key, the axis and 40 px a device: no blank band."""
+    one = figures.waterfall(gpudiag.diagnose(_two_streams()))
+    pair = figures.waterfall(gpudiag.diagnose(gpudiag.load([fixture(p) for p in PAIR])))
+    for fig, devices in ((one, 1), (pair, 2)):
+        assert fig.layout.legend.orientation == "h" and fig.layout.legend.yanchor == "bottom"
+        fixed = fig.layout.margin.t + fig.layout.margin.b
+        assert fig.layout.height == fixed + 40 * devices
+    assert pair.layout.height - one.layout.height == 40
+
+
+def test_utilization_cause_key_is_a_legend_of_every_cause() -> None:
+    """The device rows' colors are explained by a legend swatch per cause (a colorbar as
+    short as one device row printed its labels on top of each other); swatches draw no data."""
+    tr = _two_streams()
+    fig = figures.utilization(tr, gpudiag.diagnose(tr), bins=4)
+    causes = _heatmaps(fig)[1]
+    assert causes.get("showscale") is False
+    swatches = [t for t in fig.to_dict()["data"] if t["type"] == "scatter"]
+    assert [t["name"] for t in swatches] == list(LOSS_CAUSES)
+    assert [t["marker"]["color"] for t in swatches] == [figures.CAUSE_COLORS[c]
+                                                        for c in LOSS_CAUSES]
+    assert all(list(t["x"]) == [None] and t["showlegend"] for t in swatches)
+    assert fig.layout.legend.itemclick is False
+    assert fig.layout.height >= fig.layout.margin.t + fig.layout.margin.b + 120
+    without = figures.utilization(tr, None, bins=4)  # no loss rows: no key
+    assert [t.type for t in without.data] == ["heatmap"]
+
+
+def test_collective_waits_of_two_ranks_keep_room_for_their_colorbar() -> None:
+    """Two rank rows are 48 px: the figure keeps 120 px of plot so the wait colorbar's
+    ticks do not print on top of each other."""
+    fig = figures.collective_waits(gpudiag.diagnose(gpudiag.load([fixture(p) for p in PAIR])))
+    assert fig is not None and len(fig.data[0].y) == 2
+    assert fig.layout.height == fig.layout.margin.t + fig.layout.margin.b + 120

@@ -52,7 +52,9 @@ def waterfall(dx: Diagnosis) -> go.Figure:
 
     Bars are shares of each device's window (devices with different windows compare on
     one axis); the hover gives the share and the time in ms. Causes keep LOSS_CAUSES'
-    order and CAUSE_COLORS' colors. A diagnosis without a waterfall gives an empty figure.
+    order and CAUSE_COLORS' colors, keyed by a legend in one row over the bars; the height
+    is the title, that key and the axis plus 40 px a device. A diagnosis without a
+    waterfall gives an empty figure.
     """
     loss = dx.losses
     labels = _device_labels(loss["rank"].fillna(-1), loss["device"])
@@ -65,13 +67,26 @@ def waterfall(dx: Diagnosis) -> go.Figure:
                     marker_color=CAUSE_COLORS[cause],
                     hovertemplate="%{y}<br>" + cause
                     + ": %{x:.1%} (%{customdata:.3f} ms)<extra></extra>")
-    fig.update_layout(barmode="stack", title="Where the GPU time went",
+    fig.update_layout(barmode="stack", title={"text": "Where the GPU time went", "y": 1.0,
+                                              "yref": "container", "yanchor": "top",
+                                              "pad": {"t": 14}},
                       xaxis={"tickformat": ".0%", "range": [0, 1],
                              "title": "share of the device's window"},
                       yaxis={"categoryorder": "array", "categoryarray": order,
                              "autorange": "reversed"},
-                      height=160 + 40 * len(order), legend={"traceorder": "normal"})
+                      legend=_KEY_LEGEND, margin={"t": _KEY_TOP_PX, "b": _AXIS_BOTTOM_PX},
+                      height=_KEY_TOP_PX + _AXIS_BOTTOM_PX + _BAR_PX * max(len(order), 1))
     return fig
+
+
+#: the cause key: one row over the plot, under the title, so every entry shows at once (a
+#: vertical legend beside a short figure scrolls; plotly wraps this row on a narrow page)
+_KEY_LEGEND = {"orientation": "h", "traceorder": "normal", "x": 0.0, "xanchor": "left",
+               "y": 1.0, "yanchor": "bottom", "yref": "paper"}
+_KEY_TOP_PX = 84  # title + the key's row
+_AXIS_BOTTOM_PX = 64  # tick labels + the x axis title
+_BAR_PX = 40  # one device's bar and the gap around it
+_ROW_PX = 24  # one heatmap row
 
 
 def utilization(trace: Trace, dx: Diagnosis | None, *, bins: int = 400) -> go.Figure:
@@ -85,8 +100,9 @@ def utilization(trace: Trace, dx: Diagnosis | None, *, bins: int = 400) -> go.Fi
     that stream's kernels and copies (exact: cumulative coverage at the bin edges), with
     the kernel that started the most time in the bin in the hover. Bottom: per device, the
     cause that lost the most time in the bin (`useful` when nothing was lost), from
-    `dx.timeline.amounts`; the hover lists every cause's share of the bin. Without `dx`
-    (or a timeline) the bottom rows are left out. Cells: (streams + devices) x `bins`.
+    `dx.timeline.amounts`; the hover lists every cause's share of the bin, a legend over
+    the plot keys the causes' colors. Without `dx` (or a timeline) the bottom rows are left
+    out. Cells: (streams + devices) x `bins`; 24 px a row (at least 120 px in all).
     """
     ev = _stream_events(trace)
     if ev is None:
@@ -96,21 +112,36 @@ def utilization(trace: Trace, dx: Diagnosis | None, *, bins: int = 400) -> go.Fi
     busy = _busy_shares(ev, edges)
     top = _top_names(ev, edges)
     rows = 2 if dx is not None and dx.timeline is not None and dx.timeline.windows else 1
+    streams = len(ev["labels"])
+    devices = len(dx.timeline.windows) if rows == 2 and dx is not None and dx.timeline else 0
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.03,
-                        row_heights=[0.8, 0.2] if rows == 2 else None)
+                        row_heights=[streams, devices] if rows == 2 else None)
     fig.add_heatmap(x=x, y=ev["labels"], z=busy.astype(np.float32),  # 4 bytes a cell
                     customdata=top, zmin=0, zmax=1, colorscale="Blues", name="busy", row=1, col=1,
-                    colorbar={"title": "busy share", "len": 0.75, "y": 1, "yanchor": "top"},
+                    colorbar={"title": {"text": "busy share", "side": "right"},
+                              "tickformat": ".0%", "tickvals": [0, 0.5, 1]},
                     hovertemplate="%{y}<br>%{x:.3f} ms: busy %{z:.1%}<br>"
                     "most time: %{customdata}<extra></extra>")
     if rows == 2:
         assert dx is not None and dx.timeline is not None
         _add_cause_rows(fig, dx, edges, x)
-    fig.update_layout(title="GPU utilization per stream, and what the idle time lost to",
-                      height=220 + 22 * (len(ev["labels"]) + (rows - 1) * 4))
+    # the rows, but never so few pixels that the colorbar's three ticks and title collide
+    plot_px = max(_ROW_PX * (streams + devices), _MIN_PLOT_PX)
+    top_px = _KEY_TOP_PX if rows == 2 else _TITLE_TOP_PX
+    fig.update_layout(title={"text": "GPU utilization per stream, and what the idle time "
+                             "lost to", "y": 1.0, "yref": "container", "yanchor": "top",
+                             "pad": {"t": 14}},
+                      legend={**_KEY_LEGEND, "title": {"text": "loss cause: "},
+                              "itemclick": False, "itemdoubleclick": False},
+                      margin={"t": top_px, "b": _AXIS_BOTTOM_PX},
+                      height=top_px + _AXIS_BOTTOM_PX + plot_px)
     fig.update_xaxes(title_text="time since the first GPU event (ms)", row=rows, col=1)
     fig.update_yaxes(autorange="reversed")
     return fig
+
+
+_TITLE_TOP_PX = 60  # a title alone
+_MIN_PLOT_PX = 120
 
 
 def collective_waits(source: Diagnosis | Trace | pd.DataFrame, *,
@@ -139,10 +170,16 @@ def collective_waits(source: Diagnosis | Trace | pd.DataFrame, *,
         x=labels, y=[f"rank {r}" for r in ranks], z=z.round(6), colorscale="Reds", zmin=0,
         colorbar={"title": "wait (ms)"},
         hovertemplate="%{y}<br>%{x}<br>waited %{z:.3f} ms<extra></extra>"))
-    fig.update_layout(title="Time each rank waited for its peers, per collective",
+    fig.update_layout(title={"text": "Time each rank waited for its peers, per collective",
+                             "y": 1.0, "yref": "container", "yanchor": "top",
+                             "pad": {"t": 14}},
                       xaxis={"title": "collective (in time order)", "type": "category",
                              "showticklabels": False},
-                      yaxis={"autorange": "reversed"}, height=200 + 24 * len(ranks))
+                      yaxis={"autorange": "reversed"}, margin={"t": _TITLE_TOP_PX,
+                                                               "b": _AXIS_BOTTOM_PX},
+                      # the rows, but tall enough that the colorbar's ticks stay apart
+                      height=_TITLE_TOP_PX + _AXIS_BOTTOM_PX
+                      + max(_ROW_PX * len(ranks), _MIN_PLOT_PX))
     return fig
 
 
@@ -254,10 +291,15 @@ def _add_cause_rows(fig: go.Figure, dx: Diagnosis, edges: IntArray, x: FloatArra
     z = np.vstack(codes).astype(np.float32)
     fig.add_heatmap(x=x, y=labels, z=z, customdata=np.stack(shares),
                     zmin=-0.5, zmax=n - 0.5, colorscale=scale, name="causes", row=2, col=1,
-                    colorbar={"title": "loss cause", "tickvals": list(range(n)),
-                              "ticktext": list(LOSS_CAUSES), "len": 0.25, "y": 0,
-                              "yanchor": "bottom"},
+                    showscale=False,
                     hovertemplate="%{y} at %{x:.3f} ms<br>" + hover + "<extra></extra>")
+    # The colors' key is a legend (one swatch per cause, in a row over the plot): a
+    # colorbar squeezed beside one or two device rows printed its seven labels on top of
+    # each other. The swatches are empty scatters: they draw nothing and move no axis.
+    for cause in LOSS_CAUSES:
+        fig.add_scatter(x=[None], y=[None], mode="markers", name=cause, showlegend=True,
+                        marker={"symbol": "square", "size": 12, "color": CAUSE_COLORS[cause]},
+                        hoverinfo="skip", row=2, col=1)
 
 
 # -- shared -------------------------------------------------------------------------------
