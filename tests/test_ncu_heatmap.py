@@ -273,3 +273,35 @@ def test_every_public_function_opens_with_a_three_line_example() -> None:
     for function in (kernel_table, health, figure):
         doc = function.__doc__ or ""
         assert re.search(r"\n\n((?:        \S.*\n){3})\n", doc), function.__name__
+
+
+# -- reads at a glance (issue 11) ------------------------------------------------------------
+
+
+def test_a_kernel_without_any_metric_says_why_in_its_row() -> None:
+    """ncu recorded nothing for vectorized_blocktiling: its row is not a row of bare 'n/a'
+    cells but one line across it saying so, and the same on hover."""
+    fig = figure(load("a10g_esmm_4kernels_default.ncu-rep"))
+    h = heat(fig)
+    row = next(i for i, y in enumerate(h["y"]) if y.startswith("vectorized_blocktiling"))
+    assert h["text"][row] == [""] * len(h["x"])
+    assert all(nh.NO_METRICS in cell for cell in h["hovertext"][row])
+    notes = [(a.text, a.y, a.yref) for a in fig.layout.annotations]
+    assert notes == [(nh.NO_METRICS, row, "y")]
+    others = [t for i, t in enumerate(h["text"]) if i != row]
+    assert all("" not in cells for cells in others)  # measured rows keep their values
+
+
+def test_health_key_is_a_bar_under_the_rows_and_the_figure_grows_with_them() -> None:
+    """Three labels on a 420 px horizontal bar never collide, however few the rows; the
+    figure is its title, column labels, rows and key, with no fixed band left over."""
+    one = figure(load("a100pcie_selfjoin_setfull_ncu2022.ncu-rep"))
+    nine = figure(load(SMALL_GRID_REPORT))
+    for fig in (one, nine):
+        bar = fig.data[0].colorbar
+        assert (bar.orientation, bar.lenmode, bar.len) == ("h", "pixels", 420)
+        assert list(bar.ticktext) == ["healthy", "past threshold", "far off"]
+        rows = len(fig.data[0].y)
+        assert fig.layout.height == fig.layout.margin.t + fig.layout.margin.b + 24 * rows
+        assert bar.y == pytest.approx(-10 / (24 * rows))  # just under the last row
+    assert len(one.data[0].y) == 1 and len(nine.data[0].y) == 9

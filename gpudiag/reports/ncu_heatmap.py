@@ -30,7 +30,8 @@ healthy range of their own. Thresholds (`METRICS`, REFERENCE.md B3 for ncu's num
 
 Columns a report did not collect (`--set basic` has no memory workload analysis; custom
 section lists lack more) are dropped from the figure and named in its title, never shown
-as zeros. The figure is bounded: `top` rows (default 50), the rest summarized in the title.
+as zeros; a kernel ncu could not profile at all (every metric empty) says so across its
+row. The figure is bounded: `top` rows (default 50), the rest summarized in the title.
 Every string from the input is HTML-escaped before it becomes figure data (plotly renders
 a subset of HTML in labels and hover text), and plotly's JSON escapes `<`, `>` and `/`.
 """
@@ -292,30 +293,80 @@ def figure(trace: Trace, *, per_launch: bool = False, metrics: Sequence[str] | N
     `customdata` = the raw values (kernel_metrics' numbers, NaN where missing), hover = the
     kernel's full name, launches and time, the value with its unit and verdict, and ncu's
     findings. Columns the report did not collect are dropped and named in the title; rows
-    beyond `top` (None: all) are summarized there, so the figure stays small.
+    beyond `top` (None: all) are summarized there, so the figure stays small. A row ncu
+    measured nothing for has blank cells and one line across it saying so (`NO_METRICS`).
+    The figure is sized from its content: the title's lines and the slanted column labels
+    over `ROW_PX` a row, with the health key as a horizontal bar under the rows.
     """
     table = kernel_table(trace, per_launch=per_launch, metrics=metrics, sort=sort, top=top)
     shown = [c for c in _metric_columns(metrics) if c not in table.attrs["missing"]]
     values = table[shown].astype("float64").to_numpy()
     scores = health(table)[shown].astype("float64").to_numpy()
-    text = _cell_text(table, shown)
+    blank = _unmeasured(table, values)
+    text = _cell_text(table, shown, blank)
     heatmap = go.Heatmap(
         z=_nan_to_none(scores), x=[_column_label(c) for c in shown],
         y=[html.escape(label) for label in table["label"].astype(str)],
         text=text, texttemplate="%{text}", customdata=_nan_to_none(values),
-        hovertext=_hover(table, shown, text, scores), hoverinfo="text",
+        hovertext=_hover(table, shown, text, scores, blank), hoverinfo="text",
         colorscale=COLORSCALE, zmin=0.0, zmax=1.0, xgap=1, ygap=1,
-        colorbar={"title": {"text": "health"}, "tickvals": [0.0, 0.5, 1.0],
-                  "ticktext": ["healthy", "past threshold", "far off"]})
+        colorbar={**_HEALTH_KEY, "y": _key_y(len(table))})
     fig = go.Figure(heatmap)
+    title = _title(table, per_launch, sort)
+    top_px = _top_margin(title, shown)
     fig.update_layout(
-        title={"text": _title(table, per_launch, sort), "x": 0.0, "xanchor": "left",
-               "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 12}},
+        title={"text": title, "x": 0.0, "xanchor": "left", "yref": "container", "y": 1.0,
+               "yanchor": "top", "pad": {"t": 12, "l": 8}},
         yaxis={"autorange": "reversed", "automargin": True, "type": "category",
                "showgrid": False},
         xaxis={"side": "top", "type": "category", "tickangle": -30, "showgrid": False},
-        plot_bgcolor="#e5e5e5", height=min(320 + 24 * len(table), 4000), margin={"t": 230})
+        plot_bgcolor="#e5e5e5", margin={"t": top_px, "b": _KEY_BOTTOM_PX},
+        height=min(top_px + _KEY_BOTTOM_PX + ROW_PX * max(len(table), 1), 4000))
+    for row in np.flatnonzero(blank):
+        fig.add_annotation(text=blank[row], xref="paper", x=0.5, yref="y", y=int(row),
+                           showarrow=False, font={"color": "#59636e"})
     return fig
+
+
+ROW_PX = 24
+"""One kernel row's height in the figure (the figure is sized from its rows)."""
+# The health key: a horizontal colorbar under the rows, fixed in pixels, so its three labels
+# never collide (a vertical one as tall as one or two rows printed them on top of each other).
+# It is placed in paper units (plotly.js misplaces container-anchored colorbars), `_key_y`.
+_HEALTH_KEY = {"title": {"text": "health", "side": "right"}, "orientation": "h",
+               "tickvals": [0.0, 0.5, 1.0],
+               "ticktext": ["healthy", "past threshold", "far off"],
+               "lenmode": "pixels", "len": 420, "thickness": 14, "x": 0.0, "xanchor": "left",
+               "yanchor": "top"}
+_KEY_BOTTOM_PX = 56  # the health key's bar and labels under the rows
+_KEY_GAP_PX = 10
+
+
+def _key_y(rows: int) -> float:
+    """The key's top, in paper units (0..1 is the rows' height): a gap under the last row."""
+    return -_KEY_GAP_PX / (ROW_PX * max(rows, 1))
+
+
+NO_METRICS = "ncu recorded no metrics for this kernel"
+"""Shown across a row whose every metric is empty (ncu could not profile that kernel)."""
+
+
+def _unmeasured(table: pd.DataFrame, values: np.ndarray) -> np.ndarray:
+    """Per row, why it has no value at all ("" where it has some): a row of bare 'n/a'
+    cells would not say that ncu measured nothing for that kernel."""
+    empty = np.isnan(values).all(axis=1) if values.shape[1] else np.zeros(len(table), bool)
+    reason = NO_METRICS if "duration_ns" not in table else np.where(
+        table["duration_ns"].isna().to_numpy(), NO_METRICS,
+        "ncu recorded none of these metrics for this kernel")
+    return np.where(empty, reason, "").astype(object)
+
+
+def _top_margin(title: str, shown: list[str]) -> int:
+    """Pixels over the rows: the title's lines, then the column labels slanted at 30
+    degrees (about 7 px a character at plotly's 12 px font, half of it upward)."""
+    lines = 1 + title.count("<br>")
+    longest = max((len(_column_label(c)) for c in shown), default=0)
+    return 20 + 22 * lines + int(3.5 * longest)
 
 
 def _nan_to_none(a: np.ndarray) -> list[list[float | None]]:
@@ -343,20 +394,26 @@ def _format(column: str, value: float) -> str:
     return f"{value:.0f}"
 
 
-def _cell_text(table: pd.DataFrame, shown: list[str]) -> list[list[str]]:
+def _cell_text(table: pd.DataFrame, shown: list[str], blank: np.ndarray) -> list[list[str]]:
+    """Each cell's value as shown; rows without any value are left blank (the row's
+    annotation says why instead of repeating 'n/a')."""
     columns = [table[c].astype("float64").map(lambda v, c=c: _format(c, v)).tolist()
                for c in shown]
-    return [list(row) for row in zip(*columns, strict=True)] if shown else [
+    rows = [list(row) for row in zip(*columns, strict=True)] if shown else [
         [] for _ in range(len(table))]
+    return [[""] * len(row) if why else row for row, why in zip(rows, blank, strict=True)]
 
 
 def _hover(table: pd.DataFrame, shown: list[str], text: list[list[str]],
-           scores: np.ndarray) -> list[list[str]]:
+           scores: np.ndarray, blank: np.ndarray) -> list[list[str]]:
     """Per cell: the row's name, launches, time and findings, then the cell's value."""
     rows = table[["name", "launches", "duration_ns", "rules"]].to_dict("records")
     heads = [_row_hover(row) for row in rows]  # one per shown row: bounded by `top`
     cells = []
     for i, head in enumerate(heads):
+        if blank[i]:
+            cells.append([f"{head}<b>{blank[i]}</b>"] * len(shown))
+            continue
         cells.append([f"{head}<b>{_column_label(c)}: {text[i][j]}</b> - "
                       + _verdict(c, scores[i, j], text[i][j]) for j, c in enumerate(shown)])
     return cells
