@@ -4,7 +4,8 @@ One call per page: ``open_report(path)`` launches Debian's ``chromium`` through 
 Python package (which bundles its driver; ``playwright install`` is never needed, nor wanted:
 it downloads browsers and fails offline), opens the file as a ``file://`` URL with every
 network request blocked and recorded, waits until each ``.plotly-graph-div`` has drawn (or an
-error makes that moot), takes a full-page screenshot and returns a :class:`Result`.
+error makes that moot), measures the layout (:data:`LAYOUT_CHECKS`), takes a full-page
+screenshot and returns a :class:`Result`.
 
 Tests call :func:`require_browser` first: it skips with the exact reason (no chromium binary,
 no playwright) or, with ``GPUDIAG_REQUIRE_BROWSER=1`` (set by CI), fails instead, so CI cannot
@@ -95,6 +96,102 @@ _INSPECT = """
 }
 """
 
+LAYOUT_CHECKS = {
+    "page_overflow": "the page is wider than the viewport (a horizontal scroll)",
+    "table_overflow": "a table is wider than its container (its right columns scroll)",
+    "legend_overlap": "two labels of one figure's legends or colorbars overlap",
+    "legend_clipped": "a legend scrolls (plotly's .scrollbar) or a legend or colorbar "
+                      "sticks out of its figure",
+    "figure_blank": "a figure's box is taller than the figure drawn in it (a blank band)",
+    "empty_section": "a heading with nothing visible under it, or a table without rows",
+}
+"""What `Result.layout` lists per check: a page that reads well at a glance has none."""
+
+# Layout problems, measured on the drawn page (after the plots settled). Boxes are client
+# rectangles; 1 px of slack absorbs subpixel rounding. Every message names where it is (the
+# section's heading, the figure's index), so a failing test says what to look at.
+_LAYOUT = """
+() => {
+  const out = {page_overflow: [], table_overflow: [], legend_overlap: [],
+               legend_clipped: [], figure_blank: [], empty_section: []};
+  const heading = (el) => {
+    const s = el.closest('section');
+    const h = s && s.querySelector('h1, h2, h3');
+    return h ? JSON.stringify(h.textContent.trim()) : '(outside any section)';
+  };
+  const shown = (el) => {
+    const r = el.getBoundingClientRect();
+    return r.width > 0 && r.height > 0 && getComputedStyle(el).visibility !== 'hidden';
+  };
+  const doc = document.scrollingElement || document.documentElement;
+  if (doc.scrollWidth > doc.clientWidth + 1)
+    out.page_overflow.push(`page ${doc.scrollWidth} px wide, viewport ${doc.clientWidth} px`);
+  document.querySelectorAll('table').forEach((t, i) => {
+    const box = t.parentElement;
+    const width = t.getBoundingClientRect().width;
+    const room = box.clientWidth;
+    const cap = t.caption ? JSON.stringify(t.caption.textContent.trim()) : `table ${i + 1}`;
+    if (width > room + 1 || box.scrollWidth > box.clientWidth + 1)
+      out.table_overflow.push(`${heading(t)} ${cap}: ${Math.round(width)} px in ${room} px`);
+    if (t.tBodies.length && !Array.from(t.tBodies).some(b => b.rows.length))
+      out.empty_section.push(`${heading(t)} ${cap}: a table without rows`);
+  });
+  document.querySelectorAll('.plotly-graph-div').forEach((gd, i) => {
+    const fig = `${heading(gd)} figure ${i + 1}`;
+    const frame = gd.getBoundingClientRect();
+    const svg = gd.querySelector('.main-svg');
+    const drawn = svg ? svg.getBoundingClientRect().height : 0;
+    if (svg && frame.height > drawn + 24)
+      out.figure_blank.push(`${fig}: a ${Math.round(frame.height)} px box holds a `
+                            + `${Math.round(drawn)} px figure`);
+    const labels = [];
+    gd.querySelectorAll('.legend .legendtext, .colorbar text').forEach(el => {
+      const r = el.getBoundingClientRect();
+      const text = el.textContent.trim();
+      if (text && r.width > 0 && r.height > 0) labels.push({text, r});
+    });
+    for (let a = 0; a < labels.length; a++) {
+      for (let b = a + 1; b < labels.length; b++) {
+        const p = labels[a].r, q = labels[b].r;
+        const w = Math.min(p.right, q.right) - Math.max(p.left, q.left);
+        const h = Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top);
+        if (w > 1 && h > 1)
+          out.legend_overlap.push(`${fig}: ${JSON.stringify(labels[a].text)} overlaps `
+                                  + JSON.stringify(labels[b].text));
+      }
+    }
+    gd.querySelectorAll('.legend .scrollbar').forEach(bar => {
+      const r = bar.getBoundingClientRect();
+      if (r.width > 0 && r.height > 0) out.legend_clipped.push(`${fig}: the legend scrolls`);
+    });
+    gd.querySelectorAll('.legend, .colorbar').forEach(el => {
+      const r = el.getBoundingClientRect();
+      if (r.width <= 0 || r.height <= 0) return;
+      if (r.left < frame.left - 1 || r.right > frame.right + 1 || r.top < frame.top - 1
+          || r.bottom > frame.bottom + 1)
+        out.legend_clipped.push(`${fig}: a ${el.classList.contains('legend') ? 'legend'
+          : 'colorbar'} spans ${Math.round(r.left - frame.left)}..`
+          + `${Math.round(r.right - frame.left)} x ${Math.round(r.top - frame.top)}..`
+          + `${Math.round(r.bottom - frame.top)} px of a ${Math.round(frame.width)} x `
+          + `${Math.round(frame.height)} px figure`);
+    });
+  });
+  document.querySelectorAll('section').forEach(s => {
+    const head = s.querySelector('h1, h2, h3');
+    const body = Array.from(s.children).filter(el => el !== head && el.tagName !== 'SCRIPT');
+    const visible = body.some(el => {
+      if (!shown(el)) return false;
+      if (el.matches('.plotly-graph-div')) return Boolean(el.querySelector('.main-svg'));
+      const tables = el.matches('table') ? [el] : Array.from(el.querySelectorAll('table'));
+      if (tables.length) return tables.some(t => Array.from(t.tBodies).some(b => b.rows.length));
+      return el.innerText.trim() !== '';
+    });
+    if (!visible) out.empty_section.push(`${heading(s)}: nothing under the heading`);
+  });
+  return out;
+}
+"""
+
 _TWO_FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
 
 
@@ -112,6 +209,13 @@ class Result:
     timed_out: bool = False  # the plots had not settled within the timeout
     seconds: float = 0.0  # launch to screenshot
     render_seconds: float = 0.0  # navigation start to every plot drawn (what a user waits)
+    layout: dict[str, list[str]] = field(default_factory=dict)  # LAYOUT_CHECKS -> problems
+
+    @property
+    def layout_problems(self) -> list[str]:
+        """Every layout problem as 'check: where and what' (empty: the page reads well)."""
+        return [f"{check}: {problem}" for check, found in self.layout.items()
+                for problem in found]
 
     @property
     def ok(self) -> bool:
@@ -219,6 +323,7 @@ def open_report(
                 timed_out = True
             render_seconds = time.perf_counter() - opened
             seen = page.evaluate(_INSPECT)
+            layout = page.evaluate(_LAYOUT)
             shot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(shot), full_page=True)
         finally:
@@ -245,4 +350,5 @@ def open_report(
         timed_out=timed_out,
         seconds=seconds,
         render_seconds=render_seconds,
+        layout={check: list(layout.get(check, [])) for check in LAYOUT_CHECKS},
     )

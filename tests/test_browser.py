@@ -1,14 +1,23 @@
-"""The HTML opens and draws in a real browser (headless Chromium through Playwright).
+"""The HTML opens, draws and reads well in a real browser (headless Chromium, Playwright).
 
-For now the pages are built here with plotly (a heatmap page; two figures sharing one inlined
-plotly.js), plus broken pages that the harness must catch, so it cannot pass silently. Skips
-with the reason when chromium or playwright is missing; CI sets GPUDIAG_REQUIRE_BROWSER=1 so
-there it fails instead. Screenshots: under pytest's tmp dir (paths printed, see `-s`/`-rA`),
-copied into $GPUDIAG_BROWSER_ARTIFACTS when set.
+Two kinds of pages: small ones built here with plotly (a heatmap page; two figures sharing one
+inlined plotly.js), plus broken pages that the harness must catch, so it cannot pass silently;
+and the pages `gpudiag report`, `gpudiag heatmap` and `gpudiag compare -o` write for real
+fixtures (Kineto, Nsight Systems, Nsight Compute, a memory snapshot). Those must draw without
+an error and read at a glance at a 1280 px wide window: every check of
+`tests.browser.LAYOUT_CHECKS` (no sideways scroll of the page or of a table, no overlapping
+legend labels, no clipped or scrolling legend, no figure box taller than its figure, no
+heading with nothing under it) is one test per page, and a page built with each defect
+shows that the checks do fail.
+
+Skips with the reason when chromium or playwright is missing; CI sets
+GPUDIAG_REQUIRE_BROWSER=1 so there it fails instead. Screenshots: under pytest's tmp dir
+(paths printed, see `-s`/`-rA`), copied into $GPUDIAG_BROWSER_ARTIFACTS when set.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +25,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
-from tests.browser import Result, open_report, require_browser
+from tests.browser import LAYOUT_CHECKS, Result, open_report, require_browser
 
 pytestmark = pytest.mark.browser
 
@@ -148,33 +157,140 @@ def test_failing_newplot_is_caught(pages: Path) -> None:
     assert not result.ok
 
 
-# -- the real report kinds ------------------------------------------------------------------
+# -- the pages the commands write, from the real fixtures ---------------------------------
 
-REPORTS = {
-    "ncu_heatmap": "ncu/rtx4090_smem_transpose_15sections_source.ncu-rep",
-    "kineto_report": "kineto/a100_80gb_rank0of16_nccl_streamsync.json.gz",
-    "nsys_report": "nsys/rtx3090x4_tensorrt_nvtx.sqlite",
-    "memory_report": "memsnap/cs336_ctx256_forward_segment_free.pickle",
+# page -> the command and its fixtures. Chosen so that each page kind and each known layout
+# defect of issue 11 is on some page: a findings table and a waterfall (Kineto, nsys), the
+# utilization heatmap's cause key (Kineto, nsys, heatmap of a Kineto trace), ncu's health key
+# and a kernel without metrics (a10g), ncu rule findings with long demangled names (a100pcie)
+# and none at all (transpose), the collective waits of two ranks, and wide comparison tables.
+PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "kineto_report": ("report", ("kineto/a100_80gb_rank0of16_nccl_streamsync.json.gz",)),
+    "nsys_report": ("report", ("nsys/rtx3090x4_tensorrt_nvtx.sqlite",)),
+    "memory_report": ("report", ("memsnap/cs336_ctx256_forward_segment_free.pickle",)),
+    "ranks_report": ("report", ("kineto/world128_sampled_rank0.json.gz",
+                                "kineto/world128_sampled_rank1.json.gz")),
+    "ncu_report": ("report", ("ncu/a10g_esmm_4kernels_default.ncu-rep",)),
+    "ncu_heatmap": ("heatmap", ("ncu/rtx4090_smem_transpose_15sections_source.ncu-rep",)),
+    "ncu_heatmap_no_metrics": ("heatmap", ("ncu/a10g_esmm_4kernels_default.ncu-rep",)),
+    "ncu_heatmap_rules": ("heatmap", ("ncu/a100pcie_selfjoin_setfull_ncu2022.ncu-rep",)),
+    "kineto_heatmap": ("heatmap", ("kineto/h100_cuda_sync_category_small.json",)),
+    "kineto_compare": ("compare", ("kineto/a100_rank0of2_nccl_eventsync_annotations.json.gz",
+                                   "kineto/v100_rank1of2_nccl_profile_memory.json.gz")),
 }
+# the report kinds whose figures are counted trace by trace against the figure builders
+KINDS = {"ncu_heatmap": "ncu_heatmap", "kineto_report": "kineto_report",
+         "nsys_report": "nsys_report", "memory_report": "memory_report"}
 
 
-@pytest.mark.parametrize("kind", sorted(REPORTS))
-def test_every_report_kind_draws_without_errors(kind: str, pages: Path) -> None:
-    import gpudiag
-    from gpudiag.reports.build import heatmap_page, report_figures, report_page
+def write_page(name: str, folder: Path) -> Path:
+    """The page the CLI writes for PAGES[name] (through click's runner, as a user runs it)."""
+    from click.testing import CliRunner
+
+    from gpudiag.cli import cli
     from tests.conftest import fixture
 
-    trace = gpudiag.load(fixture(REPORTS[kind]))
-    if kind == "ncu_heatmap":
-        html, figs = heatmap_page(trace, None), [None]
-    else:
-        dx = gpudiag.diagnose(trace)
-        html, figs = report_page(trace, dx), list(report_figures(trace, dx).values())
-    path = pages / f"{kind}.html"
-    path.write_text(html, encoding="utf-8")
-    result = open_report(path, pages / f"{kind}.png")
-    print(f"{kind}: {result.plots} plots, screenshot {result.screenshot_path}")
+    command, sources = PAGES[name]
+    out = folder / f"{name}.html"
+    args = [command, *(str(fixture(s)) for s in sources), "-o", str(out)]
+    done = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def opened(pages: Path) -> Callable[[str], Result]:
+    """Each CLI page written and opened once for the whole module (opening takes seconds)."""
+    seen: dict[str, Result] = {}
+
+    def result(name: str) -> Result:
+        if name not in seen:
+            path = write_page(name, pages)
+            seen[name] = open_report(path, pages / "shots" / f"{name}.png")
+            print(f"{name}: {seen[name].plots} plots, screenshot {seen[name].screenshot_path}")
+        return seen[name]
+
+    return result
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_report_kind_draws_without_errors(kind: str,
+                                                opened: Callable[[str], Result]) -> None:
+    import gpudiag
+    from gpudiag.reports.build import report_figures
+    from tests.conftest import fixture
+
+    result = opened(KINDS[kind])
     assert result.ok, (result.console_errors, result.page_errors, result.external_requests)
+    if kind == "ncu_heatmap":
+        assert result.plots == 1 and result.drawn == 1
+        return
+    trace = gpudiag.load(fixture(PAGES[kind][1][0]))
+    figs = list(report_figures(trace, gpudiag.diagnose(trace)).values())
     assert result.plots == len(figs) and result.drawn == result.plots
-    if kind != "ncu_heatmap":
-        assert result.traces_per_plot == [len(f.data) for f in figs]
+    assert result.traces_per_plot == [len(f.data) for f in figs]
+
+
+@pytest.mark.parametrize("check", sorted(LAYOUT_CHECKS))
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_cli_pages_read_at_a_glance(name: str, check: str,
+                                    opened: Callable[[str], Result]) -> None:
+    """At 1280 px: nothing scrolls sideways, no legend label sits on another, no legend is
+    clipped, no figure box has a blank band, no heading stands over nothing."""
+    result = opened(name)
+    assert result.ok, (result.console_errors, result.page_errors, result.external_requests)
+    found = result.layout[check]
+    assert found == [], f"{name}: {LAYOUT_CHECKS[check]}:\n  " + "\n  ".join(found)
+
+
+def test_ncu_rule_findings_show_short_names_with_the_full_name_on_hover(
+        opened: Callable[[str], Result], pages: Path) -> None:
+    """The rule table names kernels by their short name; the demangled one is the title."""
+    opened("ncu_heatmap_rules")
+    html = (pages / "ncu_heatmap_rules.html").read_text(encoding="utf-8")
+    section = html[html.index("rule findings per kernel"):]
+    assert '<td title="nodeByPoint5(' in section  # the full name, parameters and all
+    assert ">nodeByPoint5</td>" in section
+
+
+# -- the layout checks catch each defect -----------------------------------------------------
+
+
+def defects_page() -> str:
+    """One page with every defect the layout checks look for (issue 11's findings)."""
+    wide = "<tr>" + "".join(f"<td style='white-space:nowrap'>{'x' * 40} {i}</td>"
+                            for i in range(8)) + "</tr>"
+    squeezed = go.Figure(go.Bar(x=[1], y=["a"], orientation="h"))  # a legend clipped to a row
+    for i in range(8):
+        squeezed.add_bar(x=[1], y=["a"], orientation="h", name=f"cause {i}")
+    squeezed.update_layout(height=200, barmode="stack")
+    crowded = go.Figure(go.Heatmap(z=[[0, 1, 2, 3, 4, 5, 6]], colorbar={
+        "len": 0.2, "tickvals": list(range(7)), "ticktext": [f"label {i}" for i in range(7)]}))
+    crowded.update_layout(height=260)
+    one = pio.to_html(squeezed, include_plotlyjs=True, full_html=False,
+                      default_height="400px")
+    two = pio.to_html(crowded, include_plotlyjs=False, full_html=False)
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>defects</title></head>"
+            "<body><section><h2>Wide</h2><div><table><tbody>" + wide + "</tbody></table>"
+            "</div></section><section><h2>Squeezed legend</h2>" + one + "</section>"
+            "<section><h2>Crowded colorbar</h2>" + two + "</section>"
+            "<section><h2>Blank band</h2><div id='blank' class='plotly-graph-div' "
+            "style='height:420px'></div><script>Plotly.newPlot('blank', [{type: 'bar', "
+            "y: [1, 2]}], {height: 200});</script></section>"
+            "<section><h2>Empty</h2></section>"
+            "<section><h2>Header only</h2><table><thead><tr><th>a</th></tr></thead>"
+            "<tbody></tbody></table></section></body></html>")
+
+
+def test_each_layout_check_fails_on_a_page_with_its_defect(pages: Path) -> None:
+    page = pages / "defects.html"
+    page.write_text(defects_page(), encoding="utf-8")
+    result = open_report(page)
+    show(result)
+    assert result.ok  # it draws: only the layout is wrong
+    for check in LAYOUT_CHECKS:
+        assert result.layout[check], f"{check} found nothing on a page built to fail it"
+    assert any("Header only" in p for p in result.layout["empty_section"])
+    assert any('"Empty"' in p for p in result.layout["empty_section"])
+    assert set(result.layout) == set(LAYOUT_CHECKS)
+    assert len(result.layout_problems) == sum(map(len, result.layout.values()))
