@@ -196,6 +196,6 @@ def test_terminal_rendering_has_every_section_and_no_color_off_a_terminal(
     print_comparison(pair, Console(file=out, width=160))
     text = out.getvalue()
     assert "\x1b[" not in text
-    for expected in ("step time (median)", "B vs A", "+10 µs (+10.0%)", "sync_stall",
+    for expected in ("step time (median, after warm-up)", "B vs A", "+10 µs (+10.0%)", "sync_stall",
                      "+6.2 pp", "Sync points per kind", "gemm"):
         assert expected in text, expected

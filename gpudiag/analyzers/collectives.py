@@ -20,6 +20,7 @@ from gpudiag.analyzers import callsites
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.collectives_skew import arrival_skew, typed, wait_intervals
 from gpudiag.analyzers.findings import ADVICE, format_ns, frame
+from gpudiag.analyzers.steps import step_windows
 from gpudiag.trace import Trace
 
 __all__ = ["arrival_skew", "bus_factor", "collective_calls", "collective_stats", "findings",
@@ -252,24 +253,29 @@ def _ratio(part: int, whole: int) -> float:
 
 
 def _step_windows(trace: Trace) -> dict[int, iv.Spans]:
-    """Per rank (-1: none), the union of its steps, each extended to the end of the last
-    kernel launched inside it (the GPU finishes a step's work after the host moved on)."""
-    steps = trace.ranges[trace.ranges["source"] == "step"].reset_index(drop=True)
-    if steps.empty or trace.kernels.empty:
+    """Per rank (-1: none), the union of its steps (markers or detected, warm-up left out),
+    each extended to the end of the last kernel launched inside it (the GPU finishes a
+    step's work after the host moved on)."""
+    if trace.kernels.empty:
+        return {}
+    found = step_windows(trace)
+    steps = found[~found["warmup"].astype(bool)].reset_index(drop=True)
+    if steps.empty:
         return {}
     k = trace.kernels
     launch = callsites.kernel_launches(trace)["api_start_ns"]
     ok = (launch.notna() & k["pid"].notna()).to_numpy()
     left = pd.DataFrame({"pid": k["pid"][ok].astype("int64"),
                          "t": launch[ok].astype("int64"), "gpu_end": k["end_ns"][ok]})
-    right = pd.DataFrame({"pid": steps["pid"].fillna(-1).astype("int64"),
+    right = pd.DataFrame({"pid": pd.to_numeric(steps["pid"]).fillna(-1).astype("int64"),
                           "t": steps["start_ns"], "step_end": steps["end_ns"],
                           "step": np.arange(len(steps))})
     hit = pd.merge_asof(left.sort_values("t"), right.sort_values("t"), on="t", by="pid")
     hit = hit[hit["t"] < hit["step_end"]]
     gpu_end = hit.groupby("step")["gpu_end"].max().reindex(right["step"]).to_numpy()
     end = np.fmax(steps["end_ns"].to_numpy(np.float64), gpu_end).astype(np.int64)
-    keyed = steps.assign(end_ns=end, _r=steps["rank"].fillna(-1).astype("int64"))
+    keyed = steps.assign(end_ns=end,
+                         _r=pd.to_numeric(steps["rank"]).fillna(-1).astype("int64"))
     return {int(r): iv.union(g["start_ns"], g["end_ns"]) for r, g in keyed.groupby("_r")}
 
 

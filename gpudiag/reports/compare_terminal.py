@@ -19,13 +19,17 @@ from rich.table import Table
 from gpudiag.compare import Comparison
 from gpudiag.reports.terminal import format_bytes, format_ns
 
-_SUMMARY_NAMES = {"wall_time_ns": "wall time (GPU window)", "step_time_ns": "step time (median)",
-                  "steps": "steps", "samples_per_s": "samples/s",
+_SUMMARY_NAMES = {"wall_time_ns": "wall time (GPU window)",
+                  "process_time_ns": "process wall time",
+                  "step_time_ns": "step time (median, after warm-up)",
+                  "steps": "steps", "warmup_steps": "warm-up steps", "samples_per_s": "samples/s",
                   "peak_reserved_bytes": "peak reserved memory",
                   "peak_allocated_bytes": "peak allocated memory",
+                  "peak_cpu_bytes": "peak CPU memory",
                   "kernel_time_ns": "kernel time", "kernels": "kernel launches"}
 #: rows where a rise is an improvement (+1), a regression (-1), or neither (0)
-_BETTER_UP = {"samples_per_s": 1, "steps": 0, "kernels": 0, "useful": 1, "count": 0}
+_BETTER_UP = {"samples_per_s": 1, "steps": 0, "warmup_steps": 0, "kernels": 0, "useful": 1,
+              "count": 0}
 
 Format = Callable[[float], str]
 
