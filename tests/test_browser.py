@@ -177,6 +177,8 @@ PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kineto_heatmap": ("heatmap", ("kineto/h100_cuda_sync_category_small.json",)),
     "kineto_compare": ("compare", ("kineto/a100_rank0of2_nccl_eventsync_annotations.json.gz",
                                    "kineto/v100_rank1of2_nccl_profile_memory.json.gz")),
+    # a CPU-only torch run: the host step breakdown, top ops and CPU memory sections
+    "cpu_report": ("report", ("tests/data/torch_cpu_train.pt.trace.json.gz",)),
 }
 # the report kinds whose figures are counted trace by trace against the figure builders
 KINDS = {"ncu_heatmap": "ncu_heatmap", "kineto_report": "kineto_report",
@@ -192,7 +194,9 @@ def write_page(name: str, folder: Path) -> Path:
 
     command, sources = PAGES[name]
     out = folder / f"{name}.html"
-    args = [command, *(str(fixture(s)) for s in sources), "-o", str(out)]
+    here = Path(__file__).resolve().parents[1]
+    args = [command, *(str(here / s if s.startswith("tests/") else fixture(s))
+                       for s in sources), "-o", str(out)]
     done = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert done.exit_code == 0, done.output
     return out
@@ -294,3 +298,14 @@ def test_each_layout_check_fails_on_a_page_with_its_defect(pages: Path) -> None:
     assert any('"Empty"' in p for p in result.layout["empty_section"])
     assert set(result.layout) == set(LAYOUT_CHECKS)
     assert len(result.layout_problems) == sum(map(len, result.layout.values()))
+
+
+def test_a_cpu_only_run_has_something_to_act_on(opened: Callable[[str], Result],
+                                                pages: Path) -> None:
+    """A torch CPU run (no GPU activity) gets the host sections, drawn and readable."""
+    result = opened("cpu_report")
+    assert result.page_errors == [] and result.drawn == result.plots
+    html = (pages / "cpu_report.html").read_text()
+    for title in ("Host time per step", "Host ops by self time", "CPU memory",
+                  "Findings, by host time lost"):
+        assert f">{title}<" in html, title

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from gpudiag.analyzers.diagnosis import Diagnosis
+from gpudiag.analyzers.findings import HOST_CAUSES
 from gpudiag.commands import program_name
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_tables import Table
@@ -47,7 +48,7 @@ def report(trace: Trace, dx: Diagnosis, *, figures: Mapping[str, Any] | None = N
     """
     info = summarize(trace, top=TOP_ROWS, window_ns=dx.window_ns)
     figs = {name: _as_list(fig) for name, fig in (figures or {}).items()}
-    built = [
+    built: list[Section | list[Section] | None] = [
         _run_summary(trace, info),
         _waterfall(dx, figs.pop("waterfall", [])),
         _findings(dx),
@@ -59,11 +60,13 @@ def report(trace: Trace, dx: Diagnosis, *, figures: Mapping[str, Any] | None = N
         _collectives(dx, figs.pop("collective_waits", [])),
         _small_grid(dx),
         _memory(dx, figs.pop("memory", [])),
+        _host(dx),
         _kernel_metrics(trace, dx, figs.pop("ncu_heatmap", [])),
         _streams(dx),
         _notes(dx),
     ]
-    sections = [s for s in built if s is not None]
+    sections = [part for s in built if s is not None
+                for part in (s if isinstance(s, list) else [s])]
     sections += [Section(name, figures=fig) for name, fig in figs.items() if fig]
     return page(title or _title(trace), sections, cdn=cdn, generated_for=generated_for)
 
@@ -182,7 +185,9 @@ def _findings(dx: Diagnosis) -> Section | None:
     frame = pd.DataFrame({"#": range(1, len(top) + 1)}).join(
         top[["cause", "lost_ns", "share", "where", "count", "evidence", "advice"]])
     frame.columns = ["#", "cause", "lost", "share", "where", "count", "evidence", "what to do"]
-    return Section("Findings, by GPU time lost", notes=notes, table=frame,
+    host_only = bool(found["cause"].isin(HOST_CAUSES).all())
+    title = "Findings, by host time lost" if host_only else "Findings, by GPU time lost"
+    return Section(title, notes=notes, table=frame,
                    formats={"lost": _lost, "share": "share"})
 
 
@@ -224,6 +229,36 @@ def _sync_points(dx: Diagnosis) -> Section | None:
     return Section("Sync points", notes=notes, table=frame,
                    formats={"host wait": "ns", "GPU idle": "ns"},
                    text="Where the host blocked on the GPU, by call site.")
+
+
+def _host(dx: Diagnosis) -> list[Section] | None:
+    """The host side of the steps: where each step's host time went, the ops that took it,
+    the CPU memory peak (what a CPU-only run has to act on; on GPU runs, the host's share)."""
+    breakdown = _detail(dx, "host_breakdown")
+    if breakdown is None:
+        return None
+    frame = breakdown.assign(category=breakdown["category"].str.replace("_", " "))
+    frame = frame[["category", "time_ns", "share", "per_step_ns", "warmup_ns", "steps"]]
+    frame.columns = ["part of the step", "time", "share", "per step", "in warm-up", "steps"]
+    sections = [Section("Host time per step", table=frame,
+                        formats={"time": "ns", "share": "share", "per step": "ns",
+                                 "in warm-up": "ns"},
+                        text="Where the host's step time went, in the steps after warm-up "
+                             "(warm-up steps apart).")]
+    ops = _detail(dx, "host_top_ops")
+    if ops is not None:
+        top = ops[["name", "calls", "self_ns", "share"]].head(TOP_ROWS)
+        top.columns = ["op", "calls", "self time", "share"]
+        sections.append(Section("Host ops by self time", table=top,
+                                formats={"self time": "ns", "share": "share"}))
+    memory = _detail(dx, "host_memory")
+    if memory is not None:
+        peak = memory[["pid", "peak_bytes", "peak_step", "steady_peak_bytes"]]
+        peak.columns = ["process", "CPU memory peak", "in step", "peak after warm-up"]
+        sections.append(Section("CPU memory", table=peak,
+                                formats={"CPU memory peak": "bytes",
+                                         "peak after warm-up": "bytes"}))
+    return sections
 
 
 def _copies(dx: Diagnosis) -> Section | None:
