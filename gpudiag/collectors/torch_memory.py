@@ -25,11 +25,18 @@ and `meta["timeline"]` is False; blocks without `address` get segment address + 
 before them; block frames under `history` (torch 2.0) are used. Anything odd inside the
 lists (a non-dict entry, an unknown action or state, a missing size) is kept as NA or
 skipped, and counted in `meta["warnings"]`.
+
+A pickle shares objects through its memo, so a small file can name one list many times:
+160 KB can describe 1.6e9 blocks that are the same block. Before walking anything the reader
+adds up how many trace entries and blocks it would visit (one `len` per list) and refuses a
+snapshot past `max_rows` (default `DEFAULT_MAX_ROWS`, or the GPUDIAG_MAX_SNAPSHOT_ROWS
+environment variable), so the work stays proportional to what it will keep.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -57,12 +64,20 @@ STATES = {
 }
 POOLS = frozenset({"large", "small"})
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: trace entries + blocks a snapshot may hold; a real one with max_entries=100000 on 8 GPUs
+#: and a million blocks is under 2e6, and 1e7 rows take a few GB of memory while read
+DEFAULT_MAX_ROWS = 10_000_000
+MAX_ROWS_ENV = "GPUDIAG_MAX_SNAPSHOT_ROWS"
 
 
-def read_snapshot(path: Path) -> Trace:
-    """Read a `_dump_snapshot` pickle (plain or gzipped) into `memory` and `memory_blocks`."""
+def read_snapshot(path: Path, max_rows: int | None = None) -> Trace:
+    """Read a `_dump_snapshot` pickle (plain or gzipped) into `memory` and `memory_blocks`.
+
+    `max_rows` bounds the trace entries plus blocks (see `row_budget`); past it, InputError.
+    """
     data = load_plain(path)
     segments, device_traces = _parts(path, data)
+    _check_size(path, segments, device_traces, row_budget(path, max_rows))
     warnings: Counter[str] = Counter()
     sites = Sites()
     memory, timeline = _entries(device_traces, sites, warnings)
@@ -91,6 +106,37 @@ def _parts(path: Path, data: Any) -> tuple[list[Any], list[list[Any]]]:
         raise InputError(
             path, f"is a pickle but not a torch memory snapshot (it holds {what})", HOW_TO_DUMP)
     return segments, traces
+
+
+def row_budget(path: Path, max_rows: int | None = None) -> int:
+    """`max_rows`, else GPUDIAG_MAX_SNAPSHOT_ROWS, else DEFAULT_MAX_ROWS."""
+    if max_rows is not None:
+        return max_rows
+    text = os.environ.get(MAX_ROWS_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_ROWS
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(path, f"cannot be read with {MAX_ROWS_ENV}={text[:40]!r}",
+                         f"set {MAX_ROWS_ENV} to a whole number of rows") from None
+
+
+def _check_size(path: Path, segments: list[Any], traces: list[list[Any]], budget: int) -> None:
+    """InputError when the entries and blocks to walk exceed `budget` (counted, not walked)."""
+    rows = sum(len(t) for t in traces)
+    for seg in segments:
+        blocks = seg.get("blocks") if type(seg) is dict else None
+        rows += len(blocks) if type(blocks) is list else 0
+        if rows > budget:
+            break
+    if rows > budget:
+        raise InputError(
+            path, f"holds more than {budget:,} trace entries and blocks (the pickle repeats "
+            "shared lists, or the snapshot is very large)",
+            f"if the snapshot is genuine, raise the budget: {MAX_ROWS_ENV}=<rows> or "
+            "read_snapshot(path, max_rows=...)",
+        )
 
 
 def _int(value: Any) -> int | None:
