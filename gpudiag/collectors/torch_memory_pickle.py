@@ -66,7 +66,7 @@ def load_plain(path: Path) -> Any:
     if not data:
         raise InputError(path, "is empty (0 bytes)", "the program did not finish writing it")
     try:
-        if copyreg._extension_cache:  # the cache the C unpickler trusts
+        if getattr(copyreg, "_extension_cache", True):  # the cache the C unpickler trusts
             refuse_extensions(data)
         return PlainDataUnpickler(io.BytesIO(data)).load()
     except RefusedObject as exc:
