@@ -83,7 +83,7 @@ def detect(path: Path) -> Reader:
 def _expand(path: Path, skipped: list[str]) -> list[tuple[Path, Reader | None]]:
     if not path.exists():
         raise InputError(path, "does not exist", "check the path")
-    if path.is_file():
+    if not path.is_dir():  # a file, or a FIFO/device that detect() refuses before it blocks
         return [(path, None)]
     if is_trace_dir(path):
         return [(path, None)]

@@ -4,15 +4,24 @@ without running code, writing through a planted symlink or hanging (issue 12).""
 from __future__ import annotations
 
 import copyreg
+import json
+import os
 import pickle
+import subprocess
+import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import gpudiag
 from gpudiag.collectors import torch_memory
+from gpudiag.collectors.files import read_bytes, read_head
 from gpudiag.collectors.torch_memory_pickle import load_plain
 from gpudiag.errors import InputError
+from tests.builders import KinetoTrace
 
 # -- torch memory snapshots ----------------------------------------------------------------
 
@@ -95,3 +104,75 @@ def test_row_budget_is_raised_by_keyword_or_environment(
     with pytest.raises(InputError, match="more than 100 "):
         torch_memory.read_snapshot(path)
     assert len(torch_memory.read_snapshot(path, max_rows=900).memory_blocks) == 900
+
+
+# -- files that are not regular files --------------------------------------------------------
+
+
+def _kineto_bytes() -> bytes:
+    kt = KinetoTrace()
+    kt.kernel("k", ts=20, dur=5, correlation=kt.launch(ts=10))
+    return json.dumps(kt.document()).encode()
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _with_deadline(call: Callable[[], object], seconds: float = 10) -> object:
+    """Run `call` in a thread and fail (instead of hanging the suite) past `seconds`."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed back to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still blocked after {seconds} s"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_given_as_the_profile_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    fifo = _fifo(tmp_path / "trace.json")
+    with pytest.raises(InputError, match=r"is not a regular file \(a FIFO\)") as info:
+        _with_deadline(lambda: gpudiag.load(fifo))
+    assert str(fifo) in str(info.value)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("name", ["meta.json", "rank1.pt.trace.json"])
+def test_fifo_inside_a_profile_folder_is_skipped_with_a_reason(tmp_path: Path, name: str) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "rank0.pt.trace.json").write_bytes(_kineto_bytes())
+    _fifo(folder / name)
+    trace = _with_deadline(lambda: gpudiag.load(folder))
+    assert len(trace.kernels) == 1  # type: ignore[attr-defined]
+    skipped = trace.meta["skipped"]  # type: ignore[attr-defined]
+    assert any(name in s and "not a regular file (a FIFO)" in s for s in skipped)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_on_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
+    fifo = _fifo(tmp_path / "snapshot.pickle")
+    result = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", str(fifo)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "not a regular file (a FIFO)" in lines[0] and str(fifo) in lines[0]
+
+
+def test_special_files_are_refused_before_reading(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"not a regular file \(a directory\)"):
+        read_head(tmp_path)
+    if Path("/dev/zero").exists():  # endless: read_bytes would never finish
+        with pytest.raises(InputError, match="character device"):
+            read_bytes(Path("/dev/zero"))
