@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import gpudiag
-from gpudiag.collectors import torch_memory
+from gpudiag.collectors import nsys, nsys_export, torch_memory
 from gpudiag.collectors.files import read_bytes, read_head
 from gpudiag.collectors.torch_memory_pickle import load_plain
 from gpudiag.errors import InputError
@@ -176,3 +176,64 @@ def test_special_files_are_refused_before_reading(tmp_path: Path) -> None:
     if Path("/dev/zero").exists():  # endless: read_bytes would never finish
         with pytest.raises(InputError, match="character device"):
             read_bytes(Path("/dev/zero"))
+
+
+# -- nsys reports: export never writes through a planted path --------------------------------
+
+FAKE_NSYS = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "NVIDIA Nsight Systems version 2024.5.1"; exit 0; fi
+out=""; prev=""
+for arg in "$@"; do
+  if [ "$prev" = "--output" ]; then out="$arg"; fi
+  prev="$arg"
+done
+echo "$out" >> "$FAKE_NSYS_LOG"
+printf 'written by nsys export' > "$out"
+"""
+
+
+@pytest.fixture
+def writing_nsys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake `nsys` on PATH that writes a few bytes to its --output; returns its log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nsys").write_text(FAKE_NSYS)
+    (bin_dir / "nsys").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_NSYS_LOG", str(tmp_path / "nsys.log"))
+    return tmp_path / "nsys.log"
+
+
+def test_nsys_export_never_writes_through_a_planted_symlink(
+        tmp_path: Path, writing_nsys: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / "evil.nsys-rep").write_bytes(b"not really a report")
+    (folder / "evil.sqlite").symlink_to(victim)
+    with pytest.raises(InputError, match=r"not an Nsight Systems export|damaged"):
+        nsys.read_report(folder / "evil.nsys-rep")
+    assert victim.read_text() == "precious"
+    assert (folder / "evil.sqlite").is_symlink()  # left alone, not replaced
+    out = Path(writing_nsys.read_text().split()[0])
+    assert out != folder / "evil.sqlite" and not out.parent.exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["evil.nsys-rep", "evil.sqlite"]
+
+
+def test_nsys_export_replaces_a_stale_regular_export_by_rename(
+        tmp_path: Path, writing_nsys: Path) -> None:
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    report = folder / "run.nsys-rep"
+    report.write_bytes(b"report")
+    stale = folder / "run.sqlite"
+    stale.write_text("old")
+    os.utime(stale, (report.stat().st_mtime - 60,) * 2)
+    linked = tmp_path / "hardlink-to-old"
+    os.link(stale, linked)  # a write into the old inode would show here
+    with nsys_export.exported(report) as (path, info):
+        assert path == stale and path.read_text() == "written by nsys export"
+        assert info["export"] == str(stale)
+    assert linked.read_text() == "old"
+    assert sorted(p.name for p in folder.iterdir()) == ["run.nsys-rep", "run.sqlite"]

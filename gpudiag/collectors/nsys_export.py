@@ -3,8 +3,10 @@
 The report format is NVIDIA's and only `nsys` decodes it, so gpudiag runs
 `nsys export --type sqlite` (the schema of its output is handled in `nsys_schema`). An export
 beside the report that is at least as new as the report is reused: exporting a large report
-takes minutes. Without `nsys`, nothing is guessed: the error says how to export, and names an
-export found beside the report (its age alone does not prove it is of this report).
+takes minutes. The export is written only into a private folder gpudiag made (see
+`exported`), never through a path found in the report's folder. Without `nsys`, nothing is
+guessed: the error says how to export, and names an export found beside the report (its age
+alone does not prove it is of this report).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -30,8 +33,13 @@ _VERSION = re.compile(r"\b(\d{4}\.\d+(?:\.\d+)*)")
 def exported(report: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     """The SQLite export of `report`, and what to record about it in the trace's meta.
 
-    Writes `<stem>.sqlite` beside the report, or into a temporary folder (removed when the
-    context exits) when the report's folder is not writable.
+    nsys never writes to a path a stranger could have planted: it exports into a fresh
+    private folder (`tempfile.mkdtemp`, mode 0700) inside the report's folder, and the
+    export is then renamed to `<stem>.sqlite` beside the report. A rename replaces a
+    directory entry and never writes through a symlink, and it is done only where that name
+    is free or a regular file; a symlink or anything else there is left alone and the export
+    is read from the private folder and removed. When the report's folder is not writable the
+    private folder is made in the system's temporary folder and removed after reading.
     """
     beside = report.with_suffix(".sqlite")
     nsys = shutil.which("nsys")
@@ -41,11 +49,26 @@ def exported(report: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     if _up_to_date(beside, report):
         yield beside, {**info, "export": str(beside)}
         return
-    if writable(report.parent):
-        yield _export(nsys, report, beside), {**info, "export": str(beside)}
-        return
-    with tempfile.TemporaryDirectory(prefix="gpudiag-nsys-") as tmp:
-        yield _export(nsys, report, Path(tmp) / beside.name), info
+    folder = report.parent if writable(report.parent) else None
+    tmp = Path(tempfile.mkdtemp(prefix=".gpudiag-nsys-", dir=folder))
+    try:
+        out = _export(nsys, report, tmp / beside.name)
+        if folder is not None and _replaceable(beside):
+            os.replace(out, beside)
+            out, info = beside, {**info, "export": str(beside)}
+        yield out, info
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replaceable(path: Path) -> bool:
+    """True where `path` is free or a regular file (not a symlink, folder, FIFO...)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 def _without_nsys(report: Path, beside: Path) -> InputError:
@@ -64,8 +87,10 @@ def writable(folder: Path) -> bool:
 
 
 def _up_to_date(export: Path, report: Path) -> bool:
+    """A regular file (a symlink is not followed) at least as new as the report."""
     try:
-        return export.is_file() and export.stat().st_mtime >= report.stat().st_mtime
+        found = os.lstat(export)
+        return stat.S_ISREG(found.st_mode) and found.st_mtime >= report.stat().st_mtime
     except OSError:
         return False
 
