@@ -8,29 +8,40 @@ before the next one is read. Memory stays near one piece plus the columns, whate
 
 Cutting: a boundary is `}` `,` `{` between two events (any whitespace between). The same bytes
 can occur inside a string or a nested object; a piece cut there is never valid JSON (a string
-or a bracket is left open), so its decode fails and the piece is extended to the next boundary.
+or a bracket is left open), so its decode fails and the cut is retried past twice the piece's
+length (never once per false boundary: a 1 MB name of `},{` would cost 300,000 decodes). An
+event longer than MAX_EVENT_BYTES is an InputError.
 The keys around the array (`deviceProperties`, `baseTimeNanoseconds`, ...) are decoded at the
 end from the text before and after it. The top-level array form of the Chrome format works too.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import msgspec
 
 from gpudiag.collectors.chrome_json import Document, Event, invalid_json, no_events, not_a_trace
-from gpudiag.collectors.files import GZIP_MAGIC
+from gpudiag.collectors.files import (
+    GZIP_MAGIC,
+    READ_BYTES,
+    Inflater,
+    budget,
+    damaged,
+    size_text,
+)
 from gpudiag.errors import InputError
 
 PIECE_BYTES = 1 << 20
-READ_BYTES = 256 << 10
+#: the longest event (or header before the events) read; GPUDIAG_MAX_EVENT_BYTES raises it
+MAX_EVENT_BYTES = 64 << 20
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
@@ -50,6 +61,7 @@ class ChromeTraceStream:
     def __init__(self, path: Path, piece_bytes: int = PIECE_BYTES) -> None:
         self.path = path
         self.piece_bytes = piece_bytes
+        self.max_event_bytes = budget("GPUDIAG_MAX_EVENT_BYTES", MAX_EVENT_BYTES)
         self.header = Document()
         self._text = _Text(path)
 
@@ -67,18 +79,23 @@ class ChromeTraceStream:
 
     def _find_array(self) -> bytes | None:
         """Consume the text up to the first event; the header text before it, or None for
-        the array form."""
+        the array form. Each byte is searched once (a key cut by a block edge is found from
+        the last few bytes searched)."""
         text = self._text
+        scanned = 0
         while True:
             stripped = bytes(text.buf[:64]).lstrip(b"\xef\xbb\xbf \t\r\n")
             if stripped.startswith(b"["):
                 text.consume(text.buf.index(b"[") + 1)
                 return None
-            match = _EVENTS_KEY.search(text.buf)
+            match = _EVENTS_KEY.search(text.buf, scanned)
             if match:
                 prefix = bytes(text.buf[: match.start()])
                 text.consume(match.end())
                 return prefix
+            scanned = max(0, len(text.buf) - 64)
+            if len(text.buf) > self.max_event_bytes:
+                raise self._too_long("a header before 'traceEvents'")
             if not text.more():
                 return self._no_events()
 
@@ -90,22 +107,37 @@ class ChromeTraceStream:
         raise not_a_trace(self.path, ValueError("'traceEvents' is not a list"))
 
     def _events(self, array_form: bool) -> Iterator[list[Event]]:
+        """Pieces cut at the first boundary past `piece_bytes`. A cut that fails to decode
+        (a `},{` inside a string) is retried past twice its length, so a run of false
+        boundaries costs a few decodes of the piece, never one per boundary; and a boundary
+        search resumes where the last one stopped. Both keep the splitter linear."""
         text = self._text
-        search_from = self.piece_bytes
+        scanned = self.piece_bytes
         while True:
-            cut = _BOUNDARY.search(text.buf, min(search_from, len(text.buf)))
+            cut = _BOUNDARY.search(text.buf, scanned) if scanned < len(text.buf) else None
             if cut is None:
+                scanned = max(scanned, len(text.buf) - 16)  # a boundary may span the edge
+                if len(text.buf) > self.piece_bytes + self.max_event_bytes:
+                    raise self._too_long("an event")
                 if text.more():
                     continue
                 yield from self._last_piece(array_form)
                 return
             events = self._try(text.bracketed(cut.start() + 1))
             if events is None:  # a false boundary, inside a string or a nested object
-                search_from = cut.end()
+                if cut.end() > self.piece_bytes + self.max_event_bytes:
+                    raise self._too_long("an event")
+                scanned = min(2 * cut.end(), self.piece_bytes + self.max_event_bytes)
                 continue
             text.consume(cut.end() - 1)
-            search_from = self.piece_bytes
+            scanned = self.piece_bytes
             yield events
+
+    def _too_long(self, what: str) -> InputError:
+        return InputError(
+            self.path, f"holds {what} longer than {size_text(self.max_event_bytes)} "
+            "(a damaged or hostile file: real events are a few KB)",
+            "if it is a real profile, raise the budget: GPUDIAG_MAX_EVENT_BYTES=<bytes>")
 
     def _last_piece(self, array_form: bool) -> Iterator[list[Event]]:
         """The events after the last boundary, up to the `]` that closes the array.
@@ -178,29 +210,27 @@ class _Text:
         except InputError as exc:
             self._put(exc)
         except zlib.error as exc:
-            self._put(InputError(self.path, f"is a truncated or damaged gzip file ({exc})",
-                                 "copy it again, or re-export it"))
+            self._put(damaged(self.path, exc))
         except OSError as exc:
             self._put(InputError(self.path, f"cannot be read ({exc.strerror or exc})"))
         self._put(None)
 
     def _put_all(self, file: BinaryIO) -> None:
         block = file.read(2)
-        inflate: Any = zlib.decompressobj(wbits=31) if block == GZIP_MAGIC else None
+        inflater = None
+        if block == GZIP_MAGIC:
+            inflater = Inflater(self.path, os.fstat(file.fileno()).st_size)
         while block and not self._stop.is_set():
-            if inflate is None:
+            if inflater is None:
                 self._put(block)
             else:
-                self._put(inflate.decompress(block))
-                while inflate.eof and inflate.unused_data:  # concatenated gzip members
-                    rest = inflate.unused_data
-                    inflate = zlib.decompressobj(wbits=31)
-                    self._put(inflate.decompress(rest))
+                for text in inflater.feed(block):
+                    self._put(text)
+                    if self._stop.is_set():
+                        return
             block = file.read(READ_BYTES)
-        if inflate is not None and not inflate.eof and not self._stop.is_set():
-            raise InputError(
-                self.path, "is a truncated or damaged gzip file (the stream ends early)",
-                "copy it again, or re-export it: the end of the file is missing")
+        if inflater is not None and not self._stop.is_set():
+            inflater.finish()
 
     def _put(self, item: bytes | InputError | None) -> None:
         while not self._stop.is_set():

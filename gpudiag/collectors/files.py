@@ -1,11 +1,19 @@
-"""Reading input bytes, with every way a file can be damaged turned into an InputError."""
+"""Reading input bytes, with every way a file can be damaged turned into an InputError.
+
+A gzipped file is inflated a block at a time and stops at the inflation budget
+(`inflation_limit`): a few MB of gzip can hold gigabytes of zeros, which would otherwise be
+read whole into memory (a "gzip bomb"). Real profiles compress 10-30x; the budget allows
+GPUDIAG_MAX_INFLATION_RATIO (100) times the file's size, and at least
+GPUDIAG_MAX_INFLATED_BYTES (256 MiB) whatever the file's size. docs/formats.md lists every
+budget on hostile input.
+"""
 
 from __future__ import annotations
 
-import gzip
 import os
 import stat
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -13,6 +21,97 @@ from gpudiag.errors import InputError
 
 GZIP_MAGIC = b"\x1f\x8b"
 HEAD_BYTES = 65536
+READ_BYTES = 256 << 10
+#: inflated bytes handed out per zlib call, so a bomb is caught within one block of its limit
+INFLATE_BLOCK = 1 << 20
+DEFAULT_MAX_RATIO = 100
+DEFAULT_MAX_INFLATED = 256 << 20
+
+
+def budget(name: str, default: int) -> int:
+    """A positive integer limit from the environment variable `name`, else `default`."""
+    raw = os.environ.get(name, "").strip().replace("_", "")
+    if not raw:
+        return default
+    try:
+        value = int(float(raw))
+    except ValueError:
+        raise InputError(None, f"{name}={os.environ[name]!r} is not a number",
+                         f"set it to a positive integer (default {default})") from None
+    return value if value > 0 else default
+
+
+def inflation_limit(compressed_bytes: int) -> int:
+    """How many bytes a gzip file of `compressed_bytes` may inflate to."""
+    ratio = budget("GPUDIAG_MAX_INFLATION_RATIO", DEFAULT_MAX_RATIO)
+    floor = budget("GPUDIAG_MAX_INFLATED_BYTES", DEFAULT_MAX_INFLATED)
+    return max(ratio * compressed_bytes, floor)
+
+
+def size_text(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class Inflater:
+    """Inflates the gzip members of a file fed a block at a time, within the budget.
+
+        inflater = Inflater(path, path.stat().st_size)
+        for block in blocks:
+            for text in inflater.feed(block): ...
+        inflater.finish()   # InputError when the stream ends early
+    """
+
+    def __init__(self, path: Path, compressed_bytes: int) -> None:
+        self.path = path
+        self.compressed_bytes = compressed_bytes
+        self.limit = inflation_limit(compressed_bytes)
+        self.total = 0
+        self._zlib = zlib.decompressobj(wbits=31)
+
+    def feed(self, block: bytes) -> Iterator[bytes]:
+        data = block
+        while True:
+            out = self._zlib.decompress(data, INFLATE_BLOCK)
+            data = self._zlib.unconsumed_tail
+            if out:
+                self.total += len(out)
+                if self.total > self.limit:
+                    raise self._bomb()
+                yield out
+            if self._zlib.eof:
+                rest = self._zlib.unused_data
+                if not rest:
+                    return
+                self._zlib = zlib.decompressobj(wbits=31)  # concatenated gzip members
+                data = rest
+            elif not data and len(out) < INFLATE_BLOCK:
+                return
+
+    def finish(self) -> None:
+        if not self._zlib.eof:
+            raise InputError(
+                self.path, "is a truncated or damaged gzip file (the stream ends early)",
+                "copy it again, or re-export it: the end of the file is missing")
+
+    def _bomb(self) -> InputError:
+        return InputError(
+            self.path,
+            f"inflates to more than {size_text(self.limit)} from "
+            f"{size_text(self.compressed_bytes)} of gzip (over the inflation budget: a gzip "
+            "bomb, or a file of repeated bytes)",
+            "if it is a real profile, raise the budget: GPUDIAG_MAX_INFLATION_RATIO=<ratio> "
+            "(default 100) or GPUDIAG_MAX_INFLATED_BYTES=<bytes> (default 256 MiB)")
+
+
+def damaged(path: Path, exc: Exception) -> InputError:
+    return InputError(
+        path, f"is a truncated or damaged gzip file ({exc})",
+        "copy it again, or re-export it: the end of the file is missing",
+    )
 
 
 #: what `stat` calls each kind of file that is not a regular one
@@ -62,18 +161,22 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> tuple[bytes, bool]:
 
 
 def read_bytes(path: Path) -> bytes:
-    """The whole content, decompressed when gzipped."""
+    """The whole content, decompressed when gzipped (within the inflation budget)."""
     try:
         with open_regular(path) as f:
-            raw = f.read()
+            first = f.read(2)
+            if first != GZIP_MAGIC:
+                return first + f.read()
+            inflater = Inflater(path, os.fstat(f.fileno()).st_size)
+            out = bytearray()
+            block = first
+            while block:
+                for text in inflater.feed(block):
+                    out += text
+                block = f.read(READ_BYTES)
     except OSError as exc:
         raise InputError(path, f"cannot be read ({exc.strerror or exc})") from exc
-    if not raw.startswith(GZIP_MAGIC):
-        return raw
-    try:
-        return gzip.decompress(raw)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise InputError(
-            path, f"is a truncated or damaged gzip file ({exc})",
-            "copy it again, or re-export it: the end of the file is missing",
-        ) from exc
+    except zlib.error as exc:
+        raise damaged(path, exc) from exc
+    inflater.finish()
+    return bytes(out)

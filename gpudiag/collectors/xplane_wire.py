@@ -107,6 +107,8 @@ def length(buf: bytes, pos: int, end: int) -> tuple[int, int]:
 
 def skip(buf: bytes, pos: int, end: int, tag: int) -> int:
     """Position after the value of a field we do not use."""
+    if tag < 8:  # field number 0 does not exist: zeros or garbage, stop before walking it
+        raise WireError("field number 0 (the bytes are zeros or garbage, not a message)")
     wire = tag & 7
     if wire == 0:
         return varint(buf, pos)[1]

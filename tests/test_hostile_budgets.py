@@ -1,0 +1,171 @@
+"""Hostile input stops at a documented budget, fast, with one line saying how to raise it.
+
+Every input is made here, small on disk: gzip bombs of zeros written a block at a time, a
+name of a million `},{`, nesting 1,000 deep, numbers too large for int64. docs/formats.md
+("Limits on hostile input") lists the budgets these tests hit.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+import gpudiag
+from gpudiag.errors import InputError
+from tests.builders import KinetoTrace
+from tests.test_bad_input import run_cli
+
+MiB = 1 << 20
+
+
+def gzip_of(path: Path, head: bytes, filler: bytes, filler_bytes: int, tail: bytes = b"") -> Path:
+    """`head`, `filler_bytes` of repeated `filler`, `tail`, gzipped a block at a time."""
+    block = filler * (MiB // len(filler))
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        f.write(head)
+        for _ in range(filler_bytes // len(block)):
+            f.write(block)
+        f.write(tail)
+    return path
+
+
+def kineto_text(**kernel: object) -> bytes:
+    kt = KinetoTrace()
+    c = kt.launch(ts=10)
+    kt.kernel("k", ts=20, dur=5, correlation=c, **kernel)
+    return json.dumps(kt.document()).encode()
+
+
+NCCL_HEAD = (b"# nThread 1 nGpus 8 minBytes 8 maxBytes 128 step: 2(factor) warmup iters: 5\n"
+             b"#       size         count      type   redop    root     time   algbw   busbw\n")
+
+
+PLANE_NAME = b"\x12\x0d/device:GPU:0"
+XSPACE_HEAD = b"\n\xff\xff\xff\x7f" + PLANE_NAME  # XSpace.planes, 256 MiB long
+
+
+def load_error(path: Path, seconds: float) -> str:
+    start = time.perf_counter()
+    with pytest.raises(InputError) as info:
+        gpudiag.load(path)
+    assert time.perf_counter() - start < seconds
+    message = str(info.value)
+    assert str(path) in message and "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("name,head", [
+    ("bomb.json.gz", b'{"traceEvents": [{"name": "'),  # a Kineto trace whose name never ends
+    ("bomb.json.gz", b'{"traceEvents": ['),  # whitespace where the events should be
+    ("bomb.txt.gz", b"NCCL_HEAD"),
+    ("bomb.xplane.pb.gz", XSPACE_HEAD),  # a plane of zeros
+])
+def test_gzip_bomb_stops_at_the_inflation_budget(name: str, head: bytes, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUDIAG_MAX_INFLATED_BYTES", str(16 * MiB))
+    head = NCCL_HEAD if head == b"NCCL_HEAD" else head
+    path = gzip_of(tmp_path / name, head, b"\0" if name.endswith("pb.gz") else b" ",
+                   64 * MiB)
+    assert path.stat().st_size < MiB
+    message = load_error(path, seconds=10)
+    assert "GPUDIAG_MAX_INFLATION_RATIO" in message and "16.0 MiB" in message
+
+
+def test_gzip_bomb_with_default_budgets_is_refused_by_the_cli(tmp_path: Path) -> None:
+    """An nccl-tests log padded with 300 MiB of spaces, 300 KB of gzip: over 100x the file
+    and over 256 MiB."""
+    path = gzip_of(tmp_path / "allreduce.log.gz", NCCL_HEAD, b" ", 300 * MiB)
+    start = time.perf_counter()
+    result = run_cli("analyze", str(path))
+    assert time.perf_counter() - start < 30
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "inflates to more than 256.0 MiB" in lines[0]
+
+
+def test_raising_the_ratio_reads_a_highly_compressed_real_trace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = kineto_text()
+    padded = text[:-1] + b', "pad": "' + b" " * (8 * MiB) + b'"}'
+    path = tmp_path / "padded.json.gz"
+    path.write_bytes(gzip.compress(padded))
+    monkeypatch.setenv("GPUDIAG_MAX_INFLATED_BYTES", str(MiB))
+    assert "GPUDIAG_MAX_INFLATION_RATIO" in load_error(path, seconds=10)
+    monkeypatch.setenv("GPUDIAG_MAX_INFLATION_RATIO", "100000")
+    assert len(gpudiag.load(path).kernels) == 1
+
+
+def test_a_bad_budget_value_is_an_input_error(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(kineto_text()))
+    monkeypatch.setenv("GPUDIAG_MAX_INFLATION_RATIO", "lots")
+    with pytest.raises(InputError, match="GPUDIAG_MAX_INFLATION_RATIO='lots' is not a number"):
+        gpudiag.load(path)
+
+
+def test_a_name_of_a_million_false_boundaries_loads_in_linear_time(tmp_path: Path) -> None:
+    """A 1 MB name of `},{` (2.4 MB of JSON with escapes): each is a place the splitter may
+    cut, and each cut fails to decode; retries double, so this costs a few decodes."""
+    name = "},{" * 350_000
+    kt = KinetoTrace()
+    c = kt.launch(ts=10)
+    kt.kernel(name, ts=20, dur=5, correlation=c)
+    for i in range(2000):  # enough events for several pieces
+        kt.op(f"aten::op{i}", ts=30 + i, dur=1)
+    path = kt.write(tmp_path / "boundaries.json")
+    start = time.perf_counter()
+    trace = gpudiag.load(path)
+    assert time.perf_counter() - start < 15
+    assert trace.kernels["name"].iloc[0] == name
+
+
+def test_an_event_longer_than_the_budget_is_an_input_error(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUDIAG_MAX_EVENT_BYTES", str(4 * MiB))
+    head = b'{"traceEvents": [{"ph": "X", "name": "'
+    path = gzip_of(tmp_path / "long.json.gz", head, b"x},{", 12 * MiB, b'"}]}')
+    message = load_error(path, seconds=10)
+    assert "an event longer than 4.0 MiB" in message and "GPUDIAG_MAX_EVENT_BYTES" in message
+
+
+def test_a_200_mb_name_stops_at_the_default_event_budget(tmp_path: Path) -> None:
+    """No boundary at all for 200 MB: the buffer is searched once, and 64 MiB is the end."""
+    head = b'{"traceEvents": [{"ph": "X", "name": "'
+    path = gzip_of(tmp_path / "huge.json.gz", head, b"ab", 200 * MiB, b'"}]}')
+    assert "an event longer than 64.0 MiB" in load_error(path, seconds=30)
+
+
+def test_zlib_damage_inside_a_bomb_is_still_one_line(tmp_path: Path) -> None:
+    data = bytearray(gzip.compress(b"[" + b" " * MiB))
+    data[len(data) // 2] ^= 0xFF
+    path = tmp_path / "damaged.json.gz"
+    path.write_bytes(bytes(data))
+    try:
+        gpudiag.load(path)
+    except InputError as exc:
+        assert str(path) in str(exc)
+    assert zlib  # the module is the one the damage comes from
+
+
+def test_an_xspace_of_zeros_is_refused_at_the_first_zero(tmp_path: Path) -> None:
+    """Field number 0 does not exist: the walker stops there instead of stepping through
+    millions of two-byte 'fields'."""
+    zeros = b"\0" * (8 * MiB)
+    body = PLANE_NAME + zeros
+    path = tmp_path / "zeros.xplane.pb"
+    path.write_bytes(b"\n" + _varint(len(body)) + body)
+    assert "field number 0" in load_error(path, seconds=5)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
