@@ -15,7 +15,9 @@ import pandas as pd
 
 _NAMESPACE = re.compile(r"(?:\b[A-Za-z_]\w*|\(anonymous namespace\))::")
 _SPACES = re.compile(r"\s+")
-_LAMBDA = re.compile(r"\{lambda\([^)]*\)#\d+\}")
+#: `[^()]` (not `[^)]`): each "{lambda(" scans only to the next parenthesis, so a name of
+#: many unclosed "{lambda(" is linear, not quadratic
+_LAMBDA = re.compile(r"\{lambda\([^()]*\)#\d+\}")
 
 
 def short_name(name: str, width: int = 80) -> str:

@@ -17,6 +17,7 @@ import pytest
 
 import gpudiag
 from gpudiag.errors import InputError
+from gpudiag.names import short_name
 from tests.builders import KinetoTrace
 from tests.test_bad_input import run_cli
 
@@ -169,3 +170,18 @@ def _varint(n: int) -> bytes:
         out.append(n & 0x7F | 0x80)
         n >>= 7
     return bytes(out + bytes([n]))
+
+
+def test_a_megabyte_kernel_name_of_unclosed_lambdas_is_shortened_in_linear_time(
+        tmp_path: Path) -> None:
+    name = "{lambda(" * 131072  # 1 MiB; the old lambda pattern rescanned to the end per "{"
+    start = time.perf_counter()
+    assert short_name(name).startswith("{lambda(")
+    assert time.perf_counter() - start < 5
+    kt = KinetoTrace()
+    c = kt.launch(ts=10)
+    kt.kernel(name, ts=20, dur=5, correlation=c)
+    path = kt.write(tmp_path / "lambda.json")
+    result = run_cli("analyze", str(path))
+    assert result.returncode == 0, result.stderr
+    assert time.perf_counter() - start < 60
