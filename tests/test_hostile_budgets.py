@@ -176,7 +176,7 @@ def test_a_megabyte_kernel_name_of_unclosed_lambdas_is_shortened_in_linear_time(
         tmp_path: Path) -> None:
     name = "{lambda(" * 131072  # 1 MiB; the old lambda pattern rescanned to the end per "{"
     start = time.perf_counter()
-    assert short_name(name).startswith("{lambda(")
+    assert short_name(name).startswith("{lambda")
     assert time.perf_counter() - start < 5
     kt = KinetoTrace()
     c = kt.launch(ts=10)
