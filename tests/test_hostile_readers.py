@@ -7,6 +7,7 @@ import copyreg
 import json
 import os
 import pickle
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -17,11 +18,12 @@ from pathlib import Path
 import pytest
 
 import gpudiag
-from gpudiag.collectors import nsys, nsys_export, torch_memory
+from gpudiag.collectors import nsys, nsys_export, nsys_schema, torch_memory
 from gpudiag.collectors.files import read_bytes, read_head
 from gpudiag.collectors.torch_memory_pickle import load_plain
 from gpudiag.errors import InputError
 from tests.builders import KinetoTrace
+from tests.test_nsys import export_2023
 
 # -- torch memory snapshots ----------------------------------------------------------------
 
@@ -237,3 +239,81 @@ def test_nsys_export_replaces_a_stale_regular_export_by_rename(
         assert info["export"] == str(stale)
     assert linked.read_text() == "old"
     assert sorted(p.name for p in folder.iterdir()) == ["run.nsys-rep", "run.sqlite"]
+
+
+# -- nsys exports: views, runaway queries, values of the wrong type ------------------------
+
+K, R = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"
+ENDLESS = "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) SELECT x FROM r"
+
+
+def _mutated_export(tmp_path: Path, script: str) -> Path:
+    path = export_2023(tmp_path / "report.sqlite")
+    con = sqlite3.connect(path)
+    con.executescript(script)
+    con.commit()
+    con.close()
+    return path
+
+
+@pytest.mark.parametrize("script", [
+    f'ALTER TABLE {K} RENAME TO k2; CREATE VIEW {K} AS SELECT x AS start, x AS "end" '
+    f"FROM ({ENDLESS})",
+    f"ALTER TABLE {R} RENAME TO r2; CREATE VIEW {R} AS SELECT a.* FROM r2 a, r2 b, r2 c, r2 d, "
+    "r2 e, r2 f, r2 g, r2 h, r2 i, r2 j",
+], ids=["endless recursive kernel view", "cross-joined runtime view"])
+def test_views_are_not_read_as_tables(tmp_path: Path, script: str) -> None:
+    path = _mutated_export(tmp_path, script)
+    start = time.perf_counter()
+    trace = nsys.read_sqlite(path)
+    assert time.perf_counter() - start < 10
+    trace.validate()
+    assert len(trace.kernels) == 0 if K in script else len(trace.api) == 0
+
+
+def test_a_query_past_its_time_budget_is_an_input_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUDIAG_NSYS_QUERY_SECONDS", "0.3")
+    path = export_2023(tmp_path / "report.sqlite")
+    start = time.perf_counter()
+    with (pytest.raises(InputError, match="GPUDIAG_NSYS_QUERY_SECONDS") as info,
+          nsys.open_export(path) as con):
+        nsys_schema.Export(con).query(f"SELECT count(*) FROM ({ENDLESS})")
+    assert time.perf_counter() - start < 5
+    assert "more than 0.3 s" in str(info.value) and str(path) in str(info.value)
+
+
+TYPE_CONFUSIONS = {
+    "text start": f"UPDATE {K} SET start = 'soon' WHERE rowid = 1",
+    "blob end": f"UPDATE {K} SET \"end\" = x'0102' WHERE rowid = 1",
+    "text grid": f"UPDATE {K} SET gridX = 'wide' WHERE rowid = 1",
+    "blob device": f"UPDATE {K} SET deviceId = x'00' WHERE rowid = 1",
+    "real past int64": f"UPDATE {K} SET start = 1e300 WHERE rowid = 1",
+    "text name ids": f"UPDATE {K} SET demangledName = 'x', shortName = 'y' WHERE rowid = 1",
+    "blob correlation": f"UPDATE {R} SET correlationId = x'01' WHERE rowid = 1",
+    "text thread id": f"UPDATE {R} SET globalTid = 'main' WHERE rowid = 1",
+    "blob string": "UPDATE StringIds SET value = x'ff00', id = 'one' WHERE id = 1",
+    "text gpu limits": "UPDATE TARGET_INFO_GPU SET smCount = 'many', computeMajor = x'01'",
+}
+
+
+@pytest.mark.parametrize("case", TYPE_CONFUSIONS)
+def test_values_of_the_wrong_type_read_as_missing(tmp_path: Path, case: str) -> None:
+    trace = nsys.read_sqlite(_mutated_export(tmp_path, TYPE_CONFUSIONS[case]))
+    trace.validate()
+    assert len(trace.kernels) >= 1
+
+
+@pytest.mark.parametrize("offset", range(0, 100, 7))
+def test_a_flipped_byte_in_the_header_or_schema_is_one_line(tmp_path: Path, offset: int) -> None:
+    path = export_2023(tmp_path / "report.sqlite")
+    data = bytearray(path.read_bytes())
+    schema = data.index(b"CREATE TABLE")
+    for at in (offset, schema + offset * 3):
+        flipped = bytearray(data)
+        flipped[at] ^= 0x41
+        path.write_bytes(bytes(flipped))
+        try:
+            nsys.read_sqlite(path).validate()
+        except InputError as exc:
+            assert str(path) in str(exc) and "\n" not in str(exc)

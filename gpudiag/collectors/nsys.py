@@ -94,6 +94,11 @@ def open_export(path: Path) -> Iterator[sqlite3.Connection]:
 def _db_error(path: Path, exc: BaseException) -> InputError:
     cause = exc.__cause__ if isinstance(exc, pd.errors.DatabaseError) and exc.__cause__ else exc
     reason = str(cause).splitlines()[0] if str(cause) else cause.__class__.__name__
+    if "interrupted" in reason:
+        return InputError(
+            path, f"needs more than {ns.query_seconds():g} s for one query (a view or a "
+            "table far larger than nsys writes)",
+            f"if it is a genuine export, raise the budget: {ns.QUERY_SECONDS_ENV}=<seconds>")
     if "locked" in reason:
         return InputError(path, f"is locked by another program ({reason})",
                           "wait until nsys has finished writing it, or read a copy")
@@ -378,7 +383,8 @@ def _meta(db: ns.Export, tables: dict[str, pd.DataFrame | None]) -> dict[str, An
     if "Hostname" in env:
         meta["hostname"] = env["Hostname"]
     if db.has(ns.SESSION_START) and "utcEpochNs" in db.columns(ns.SESSION_START):
-        start = db.con.execute(f"SELECT utcEpochNs FROM {ns.SESSION_START} LIMIT 1").fetchone()
+        start = db.execute(f"SELECT utcEpochNs FROM {ns.SESSION_START} "
+                           "WHERE typeof(utcEpochNs) = 'integer' LIMIT 1").fetchone()
         if start and start[0] is not None:
             meta["session_start_epoch_ns"] = int(start[0])
     return meta
@@ -389,7 +395,7 @@ def _name_values(db: ns.Export, table: str | None, names: tuple[str, ...]) -> di
     if table is None or not db.has(table) or not {"name", "value"} <= db.columns(table):
         return {}
     marks = ", ".join("?" * len(names))
-    rows = db.con.execute(f"SELECT name, value FROM {table} WHERE name IN ({marks})", names)
+    rows = db.execute(f"SELECT name, value FROM {table} WHERE name IN ({marks})", names)
     return {str(name): str(value) for name, value in rows if value is not None}
 
 

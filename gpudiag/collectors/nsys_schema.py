@@ -37,7 +37,9 @@ evidence starts at 2021.1; exports of 2020 releases read where their spellings m
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -164,15 +166,60 @@ VERSION_SUFFIX = r"_v\d+$"  # cudaLaunchKernel_v7000
 STREAM_VARIANT = r"_pt(?:sz|ds)$"  # per-thread default stream entry points
 
 
+#: seconds one SELECT may run before it is interrupted (GPUDIAG_NSYS_QUERY_SECONDS)
+DEFAULT_QUERY_SECONDS = 300.0
+QUERY_SECONDS_ENV = "GPUDIAG_NSYS_QUERY_SECONDS"
+#: SQLite VM instructions between two looks at the clock (about a millisecond of work)
+CLOCK_EVERY_STEPS = 100_000
+
+
+def query_seconds() -> float:
+    """The per-SELECT time budget: GPUDIAG_NSYS_QUERY_SECONDS, else DEFAULT_QUERY_SECONDS."""
+    try:
+        seconds = float(os.environ.get(QUERY_SECONDS_ENV, "") or DEFAULT_QUERY_SECONDS)
+    except ValueError:
+        return DEFAULT_QUERY_SECONDS
+    return seconds if seconds > 0 else DEFAULT_QUERY_SECONDS
+
+
+#: fields that hold text; every other field is an integer (or NULL)
+TEXT_FIELDS = frozenset({"name", "text", "value"})
+#: SQLite stores any type in any column, so a stranger's export may put text or a blob where
+#: an integer belongs: each column is read through one of these guards, which turn a value
+#: of the wrong type (or a real past int64) into NULL before any template or pandas sees it
+AS_INTEGER = ("(CASE typeof({c}) WHEN 'integer' THEN {c} WHEN 'real' THEN (CASE WHEN "
+              "abs({c}) < 9.2e18 THEN CAST({c} AS INTEGER) END) END)")
+AS_TEXT = "(CASE WHEN typeof({c}) = 'blob' THEN NULL ELSE CAST({c} AS TEXT) END)"
+
+
 class Export:
     """An open nsys export: which tables and columns it has, and rows read through the
-    spellings above."""
+    spellings above.
+
+    Only real tables count: nsys writes no views, and a view in a stranger's file can be an
+    endless recursive query or a cross join that makes one SELECT run for hours.
+    """
 
     def __init__(self, con: sqlite3.Connection) -> None:
         self.con = con
-        rows = con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+        self.seconds = query_seconds()
+        self._deadline = time.monotonic() + self.seconds
+        # Every statement runs under a clock: past its budget SQLite stops it with
+        # OperationalError('interrupted'), which open_export turns into an InputError.
+        con.set_progress_handler(self._over_budget, CLOCK_EVERY_STEPS)
+        # Schema-defined SQL (generated columns) may then call no function with side effects.
+        con.execute("PRAGMA trusted_schema = OFF")
+        rows = self.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         self.tables = frozenset(r[0] for r in rows)
         self._columns: dict[str, frozenset[str]] = {}
+
+    def _over_budget(self) -> int:
+        return int(time.monotonic() > self._deadline)
+
+    def execute(self, sql: str, parameters: Iterable[Any] = ()) -> sqlite3.Cursor:
+        """`con.execute` with a fresh time budget (rows are fetched within it too)."""
+        self._deadline = time.monotonic() + self.seconds
+        return self.con.execute(sql, tuple(parameters))
 
     def is_nsys(self) -> bool:
         """True when some table only an Nsight Systems export has is present."""
@@ -187,18 +234,23 @@ class Export:
 
     def columns(self, table: str) -> frozenset[str]:
         if table not in self._columns:
-            rows = self.con.execute(f'PRAGMA table_info("{table}")')
+            rows = self.execute(f'PRAGMA table_info("{table}")')
             self._columns[table] = frozenset(r[1] for r in rows)
         return self._columns[table]
 
-    def expr(self, table: str, alias: str, spellings: tuple[Spelling, ...]) -> str | None:
-        """SQL for one field: COALESCE of the spellings `table` has, None when it has none."""
+    def expr(self, table: str, alias: str, spellings: tuple[Spelling, ...],
+             text: bool = False) -> str | None:
+        """SQL for one field: COALESCE of the spellings `table` has, None when it has none.
+
+        Each column is read through its type guard (AS_TEXT when `text`, else AS_INTEGER).
+        """
         cols = self.columns(table)
+        guard = AS_TEXT if text else AS_INTEGER
         parts = []
         for spelling in spellings:
             name, template = (spelling, "{c}") if isinstance(spelling, str) else spelling
             if name in cols:
-                parts.append(template.format(c=f'{alias}."{name}"'))
+                parts.append(template.format(c=guard.format(c=f'{alias}."{name}"')))
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else f"COALESCE({', '.join(parts)})"
@@ -206,20 +258,23 @@ class Export:
     def select(self, table: str, fields: Fields, alias: str = "t") -> str:
         """`expr AS field, ...` for every field (NULL where the export lacks it)."""
         return ", ".join(
-            f"{self.expr(table, alias, spellings) or 'NULL'} AS {field}"
+            f"{self.expr(table, alias, spellings, field in TEXT_FIELDS) or 'NULL'} AS {field}"
             for field, spellings in fields.items()
         )
 
     def strings_used(self, table: str, id_columns: Iterable[str]) -> str | None:
         """SQL of (id, value) for the StringIds rows that `id_columns` of `table` refer to."""
-        value = self.expr(STRINGS, "s", STRING_VALUE) if STRINGS in self.tables else None
+        value = self.expr(STRINGS, "s", STRING_VALUE, text=True) if STRINGS in self.tables \
+            else None
         present = [c for c in id_columns if c in self.columns(table)]
         if value is None or not present:
             return None
         used = " UNION ".join(f'SELECT "{c}" FROM {table}' for c in present)
-        return f"SELECT s.id AS id, {value} AS value FROM {STRINGS} AS s WHERE s.id IN ({used})"
+        sid = AS_INTEGER.format(c="s.id")
+        return f"SELECT {sid} AS id, {value} AS value FROM {STRINGS} AS s WHERE s.id IN ({used})"
 
     def query(self, sql: str) -> pd.DataFrame:
+        self._deadline = time.monotonic() + self.seconds
         return pd.read_sql_query(sql, self.con)
 
     def rows(self, table: str, fields: Fields, names: tuple[str, ...] = (), *,
