@@ -12,10 +12,12 @@ source has none of that kind, so code never checks whether a table exists.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+import numpy as np
 import pandas as pd
 
 from gpudiag.errors import InputError, SchemaError
@@ -158,44 +160,118 @@ class Trace:
         for name in TABLE_NAMES:
             file = root / f"{name}.parquet"
             if file.exists():
-                try:
-                    tables[name] = pd.read_parquet(file)
-                except Exception as exc:  # pyarrow raises many types for a damaged file
-                    raise InputError(
-                        file, f"unreadable Parquet table ({exc.__class__.__name__})",
-                        "the run directory is damaged: re-run or re-save it",
-                    ) from exc
+                tables[name] = _read_table(file, name)
         meta.pop("gpudiag_format", None)
         meta.pop("gpudiag_format_version", None)
         return cls(meta=meta, **tables)
 
 
+def _read_table(file: Path, name: str) -> pd.DataFrame:
+    """One table's Parquet file, held to the schema: a file of another schema (a column
+    gpudiag does not declare, a missing time, text where numbers belong, an unknown
+    enumerated value, rows that end before they start) is the input's fault, said in one
+    line, never an error deep in an analyzer."""
+    fix = "the trace directory is damaged or was not written by gpudiag: re-run or re-save it"
+    try:
+        raw = pd.read_parquet(file)
+    except Exception as exc:  # pyarrow raises many types for a damaged file
+        raise InputError(file, f"unreadable Parquet table ({exc.__class__.__name__})",
+                         fix) from exc
+    table = TABLES[name]
+    try:
+        frame = table.conform(raw)
+        problems = table.problems(frame)
+    except (SchemaError, TypeError, ValueError, OverflowError) as exc:
+        problems = [str(exc)]
+    if problems:
+        said = "; ".join(problems)
+        said = said if len(said) <= 300 else said[:299] + "…"
+        raise InputError(file, f"does not hold gpudiag's {name} table ({said})", fix)
+    return frame
+
+
+#: meta.json is small and flat; anything nested deeper is not ours (and a 100,000-deep
+#: document would exhaust Python's recursion in the JSON parser)
+MAX_META_DEPTH = 64
+MAX_META_BYTES = 256 << 20
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def _json_depth(raw: bytes) -> int:
+    """How deep `raw`'s arrays and objects nest (strings left out), without parsing it."""
+    marks = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    step = (np.isin(marks, (ord("["), ord("{"))).astype(np.int64)
+            - np.isin(marks, (ord("]"), ord("}"))))
+    return int(np.cumsum(step).max(initial=0))
+
+
+def load_json(file: Path) -> Any:
+    """meta.json parsed; OSError or ValueError when it is unreadable, too big or too deep."""
+    with file.open("rb") as handle:
+        raw = handle.read(MAX_META_BYTES + 1)
+    if len(raw) > MAX_META_BYTES:
+        raise ValueError(f"larger than {MAX_META_BYTES >> 20} MiB")
+    if _json_depth(raw) > MAX_META_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_META_DEPTH} levels")
+    return json.loads(raw, parse_constant=_no_constant)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def read_meta(root: Path) -> dict[str, Any]:
-    """meta.json of a saved trace, checked for format and version."""
+    """meta.json of a saved trace, checked for format, version and the shape of every key
+    gpudiag reads (`check_meta`)."""
     file = root / "meta.json"
     try:
-        meta = json.loads(file.read_text())
+        meta = load_json(file)
     except (OSError, ValueError) as exc:
-        raise InputError(file, "unreadable meta.json", "the run directory is damaged") from exc
+        raise InputError(file, f"unreadable meta.json ({_brief(exc)})",
+                         "the run directory is damaged") from exc
     if not isinstance(meta, dict) or meta.get("gpudiag_format") != FORMAT_NAME:
         raise InputError(file, "not a gpudiag trace directory (meta.json has no gpudiag format)")
-    if int(meta.get("gpudiag_format_version", 0)) > FORMAT_VERSION:
+    version = meta.get("gpudiag_format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise InputError(file, "meta.json: gpudiag_format_version is not a format number",
+                         "the trace directory is damaged: re-run or re-save it")
+    if version > FORMAT_VERSION:
         raise InputError(
-            file, f"written by a newer gpudiag (format {meta['gpudiag_format_version']})",
+            file, f"written by a newer gpudiag (format {version})",
             "upgrade gpudiag: pip install -U gpudiag",
         )
+    check_meta(meta, file)
     return meta
 
 
+def _brief(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+    return text if len(text) <= 120 else text[:119] + "…"
+
+
+def check_meta(meta: Mapping[str, Any], file: str | Path | None) -> None:
+    """InputError naming the first key of `meta` whose value has a shape gpudiag does not
+    write (see `trace_meta.META`); keys gpudiag does not read are kept as they are."""
+    from gpudiag.trace_meta import first_problem
+
+    problem = first_problem(meta)
+    if problem is not None:
+        raise InputError(file, f"meta.json: {problem}",
+                         "the trace directory is damaged: re-run or re-save it")
+
+
 def is_trace_dir(path: Path) -> bool:
-    """True for a directory that `Trace.save` wrote (meta.json naming our format)."""
+    """True for a directory that `Trace.save` wrote: meta.json naming our format, or a
+    meta.json that cannot be read beside our Parquet tables (a damaged saved trace, which
+    `load_dir` then refuses in one line rather than reading its files as profiles)."""
     file = path / "meta.json"
     if not file.is_file():
         return False
     try:
-        return json.loads(file.read_text()).get("gpudiag_format") == FORMAT_NAME
-    except (OSError, ValueError, AttributeError):
-        return False
+        meta = load_json(file)
+    except (OSError, ValueError):
+        return any((path / f"{name}.parquet").is_file() for name in TABLE_NAMES)
+    return isinstance(meta, dict) and meta.get("gpudiag_format") == FORMAT_NAME
 
 
 def merge(traces: Iterable[Trace]) -> Trace:
