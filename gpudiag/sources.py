@@ -14,7 +14,8 @@ from pathlib import Path
 from gpudiag.collectors import READERS, Probe, Reader, find_reader
 from gpudiag.collectors.files import read_head
 from gpudiag.errors import InputError
-from gpudiag.trace import Trace, is_trace_dir, merge
+from gpudiag.trace import Trace, check_meta, is_trace_dir, load_json, merge
+from gpudiag.trace_meta import RUN
 
 PathLike = str | os.PathLike[str]
 Progress = Callable[[str], None]
@@ -54,7 +55,8 @@ def load(paths: PathLike | Sequence[PathLike], *, progress: Progress | None = No
 def read_file(path: Path, reader: Reader | None = None) -> Trace:
     """Read one file (or saved trace directory) with the reader its content calls for."""
     if path.is_dir():
-        return Trace.load_dir(path)
+        return load_run(path) if is_run_dir(path) and not is_trace_dir(path) \
+            else Trace.load_dir(path)
     if reader is None:
         reader = detect(path)
     trace = reader.read(path)
@@ -88,7 +90,7 @@ def _expand(path: Path, skipped: list[str]) -> list[tuple[Path, Reader | None]]:
     if is_trace_dir(path):
         return [(path, None)]
     if is_run_dir(path):
-        return [(run_trace_dir(path), None)]
+        return [(path, None)]  # read_file: load_run
     found = readable_files(sorted(p for p in _walk(path)), skipped)
     if not found:
         raise InputError(
@@ -103,18 +105,33 @@ def is_run_dir(path: Path) -> bool:
     return (path / "meta.json").is_file() and (path / "procs").is_dir()
 
 
-def run_trace_dir(run_dir: Path) -> Path:
-    """The merged trace of a run directory, merging it first if the session never did.
+def load_run(run_dir: Path) -> Trace:
+    """A run directory's Trace: its merged `<run>/trace/`, or merged now if the session
+    never did (killed before its merge, or interrupted during it).
 
-    A session killed before its merge (or interrupted during it) left only the processes'
-    own output; merging then writes `<run>/trace/` once, as the session would have.
+    Reading never writes outside what gpudiag owns: a `trace` that is a symlink is neither
+    read nor written through; the merge caches `<run>/trace/` only into a directory it
+    creates (`gather.write_cache`), keeps the Trace in memory where the run directory is
+    read-only, and leaves the raw segments uncompressed.
     """
-    trace_dir = run_dir / "trace"
-    if not is_trace_dir(trace_dir):
-        from gpudiag.profiler.gather import merge_run
+    cache = run_dir / "trace"
+    if not cache.is_symlink() and is_trace_dir(cache):
+        return Trace.load_dir(cache)
+    from gpudiag.profiler.gather import merge_run
 
-        merge_run(run_dir)
-    return trace_dir
+    file = run_dir / "meta.json"
+    try:
+        run_meta = load_json(file)
+    except (OSError, ValueError) as exc:
+        raise InputError(file, "unreadable run meta.json", "the run directory is damaged") \
+            from exc
+    problem = RUN(run_meta)
+    if problem is not None:
+        raise InputError(file, f"run meta.json {problem.lstrip('.')}",
+                         "the run directory is damaged")
+    trace = merge_run(run_dir, compress=False)
+    check_meta(trace.meta, file)
+    return trace
 
 
 def _walk(root: Path) -> Iterable[Path]:

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,18 +32,24 @@ import pandas as pd
 
 from gpudiag.errors import InputError
 from gpudiag.profiler.nvml_sampler import load_samples
+from gpudiag.schema import TABLE_NAMES
 from gpudiag.trace import Trace, is_trace_dir, merge
 
 log = logging.getLogger(__name__)
 
 
-def merge_run(run_dir: Path, extra: Sequence[Path] = ()) -> Trace:
+def merge_run(run_dir: Path, extra: Sequence[Path] = (), *, compress: bool = True) -> Trace:
     """Merge everything under `run_dir` (and the `extra` result files) into `<run>/trace/`.
 
     Process directories that never got a whole meta.json (killed before the first flush)
     are skipped and counted in `meta["warnings"]`; a collector file that cannot be read is
     named in `meta["unreadable"]` and the rest still merges. A run without any Python
     process gives an empty Trace that still carries the run meta.
+
+    `<run>/trace/` is a cache that gpudiag owns (`write_cache`): written into a directory
+    it creates, never through a symlink, and skipped (the Trace is still returned) where
+    the run directory is read-only or `trace` is not gpudiag's. `compress=False` (reading
+    someone's run directory) leaves the raw segments as they are.
     """
     run_dir = Path(run_dir)
     procs = sorted(p for p in (run_dir / "procs").glob("*") if p.is_dir())
@@ -79,9 +86,58 @@ def merge_run(run_dir: Path, extra: Sequence[Path] = ()) -> Trace:
         trace.meta["unreadable"] = unreadable
         trace.warn("collector outputs that could not be read (meta unreadable)",
                    len(unreadable))
-    trace.save(run_dir / "trace")
-    compress_segments(run_dir)
+    if not write_cache(trace, run_dir):
+        trace.warn("merged trace not saved as <run>/trace (the run directory is read-only, "
+                   "or its trace is a link or not gpudiag's): merged again on each read")
+    if compress:
+        compress_segments(run_dir)
     return trace
+
+
+#: what `Trace.save` writes: the only entries a stale `<run>/trace/` may hold to be replaced
+_CACHE_FILES = frozenset({"meta.json", *(f"{name}.parquet" for name in TABLE_NAMES)})
+
+
+def write_cache(trace: Trace, run_dir: Path) -> bool:
+    """Save `trace` as `<run>/trace/`; False (nothing written) where that is not safe.
+
+    The tables go into a fresh directory made by `mkdtemp` (never an existing path, so
+    never through a symlink), renamed into place. An existing `trace` is replaced only
+    when it is a real directory holding nothing but files `Trace.save` writes (a merge
+    interrupted midway); a symlink, a file or a folder with anything else is left alone.
+    """
+    target = run_dir / "trace"
+    if target.is_symlink() or (target.exists() and not _own_cache(target)):
+        log.debug("write_cache: %s is not gpudiag's cache: not written", target)
+        return False
+    try:
+        fresh = Path(tempfile.mkdtemp(prefix=".trace-", dir=run_dir))
+    except OSError as exc:  # a read-only run directory is read, not written
+        log.debug("write_cache: %s: %s", run_dir, exc)
+        return False
+    try:
+        trace.save(fresh)
+        if target.exists() and not target.is_symlink():
+            for entry in target.iterdir():
+                entry.unlink()
+            target.rmdir()
+        os.rename(fresh, target)  # fails (kept out) if `trace` appeared meanwhile
+    except OSError as exc:
+        log.debug("write_cache: %s: %s", target, exc)
+        shutil.rmtree(fresh, ignore_errors=True)
+        return False
+    return True
+
+
+def _own_cache(path: Path) -> bool:
+    """A real directory of regular files that `Trace.save` names (no links, no folders)."""
+    if not path.is_dir():
+        return False
+    try:
+        return all(e.name in _CACHE_FILES and e.is_file(follow_symlinks=False)
+                   for e in os.scandir(path))
+    except OSError:
+        return False
 
 
 def compress_segments(run_dir: Path) -> list[Path]:
