@@ -185,3 +185,62 @@ def test_a_megabyte_kernel_name_of_unclosed_lambdas_is_shortened_in_linear_time(
     result = run_cli("analyze", str(path))
     assert result.returncode == 0, result.stderr
     assert time.perf_counter() - start < 60
+
+
+def two_kernels() -> KinetoTrace:
+    kt = KinetoTrace()
+    for i in range(2):
+        c = kt.launch(ts=10 + 100 * i)
+        kt.kernel(f"k{i}", ts=20 + 100 * i, dur=50, correlation=c)
+    return kt
+
+
+DEEP = "[" * 5000 + "]" * 5000
+
+
+@pytest.mark.parametrize("where", ["name", "args", "header", "top"])
+def test_nesting_past_the_recursion_limit_is_one_input_error(where: str, tmp_path: Path) -> None:
+    text = json.dumps(two_kernels().document())
+    text = {"name": lambda t: t.replace('"k0"', DEEP),
+            "args": lambda t: t.replace('"registers per thread": 32', f'"grid": {DEEP}', 1),
+            "header": lambda t: t[:-1] + f', "extra": {{"a": {DEEP}}}}}',
+            "top": lambda t: DEEP}[where](text)
+    path = tmp_path / "deep.json"
+    path.write_text(text)
+    try:
+        gpudiag.load(path)
+    except InputError as exc:
+        assert str(path) in str(exc)
+        if where != "top":
+            assert "too deeply" in str(exc)
+
+
+@pytest.mark.parametrize("field,value", [("pid", 2**70), ("tid", -(2**70)), ("rank", 1e300),
+                                         ("world_size", 2**70)])
+def test_numbers_too_large_for_an_id_are_dropped_and_counted(field: str, value: float,
+                                                            tmp_path: Path) -> None:
+    doc = two_kernels().document()
+    if field in ("rank", "world_size"):
+        doc["distributedInfo"] = {field: value}
+    else:
+        doc["traceEvents"][0][field] = value
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(doc))
+    trace = gpudiag.load(path)
+    trace.validate()
+    assert len(trace.kernels) == 2 and sum(trace.meta["warnings"].values()) == 1
+
+
+@pytest.mark.parametrize("dur", [1e300, "inf", "NaN", 86400e6 * 2])
+def test_implausible_durations_are_dropped_and_counted(dur: object, tmp_path: Path) -> None:
+    """`"dur": 1e300` once became 142 years of kernel and a 99.9999999%-useful waterfall."""
+    doc = two_kernels().document()
+    kernel = next(e for e in doc["traceEvents"] if e.get("name") == "k1")
+    kernel["dur"] = dur
+    path = tmp_path / "dur.json"
+    path.write_text(json.dumps(doc))
+    trace = gpudiag.load(path)
+    assert list(trace.kernels["name"]) == ["k0"]
+    assert (trace.kernels["end_ns"] - trace.kernels["start_ns"]).max() == 50_000
+    [(warning, count)] = trace.meta["warnings"].items()
+    assert "implausible duration" in warning and count == 1

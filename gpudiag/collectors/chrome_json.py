@@ -72,6 +72,8 @@ def decode(path: Path) -> Document:
         raise not_a_trace(path, exc) from exc
     except msgspec.DecodeError as exc:
         raise invalid_json(path, exc) from exc
+    except RecursionError:
+        raise too_deep(path) from None
     if isinstance(doc, list):
         doc = Document(traceEvents=doc)
     if doc.traceEvents is None:
@@ -89,6 +91,12 @@ def invalid_json(path: Path, exc: Exception) -> InputError:
     """Text that is not JSON, or JSON cut short (msgspec.DecodeError)."""
     problem = "is truncated JSON" if "truncated" in str(exc) else f"is not valid JSON ({exc})"
     return InputError(path, problem, "the profiler may not have finished writing it")
+
+
+def too_deep(path: Path) -> InputError:
+    """Arrays or objects nested past Python's recursion limit (about 1,000 levels)."""
+    return InputError(path, "nests JSON arrays or objects too deeply (over about 1,000 levels;"
+                      " real traces nest a few)", "the file is damaged or not a profile")
 
 
 def no_events(path: Path) -> InputError:

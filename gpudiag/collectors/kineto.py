@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.collectors import kineto_collectives, kineto_repair
-from gpudiag.collectors.chrome_json import Document, decode, integers, take, triple
+from gpudiag.collectors.chrome_json import Document, decode, integers, take, too_deep, triple
 from gpudiag.collectors.files import read_bytes
 from gpudiag.collectors.intervals import nesting_depth
 from gpudiag.collectors.kineto_events import (
@@ -53,6 +53,8 @@ MEMSET_PATTERN = r"Memset \((?P<dst>[\w ]+)\)"
 RANGE_SOURCES = {"op": "torch_op", "annotation": "annotation", "python": "python",
                  "gpu_annotation": "gpu_annotation"}
 KINETO_GROUPS = tuple(dict.fromkeys(GROUPS.values()))
+#: the largest rank or world size believed (a header value past it is ignored and counted)
+MAX_RANK = 2**31 - 1
 RANGE_SOURCE_BY_ID = np.array(
     [RANGE_SOURCES.get(g) for g in GROUP_IDS], dtype=object)
 
@@ -66,6 +68,8 @@ def read(path: Path) -> Trace:
     with gc_paused():
         try:
             return _read(path)
+        except RecursionError:  # msgspec (or pandas on the values) recursing into a nesting
+            raise too_deep(path) from None
         except InputError as exc:
             if "is not valid JSON" not in str(exc):
                 raise
@@ -123,6 +127,12 @@ def _read(path: Path) -> Trace:
     trace.warn("events with negative duration clipped to 0", ev.negative_dur)
     trace.warn("events without a timestamp skipped", int((~ev.valid_ts).sum()))
     trace.warn("implausible baseTimeNanoseconds ignored", int(ev.bad_base))
+    trace.warn("events with an implausible duration (not a number, or over "
+               "GPUDIAG_MAX_EVENT_SECONDS, 1 day) dropped", int(ev.bad_dur.sum()))
+    trace.warn("pid or tid values too large for an id (over 2**53) ignored", ev.huge_ids)
+    dist = doc.distributedInfo or {}
+    trace.warn("implausible distributedInfo rank or world_size ignored", sum(
+        dist.get(k) is not None and trace.meta[k] is None for k in ("rank", "world_size")))
     return trace
 
 
@@ -360,7 +370,10 @@ def _meta(doc: Document, ev: Events) -> dict[str, Any]:
 
 
 def _whole(value: Any) -> int | None:
-    """An integer from the trace header, or None when it is absent or not a whole number."""
+    """An integer from the trace header, or None when it is absent, not a whole number or
+    beyond MAX_RANK."""
     if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not -MAX_RANK <= value <= MAX_RANK:  # 1e300 or 2**70: no process group is that big
         return None
     return int(value) if float(value).is_integer() else None

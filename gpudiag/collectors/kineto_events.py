@@ -33,6 +33,7 @@ from gpudiag.collectors.chrome_json import (
     take,
 )
 from gpudiag.collectors.chrome_stream import ChromeTraceStream
+from gpudiag.collectors.files import budget
 from gpudiag.collectors.intervals import us_to_ns
 
 #: Kineto category (both schemas) -> event group
@@ -117,6 +118,12 @@ GROUP_NAMES = np.array(list(GROUP_IDS), dtype=object)
 DECODERS = {struct: ArgDecoder(struct) for struct in set(ARGS.values()) if struct is not None}
 #: timestamps beyond ±2**52 µs (year 2112 after the epoch) cannot be real: treated as missing
 MAX_US = float(2**52)
+#: the longest plausible event, µs: one day (GPUDIAG_MAX_EVENT_SECONDS raises it)
+MAX_DUR_US = 86400e6
+
+
+def max_dur_us() -> float:
+    return budget("GPUDIAG_MAX_EVENT_SECONDS", int(MAX_DUR_US / 1e6)) * 1e6
 
 
 class Interner:
@@ -229,8 +236,13 @@ class Events:
         base = int(self.header.baseTimeNanoseconds or 0)
         self.bad_base = not 0 <= base < MAX_US * 1000
         ts = cols["ts"][keep]
-        dur = np.clip(np.nan_to_num(cols["dur"][keep], nan=0.0), -MAX_US, MAX_US)
+        raw_dur = cols["dur"][keep]
         self.valid_ts = np.isfinite(ts) & (np.abs(ts) < MAX_US)
+        # a duration that is not a number, infinite or over MAX_DUR_US (1e300 was once read
+        # as 142 years of kernel, and the diagnosis called the GPU 99.99999% busy): dropped
+        self.bad_dur = self.valid_ts & ~(np.abs(raw_dur) <= max_dur_us())
+        self.usable = self.valid_ts & ~self.bad_dur
+        dur = np.where(self.usable, raw_dur, 0.0)
         self.start = us_to_ns(np.where(self.valid_ts, ts, 0.0)) + (0 if self.bad_base else base)
         self.dur = us_to_ns(dur)
         self.negative_dur = int((self.dur < 0).sum())
@@ -238,14 +250,20 @@ class Events:
         numbers = floats(list(self._ids.values()))
         self.pid = take(numbers, cols["pid"][keep].astype(np.int64), np.nan)
         self.tid = take(numbers, cols["tid"][keep].astype(np.int64), np.nan)
+        # a pid or tid past 2**53 (2**70 in a fuzzed file) names no process: missing, counted
+        self.huge_ids = 0
+        for ids in (self.pid, self.tid):
+            huge = np.abs(ids) > 2.0**53
+            self.huge_ids += int(huge.sum())
+            ids[huge] = np.nan
         self._args = _arg_table(self._arg_parts, self.group_code, keep, cols["group"])
 
     # -- what the table builders use -------------------------------------------------------
 
     def where(self, *groups: str) -> np.ndarray:
-        """Rows of the given groups (with a usable timestamp), in time order (stable)."""
+        """Rows of the given groups (with a usable timestamp and duration), in time order."""
         wanted = [GROUP_IDS[g] for g in groups]
-        idx = np.flatnonzero(np.isin(self.group_code, wanted) & self.valid_ts)
+        idx = np.flatnonzero(np.isin(self.group_code, wanted) & self.usable)
         return idx[np.argsort(self.start[idx], kind="stable")]
 
     def args(self, idx: np.ndarray) -> ArgColumns:
