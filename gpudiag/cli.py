@@ -17,6 +17,7 @@ from rich.console import Console
 
 from gpudiag import __version__
 from gpudiag.errors import GpudiagError, InputError
+from gpudiag.reports.safe_text import printable, terminal
 from gpudiag.trace import Trace
 
 _DEBUG = {"on": False}
@@ -272,18 +273,27 @@ class StepCount(click.ParamType):
               metavar="S", help="End a profiled process S seconds after it stopped making "
                                 "progress once the command or another rank finished, its "
                                 "stacks written to the run directory (0: never).")
+@click.option("--segment-interval", type=click.FloatRange(min=1), metavar="S",
+              help="Write the torch profile in segments of at most S seconds (default 30): "
+                   "a kill or crash loses at most the open one.")
 @click.option("--flush-interval", default=1.0, show_default=True, type=click.FloatRange(0.05),
               help="Seconds between flushes of what each process collected.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(*, output: Path | None, backend: str, duration: float | None, delay: float | None,
             steps: int | str | None, warmup_steps: int | None, nvml_interval: float,
             no_memory: bool, ncu_set: str, ncu_kernels: str | None, no_report: bool,
-            flush_interval: float, stall_timeout: float, command: tuple[str, ...]) -> None:
+            flush_interval: float, stall_timeout: float, segment_interval: float | None,
+            command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with collectors injected into every Python process, merge
     what they recorded into one trace, analyze it and write report.html; exits with
     COMMAND's status. `gpudiag doctor` says what this machine can collect."""
     from gpudiag.profiler.backends import resolve
-    from gpudiag.profiler.session import ProfileOptions, profile_command
+    from gpudiag.profiler.session import (
+        CommandNotStarted,
+        ProfileOptions,
+        RunNotWritten,
+        profile_command,
+    )
 
     plan = resolve(backend)
     options = ProfileOptions(
@@ -291,15 +301,21 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
         duration_s=duration, delay_s=delay, steps=steps, warmup_steps=warmup_steps,
         nvml_interval_s=nvml_interval or None, memory=not no_memory, report=not no_report,
         ncu_set=ncu_set, ncu_kernels=ncu_kernels, stall_timeout_s=stall_timeout,
+        segment_s=segment_interval,
     )
     try:
         result, trace, notes = profile_command(
             list(command), plan, options, output,
             progress=lambda line: click.echo(f"gpudiag: {line}", err=True))
-    except OSError as exc:
+    except CommandNotStarted as exc:
         click.echo(f"gpudiag: error: cannot start {command[0]}: {exc.strerror or exc}",
                    err=True)
         sys.exit(127)
+    except RunNotWritten as exc:  # the program ran: say it, and exit with its own status
+        click.echo(f"gpudiag: error: the command ran (exit status {exc.result.exit_code}) but "
+                   f"its profile could not be written to {exc} (free space, or -o on "
+                   "another file system)", err=True)
+        sys.exit(exc.result.exit_code)
     from gpudiag.profiler.gather import describe
 
     for note in notes:
@@ -343,7 +359,7 @@ def _load(paths: list[Path]) -> Trace:
     if not console.is_terminal:
         return load(paths)
     with console.status("reading profiles...") as status:
-        return load(paths, progress=status.update)
+        return load(paths, progress=lambda line: status.update(terminal(line)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -353,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     except GpudiagError as exc:
         if _DEBUG["on"]:
             traceback.print_exc()
-        click.echo(f"gpudiag: error: {exc}", err=True)
+        click.echo(f"gpudiag: error: {printable(exc)}", err=True)  # a name may hold ESC
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("gpudiag: interrupted", err=True)
@@ -368,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
         if _DEBUG["on"]:
             traceback.print_exc()
         click.echo(
-            f"gpudiag: internal error: {exc.__class__.__name__}: {exc} "
+            f"gpudiag: internal error: {exc.__class__.__name__}: {printable(exc)} "
             "(run with --debug for the traceback, and please report it)", err=True,
         )
         sys.exit(1)

@@ -84,6 +84,41 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+class OwnedLock:
+    """A lock that knows its holder, so a signal handler never waits on its own thread.
+
+    `take(from_signal)`: from a signal handler, fail at once when this thread holds it (the
+    handler interrupted the holder: waiting would deadlock), else wait at most 5 s for
+    another thread (a flush in progress there) before giving up.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holder: int | None = None
+
+    def take(self, from_signal: bool = False) -> bool:
+        if from_signal:
+            if self._holder == threading.get_ident():
+                return False
+            if not self._lock.acquire(timeout=5.0):
+                return False
+        else:
+            self._lock.acquire()
+        self._holder = threading.get_ident()
+        return True
+
+    def release(self) -> None:
+        self._holder = None
+        self._lock.release()
+
+    def __enter__(self) -> OwnedLock:
+        self.take()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
 class HostCollector:
     """Process info and host ranges (step/region markers) of one process.
 
@@ -113,8 +148,9 @@ class HostCollector:
         self._flushed_ranges = 0  # rows of the open tail already in ranges.parquet
         self._sealed = 0  # marker chunks written
         self._writer_ready = False
-        self._lock = threading.Lock()
-        self._flush_lock = threading.RLock()
+        self._lock = OwnedLock()
+        self._flush_lock = OwnedLock()  # the flush thread and the final flush share temp files
+        self._in_signal = False  # the final flush runs from a signal handler
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._boundary_ns: int | None = None  # the last optimizer step's end
@@ -131,8 +167,16 @@ class HostCollector:
         self.window.begin()
 
     def _loop(self) -> None:
+        """Flush every interval; a failure (a full disk) is reported once, never printed into
+        the program's stderr as a thread traceback, and the next interval tries again."""
+        failed = False
         while not self._wake.wait(self.interval_s):
-            self.flush()
+            try:
+                self.flush()
+            except Exception as exc:
+                if not failed:
+                    self.report(f"periodic flush failed: {exc.__class__.__name__}: {exc}")
+                failed = True
 
     def report(self, message: str) -> None:
         """A collector problem: into `<run>/bootstrap-errors.log` (the session points at it)."""
@@ -142,8 +186,12 @@ class HostCollector:
         if not self._writer_ready:
             _import_writer()
             self._writer_ready = True
-        with self._lock:
+        if not self._lock.take(self._in_signal):
+            return  # a signal interrupted this very thread while it held the lock
+        try:
             self.ranges.append((threading.get_native_id(), start_ns, end_ns, name, source))
+        finally:
+            self._lock.release()
 
     def optimizer_stepped(self, at_ns: int) -> None:
         """An optimizer step ended at `at_ns` (the torch plugin's hook), in a program that
@@ -194,19 +242,32 @@ class HostCollector:
         """
         if os.getpid() != self.pid:  # a forked child before its fork hook ran
             return
-        with self._flush_lock:  # the flush thread and the final flush share temp files
-            with self._lock:
-                tail = list(self.ranges)
-            if len(tail) >= SEAL_ROWS:
-                self._seal(tail)
-                tail = []
-            if len(tail) != self._flushed_ranges:
-                self._write_ranges(tail, self.dir / "ranges.parquet")
-                self._flushed_ranges = len(tail)
-            self.plugins.call("flush", final)
-            end_ns = time.time_ns() if final else None
-            meta = json.dumps(self.meta(end_ns), indent=1).encode()
-            _write_atomic(self.dir / "meta.json", meta)
+        if not self._flush_lock.take(self._in_signal):
+            self.report("final flush skipped: the process was stopped while this thread was "
+                        "flushing (markers and meta since the previous flush are lost)")
+            return
+        try:
+            self._flush_locked(final)
+        finally:
+            self._flush_lock.release()
+
+    def _flush_locked(self, final: bool) -> None:
+        if not self._lock.take(self._in_signal):
+            return  # a signal interrupted a marker on this thread: meta as last written
+        try:
+            tail = list(self.ranges)
+        finally:
+            self._lock.release()
+        if len(tail) >= SEAL_ROWS:
+            self._seal(tail)
+            tail = []
+        if len(tail) != self._flushed_ranges:
+            self._write_ranges(tail, self.dir / "ranges.parquet")
+            self._flushed_ranges = len(tail)
+        self.plugins.call("flush", final)
+        end_ns = time.time_ns() if final else None
+        meta = json.dumps(self.meta(end_ns), indent=1).encode()
+        _write_atomic(self.dir / "meta.json", meta)
 
     def _seal(self, tail: list[tuple[int, int, int, str, str]]) -> None:
         """Move a full tail into its own chunk (written before the tail is cleared, so a
@@ -237,10 +298,21 @@ class HostCollector:
         table.to_parquet(tmp, index=False)
         os.replace(tmp, path)
 
-    def stop(self) -> None:
-        """Final flush at exit; never raises into the interpreter's shutdown."""
+    @property
+    def stopping(self) -> bool:
+        """The final flush has begun (or is done)."""
+        return self._wake.is_set()
+
+    def stop(self, from_signal: bool = False) -> None:
+        """Final flush at exit; never raises into the interpreter's shutdown.
+
+        `from_signal`: called from a signal handler, which may have interrupted this thread
+        inside a flush or a marker: then nothing waits for a lock this thread holds (what
+        that flush had not written is lost and reported, the process still ends).
+        """
         if self._wake.is_set():  # stopped already (SIGTERM flush, then atexit)
             return
+        self._in_signal = from_signal
         self._wake.set()
         self.window.cancel()
         try:
@@ -353,6 +425,21 @@ def step_opened() -> None:
         collector.plugins.call("on_step", optional=True)
 
 
+def final_flush() -> None:
+    """The final flush now (atexit hooks of plugins that must run before their framework's
+    own call it); later calls, the bootstrap's own atexit included, do nothing."""
+    collector = _active
+    if collector is not None:
+        collector.stop()
+
+
+def report_problem(message: str) -> None:
+    """A plugin's problem, into bootstrap-errors.log (the session points at it)."""
+    collector = _active
+    if collector is not None:
+        collector.report(message)
+
+
 def optimizer_stepped(at_ns: int) -> None:
     """Called by the torch plugin's optimizer-step hook (`HostCollector.optimizer_stepped`)."""
     collector = _active
@@ -403,7 +490,9 @@ def _flush_on_sigterm(collector: HostCollector) -> None:
         return
 
     def on_sigterm(signum: int, _frame: FrameType | None) -> None:
-        collector.stop()
+        if collector.stopping:
+            return  # the final flush is under way (atexit, or a first SIGTERM): let it end
+        collector.stop(from_signal=True)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 

@@ -12,10 +12,12 @@ which chains to the user's own sitecustomize and starts the collectors of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +38,8 @@ from gpudiag.trace import Trace
 
 #: the default parent of run directories, relative to the working directory
 RUNS_DIR = Path("gpudiag-runs")
+#: a run directory's file system must have this much free before anything runs
+MIN_FREE_BYTES = 256 * 2**20
 
 SITECUSTOMIZE = '''\
 """Written by gpudiag profile: chain to the user's sitecustomize, then start collectors."""
@@ -83,6 +87,7 @@ class ProfileOptions:
     ncu_set: str = "launch"
     ncu_kernels: str | None = None
     stall_timeout_s: float = DEFAULT_GRACE_S
+    segment_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "collectors": list(self.collectors)}
@@ -93,6 +98,7 @@ class ProfileOptions:
             "backend": self.backend, "flush_interval_s": self.flush_interval_s,
             "delay_s": self.delay_s, "duration_s": self.duration_s, "steps": self.steps,
             "warmup_steps": self.warmup_steps, "memory": self.memory,
+            "segment_s": self.segment_s,
         }
 
 
@@ -143,8 +149,9 @@ def run(
             proc = subprocess.Popen(argv, env=child_env)
         except OSError as exc:
             meta.update(end_ns=time.time_ns(), exit_code=127, error=str(exc))
-            write_json(run_dir / "meta.json", meta)
-            raise
+            with contextlib.suppress(OSError):
+                write_json(run_dir / "meta.json", meta)
+            raise CommandNotStarted(exc.errno, exc.strerror or str(exc)) from exc
         watchdog = Watchdog(run_dir, options.stall_timeout_s)
         with _forward_signals(proc):
             returncode = watchdog.wait(proc, on_exit=sampler.stop if sampler else None)
@@ -158,8 +165,25 @@ def run(
     signum = -returncode if returncode < 0 else None
     exit_code = 128 + signum if signum is not None else returncode
     meta.update(end_ns=end_ns, exit_code=exit_code, signal=signum)
-    write_json(run_dir / "meta.json", meta)
-    return SessionResult(run_dir, exit_code, signum, start_ns, end_ns)
+    result = SessionResult(run_dir, exit_code, signum, start_ns, end_ns)
+    try:
+        write_json(run_dir / "meta.json", meta)
+    except OSError as exc:  # the program ran: its exit status must still come back
+        raise RunNotWritten(result, exc) from exc
+    return result
+
+
+class CommandNotStarted(OSError):
+    """The command could not be started (not found, not executable): nothing ran."""
+
+
+class RunNotWritten(Exception):
+    """The command ran, but its run directory could not be written (a full disk)."""
+
+    def __init__(self, result: SessionResult, error: OSError) -> None:
+        super().__init__(f"{result.run_dir}: {error.strerror or error}")
+        self.result = result
+        self.error = error
 
 
 def _start_nvml(run_dir: Path, options: ProfileOptions, child_env: Mapping[str, str],
@@ -185,7 +209,8 @@ def profile_command(
     tool (nsys, ncu) is checked before anything runs; if it then produced no result, the
     program's exit status still comes back and the note says why.
     """
-    wrap, version, notes = None, None, []
+    wrap, version = None, None
+    notes: list[str] = []
     tool = plan.external
     if tool is not None:
         version = external.preflight(tool)  # CollectorError: one line, nothing has run
@@ -195,6 +220,17 @@ def profile_command(
                                          ncu_kernels=options.ncu_kernels)
 
     result = run(cmd, out_dir=out_dir, options=options, wrap=wrap)
+    try:
+        return _gather(result, plan, options, tool=tool, version=version, notes=notes,
+                       progress=progress)
+    except OSError as exc:
+        raise RunNotWritten(result, exc) from exc
+
+
+def _gather(result: SessionResult, plan: Plan, options: ProfileOptions, *, tool: str | None,
+            version: str | None, notes: list[str], progress: Callable[[str], None] | None
+            ) -> tuple[SessionResult, Trace, list[str]]:
+    """After the run: the external tool's result, the merge, the notes."""
     extra: list[Path] = []
     if tool is not None:
         try:
@@ -224,6 +260,7 @@ def run_notes(run_dir: Path, trace: Trace, plan: Plan, options: ProfileOptions) 
         notes.append(f"collectors reported problems: see {errors}")
     processes = trace.meta.get("processes", [])
     notes += window_notes(processes)
+    notes += _unfinished(processes, trace.meta.get("run", {}).get("watchdog", []))
     kept = {p.get("pid"): p.get("data", False) for p in processes}
     for ended in trace.meta.get("run", {}).get("watchdog", []):
         who = f"rank {ended['rank']}" if ended.get("rank") is not None else "process"
@@ -238,6 +275,25 @@ def run_notes(run_dir: Path, trace: Trace, plan: Plan, options: ProfileOptions) 
         notes.append(f"no in-process collector started ({wanted} start when the program "
                      "imports torch / jax / cupy): only host markers were recorded")
     return notes
+
+
+def _unfinished(processes: list[dict[str, Any]], ended: list[dict[str, Any]]) -> list[str]:
+    """Processes that never ran their final flush (SIGKILL, a crash, os._exit) and were not
+    ended by the watchdog (which says its own line): what their profiler held is lost."""
+    by_watchdog = {e.get("pid") for e in ended}
+    lines = []
+    for process in processes:
+        plugins = set(process.get("collectors", [])) & {"torch", "jax"}
+        if process.get("end_ns") is not None or not plugins or process["pid"] in by_watchdog:
+            continue
+        rank = process.get("rank")
+        who = f"rank {rank} (pid {process['pid']})" if rank is not None \
+            else f"pid {process['pid']}"
+        kept = "its earlier segments are kept" if process.get("data") else "nothing of it"
+        lines.append(f"{who} ended without its final flush (killed, crashed or os._exit): "
+                     f"its {'/'.join(sorted(plugins))} profile since the last written segment "
+                     f"is lost ({kept}); its host markers are kept up to its last flush")
+    return lines
 
 
 def window_notes(processes: list[dict[str, Any]]) -> list[str]:
@@ -295,6 +351,11 @@ def make_run_dir(cmd: list[str], out_dir: Path | None) -> Path:
     except OSError as exc:  # nothing has run yet: one line, not "cannot start CMD"
         raise InputError(candidate, f"cannot be created as the run directory "
                          f"({exc.strerror or exc})", "pass a writable -o RUN_DIR") from exc
+    free = shutil.disk_usage(candidate).free
+    if free < MIN_FREE_BYTES:
+        raise InputError(candidate, f"has {free / 2**20:.0f} MB free; a profile needs at "
+                         f"least {MIN_FREE_BYTES // 2**20} MB", "free some space or pass "
+                         "-o RUN_DIR on another file system (nothing was run)")
     return candidate.resolve()
 
 

@@ -41,34 +41,40 @@ from gpudiag.optional import require
 
 #: a new segment begins once the process grew by this much since the open one began
 DEFAULT_SEGMENT_BYTES = 384 * 2**20
+#: ... or once the open one is this old (a SIGKILL or a crash loses at most the open one)
+DEFAULT_SEGMENT_S = 30.0
 
 
 def create(out_dir: Path, settings: dict[str, Any]) -> TorchCollector:
     """The collector for one process (called by the bootstrap when torch was imported)."""
     return TorchCollector(out_dir, memory=bool(settings.get("memory", True)),
                           segment_bytes=int(settings.get("segment_bytes")
-                                            or DEFAULT_SEGMENT_BYTES))
+                                            or DEFAULT_SEGMENT_BYTES),
+                          segment_s=float(settings.get("segment_s") or DEFAULT_SEGMENT_S))
 
 
 class TorchCollector:
     """torch.profiler around the program, written as bounded segments."""
 
     def __init__(self, out_dir: Path, *, memory: bool = True,
-                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                 segment_s: float = DEFAULT_SEGMENT_S) -> None:
         self.out_dir = out_dir
         self.memory = memory
         self.segment_bytes = segment_bytes
+        self.segment_s = segment_s
         self.torch = require("torch", "The torch backend of gpudiag profile")
         self.cuda = bool(self.torch.cuda.is_available())
         self._profiler: Any = None
         self._segments = 0
         self._finished = False
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # never re-entered: see flush()
         self._owner = threading.get_ident()  # the thread that imported torch: the program's
         self._pending: list[str] = []  # edges waiting for the owner thread (_deferred)
         self._scheduled = False  # a main-thread call to apply them is queued
         self._in_hook = False  # inside the optimizer-step hook (inside Optimizer.step#)
         self._segment_rss = 0  # the process's resident bytes when the open segment began
+        self._segment_start_s = 0.0
         self._optimizer: int | None = None  # id() of the optimizer whose steps are counted
 
     def start(self) -> None:
@@ -77,7 +83,7 @@ class TorchCollector:
         The final export is registered with atexit now, after torch's own hooks, so it runs
         before them (atexit is last-in, first-out); then the two hooks of the docstring.
         """
-        atexit.register(self.flush, True)  # before torch's atexit hooks (registered earlier)
+        atexit.register(self._at_exit)  # before torch's atexit hooks (registered earlier)
         try:  # the package deletes its `optimizer` attribute: import the module by name
             hooks = importlib.import_module("torch.optim.optimizer")
         except ImportError:
@@ -85,6 +91,15 @@ class TorchCollector:
         if hooks is not None and hasattr(hooks, "register_optimizer_step_post_hook"):
             hooks.register_optimizer_step_post_hook(self._optimizer_stepped)
         self._wrap_process_group_teardown()
+
+    def _at_exit(self) -> None:
+        """The process's whole final flush, now (this segment with it): so a SIGTERM that
+        arrives while it runs (a Pool terminating its workers) sees the flush under way and
+        lets it end, instead of flushing again and dying in the middle of the export."""
+        boot = _bootstrap()
+        if boot is not None and boot.is_active():
+            boot.final_flush()
+        self.flush(True)  # outside a session (capture()), or already done: a no-op then
 
     def _optimizer_stepped(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         """Every optimizer's step ends here; one optimizer's (the first seen) count as steps,
@@ -128,8 +143,11 @@ class TorchCollector:
         if self._deferred("resume"):
             return
         with self._lock:
-            if self._profiler is not None or self._finished:
-                return
+            self._start_segment()
+
+    def _start_segment(self) -> None:
+        """Start a profiler unless one runs or collection ended (the caller holds the lock)."""
+        if self._profiler is None and not self._finished:
             profiler = self.torch.profiler
             activities = [profiler.ProfilerActivity.CPU]
             if self.cuda:
@@ -140,6 +158,7 @@ class TorchCollector:
             )
             self._profiler.start()
             self._segment_rss = _resident_bytes()
+            self._segment_start_s = time.monotonic()
 
     def pause(self) -> None:
         """Close the open segment and write it (the window closed)."""
@@ -168,7 +187,7 @@ class TorchCollector:
             if self._profiler is None or self._finished:
                 return
             self._export_segment()
-            self.resume()
+            self._start_segment()
 
     def _deferred(self, action: str) -> bool:
         """Kineto must be started and stopped on one thread (else it aborts the process),
@@ -215,7 +234,13 @@ class TorchCollector:
                 self._apply_pending()
 
     def _too_big(self) -> bool:
-        return (self._profiler is not None and self._segment_rss > 0
+        """Whether the open segment should be written now: the process grew past its bound,
+        or it is older than `segment_s` (a later kill then loses at most that much)."""
+        if self._profiler is None:
+            return False
+        if time.monotonic() - self._segment_start_s > self.segment_s:
+            return True
+        return (self._segment_rss > 0
                 and _resident_bytes() - self._segment_rss > self.segment_bytes)
 
     def flush(self, final: bool) -> None:
@@ -233,11 +258,19 @@ class TorchCollector:
             return
         if threading.get_ident() != self._owner:
             return
-        with self._lock:
+        # Never wait here: from a SIGTERM handler the interrupted code may be this very
+        # thread in the middle of writing a segment (the lock is not re-entrant on purpose).
+        if not self._lock.acquire(blocking=False):
+            _note_error("torch: the open segment was lost: the process was stopped while "
+                        "gpudiag was writing a segment")
+            return
+        try:
             if self._finished:
                 return
             self._finished = True
             self._export_segment()
+        finally:
+            self._lock.release()
 
     def after_fork(self, out_dir: Path) -> None:
         """A forked child: the parent's profiler state is not ours; start afresh if on CPU.
@@ -249,7 +282,7 @@ class TorchCollector:
         self._profiler = None
         self._segments = 0
         self._finished = False
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # never re-entered: see flush()
         self._owner = threading.get_ident()
         self._pending = []
         self._scheduled = False
@@ -306,6 +339,12 @@ def _inside_optimizer_step() -> bool:
 def _bootstrap() -> Any:
     """The bootstrap module of this process (loaded by path under its package name)."""
     return sys.modules.get("gpudiag.profiler.bootstrap")
+
+
+def _note_error(message: str) -> None:
+    boot = _bootstrap()
+    if boot is not None:
+        boot.report_problem(message)
 
 
 def _main_thread_call(function: Callable[[], None]) -> bool:

@@ -1,0 +1,111 @@
+"""`gpudiag profile` under signals, kills and a full disk: no hang, nothing lost silently, the
+program's exit status kept."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpudiag
+from gpudiag.errors import InputError
+from gpudiag.profiler import session
+from tests.conftest import framework
+
+
+def _profile(tmp_path: Path, code: str, *options: str, timeout: float = 180
+             ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(code))
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir), "--no-report",
+           "--backend", "torch", "--flush-interval", "0.2", *options, "--",
+           sys.executable, str(script)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout), run_dir
+
+
+POOL = """
+    import multiprocessing as mp
+
+    def work(i):
+        import torch
+        x = torch.randn(64, 64)
+        for _ in range(20):
+            x = (x @ x).tanh()
+        return float(x.sum())
+
+    if __name__ == "__main__":
+        with mp.get_context("spawn").Pool(2) as pool:  # its exit SIGTERMs the workers
+            print(sum(pool.map(work, range(4))))
+"""
+
+
+@pytest.mark.parametrize("run", range(3))
+def test_a_spawn_pool_terminating_its_torch_workers_never_hangs_and_keeps_them(
+        tmp_path: Path, run: int) -> None:
+    """The pool's SIGTERM reached workers inside their final flush: the handler flushed
+    again (hang, or death mid-export). The flush under way now finishes."""
+    framework("torch")
+    done, run_dir = _profile(tmp_path, POOL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "collected 4 processes" in done.stderr  # parent, 2 workers, resource tracker
+    trace = gpudiag.load(run_dir / "trace")
+    ops = trace.ranges[trace.ranges["source"] == "torch_op"]
+    assert ops["pid"].nunique() == 2 and (ops["name"] == "aten::mm").sum() == 2 * 2 * 20
+
+
+def test_a_killed_process_keeps_its_finished_segments_and_says_what_was_lost(
+        tmp_path: Path) -> None:
+    framework("torch")
+    code = """
+        import os, signal, time, torch
+        x = torch.randn(32, 32)
+        start = time.monotonic()
+        while time.monotonic() - start < 4:  # 4 s of work: a few 1 s segments written
+            x = (x @ x).tanh()
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+    done, run_dir = _profile(tmp_path, code, "--steps", "all", "--segment-interval", "1")
+    assert done.returncode == 128 + 9
+    segments = list(run_dir.glob("procs/*/torch/segment-*.pt.trace.json.gz"))
+    assert len(segments) >= 2
+    trace = gpudiag.load(run_dir / "trace")
+    assert (trace.ranges["name"] == "aten::mm").sum() > 50
+    assert "ended without its final flush" in done.stderr
+    assert "its earlier segments are kept" in done.stderr
+
+
+def test_a_full_file_system_is_one_line_before_anything_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = shutil.disk_usage
+
+    def almost_full(path: Any) -> Any:
+        return real(path)._replace(free=10 * 2**20)
+
+    monkeypatch.setattr(session.shutil, "disk_usage", almost_full)
+    with pytest.raises(InputError, match="10 MB free; a profile needs at least 256 MB"):
+        session.make_run_dir(["python", "train.py"], tmp_path / "run")
+
+
+def test_a_run_that_cannot_be_written_keeps_the_programs_exit_status(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from gpudiag.cli import cli
+
+    def full_disk(*_args: Any, **_kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(session, "merge_run", full_disk)
+    done = CliRunner().invoke(cli, ["profile", "-o", str(tmp_path / "run"), "--no-report",
+                                    "--", sys.executable, "-c", "raise SystemExit(3)"])
+    assert done.exit_code == 3
+    assert "the command ran (exit status 3) but its profile could not be written" in \
+        done.output
+    assert "No space left on device" in done.output and "Traceback" not in done.output
