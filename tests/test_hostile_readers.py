@@ -15,14 +15,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.collectors import nsys, nsys_export, nsys_schema, torch_memory
+from gpudiag.collectors import ncu, nsys, nsys_export, nsys_schema, torch_memory
 from gpudiag.collectors.files import read_bytes, read_head
 from gpudiag.collectors.torch_memory_pickle import load_plain
 from gpudiag.errors import InputError
 from tests.builders import KinetoTrace
+from tests.conftest import fixture
 from tests.test_nsys import export_2023
 
 # -- torch memory snapshots ----------------------------------------------------------------
@@ -317,3 +319,90 @@ def test_a_flipped_byte_in_the_header_or_schema_is_one_line(tmp_path: Path, offs
             nsys.read_sqlite(path).validate()
         except InputError as exc:
             assert str(path) in str(exc) and "\n" not in str(exc)
+
+
+# -- ncu reports: ncu_report runs in a child process ----------------------------------------
+
+FAKE_NCU_REPORT = '''"""A stand-in ncu_report whose load_report does what the test names."""
+import os, sys, time
+
+class IMetric:
+    ValueKind_STRING, ValueKind_UINT32, ValueKind_UINT64 = 1, 2, 3
+    ValueKind_FLOAT, ValueKind_DOUBLE = 4, 5
+
+class Context:
+    def num_ranges(self):
+        raise RuntimeError("std::bad_alloc in RangeImpl")
+
+def load_report(path):
+    mode = os.environ["FAKE_NCU_MODE"]
+    if mode == "abort":
+        os.write(2, b"F0000 protobuf.cc:12] Check failed: size >= 0\\n")
+        os.abort()
+    if mode == "segv":
+        os.kill(os.getpid(), 11)
+    if mode == "raise":
+        return Context()
+    if mode == "hang":
+        time.sleep(60)
+    return None
+'''
+
+
+@pytest.fixture
+def fake_ncu_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A report file and, first on the child's PYTHONPATH, a fake ncu_report module."""
+    folder = tmp_path / "fake_modules"
+    folder.mkdir()
+    (folder / "ncu_report.py").write_text(FAKE_NCU_REPORT)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(folder), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object())
+    report = tmp_path / "kernels.ncu-rep"
+    report.write_bytes(b"NVR\0" + bytes(64))
+    return report
+
+
+@pytest.mark.parametrize(("mode", "said"), [
+    ("abort", r"made ncu_report crash \(SIGABRT\) while reading it: .*Check failed"),
+    ("segv", r"made ncu_report crash \(SIGSEGV\)"),
+    ("raise", r"made ncu_report fail while reading it \(RuntimeError: std::bad_alloc"),
+    ("none", "cannot be opened by ncu_report"),
+])
+def test_a_native_crash_in_ncu_report_is_one_line(
+        fake_ncu_report: Path, monkeypatch: pytest.MonkeyPatch, mode: str, said: str) -> None:
+    monkeypatch.setenv("FAKE_NCU_MODE", mode)
+    with pytest.raises(InputError, match=said) as info:
+        ncu.read(fake_ncu_report)
+    assert info.value.path == str(fake_ncu_report) and info.value.fix
+    assert "\n" not in str(info.value)
+
+
+def test_a_hanging_ncu_report_is_stopped_at_the_budget(
+        fake_ncu_report: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_NCU_MODE", "hang")
+    monkeypatch.setenv("GPUDIAG_NCU_SECONDS", "3")
+    start = time.perf_counter()
+    with pytest.raises(InputError, match=r"within 3 s.*GPUDIAG_NCU_SECONDS"):
+        ncu.read(fake_ncu_report)
+    assert time.perf_counter() - start < 30
+
+
+def test_the_cli_survives_an_aborting_ncu_report(
+        fake_ncu_report: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_NCU_MODE", "abort")
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", str(fake_ncu_report)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "SIGABRT" in lines[0] and str(fake_ncu_report) in lines[0]
+
+
+def test_reading_in_a_child_gives_the_same_trace(tmp_path: Path) -> None:
+    pytest.importorskip("ncu_report")
+    report = fixture("ncu/rtx3050laptop_filter_nvtx.ncu-rep")
+    here = ncu.read(report, isolated=False)
+    there = ncu.read(report)
+    for name, frame in here.tables().items():
+        pd.testing.assert_frame_equal(frame, there.tables()[name], check_categorical=False)
+    assert there.meta == here.meta

@@ -586,7 +586,7 @@ def test_reader_places_ranges_and_units_back_to_back(monkeypatch: pytest.MonkeyP
         [FakeAction(launch_metrics(dur=1.5, unit="usecond"), demangled="a(int)", rules=[rule])],
         [FakeAction(launch_metrics(dur=2.0, unit="msecond", device=1), demangled="b()")],
     ))
-    trace = ncu.read(Path("fake.ncu-rep"))
+    trace = ncu.read(Path("fake.ncu-rep"), isolated=False)
     trace.validate()
     k = trace.kernels
     assert k["start_ns"].tolist() == [0, 1500]
@@ -609,5 +609,5 @@ def test_reader_rejects_empty_damaged_and_unopenable_reports(
     for problem, context in cases.items():
         fake_module(monkeypatch, context)
         with pytest.raises(InputError, match=problem) as err:
-            ncu.read(Path("bad.ncu-rep"))
+            ncu.read(Path("bad.ncu-rep"), isolated=False)
         assert err.value.path == "bad.ncu-rep"

@@ -56,18 +56,32 @@ DAMAGED_FIX = "copy the file again or re-run ncu: the end of the report is missi
 SHAPE_FROM_TOTAL = "kernels whose grid or block has only a total size (taken as x, y = z = 1)"
 NO_DURATION = "kernels without gpu__time_duration.sum (placed with zero duration)"
 NATIVE_MESSAGES = "messages ncu_report printed while opening the report"
+#: set by the child process of `ncu_isolated`: where to keep what ncu_report writes to fd 2
+NATIVE_LOG_ENV = "GPUDIAG_NCU_NATIVE_LOG"
 _ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog()"
 _ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
 
 
-def read(path: Path, metrics: Iterable[str] | None = None) -> Trace:
+def read(path: Path, metrics: Iterable[str] | None = None, *, isolated: bool = True) -> Trace:
     """Read an Nsight Compute report into a Trace (kernels, metrics, devices, rules in meta).
 
     `metrics`, when given, keeps only those metric names in the `metrics` table; kernels and
     devices are always filled from the launch__* and device__attribute_* metrics.
+    The read runs in a child process (`ncu_isolated`) so that ncu_report aborting on a
+    damaged report is an InputError; `isolated=False` reads in this process.
     """
+    if isolated:
+        from gpudiag.collectors.ncu_isolated import read_isolated
+
+        return read_isolated(path, metrics)
+    return read_in_process(path, metrics)
+
+
+def read_in_process(path: Path, metrics: Iterable[str] | None = None) -> Trace:
+    """`read` in this process: a native crash in ncu_report ends this process too."""
     ncu = require("ncu_report", "Reading an Nsight Compute report")
-    with NativeStderr() as native:
+    keep = os.environ.get(NATIVE_LOG_ENV)
+    with NativeStderr(Path(keep) if keep else None) as native:
         context = _open(ncu, path, native)
         ranges = int(context.num_ranges())
         actions = _actions(context, ranges, path, native)
@@ -103,7 +117,8 @@ class NativeStderr:
     cannot be duplicated (no console), nothing is captured.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep: Path | None = None) -> None:
+        self._keep = keep  # a file to capture into, so a parent can read it after a crash
         self._saved: int | None = None
         self._sink: IO[bytes] | None = None
         self._lines: list[str] = []
@@ -113,7 +128,7 @@ class NativeStderr:
             self._saved = os.dup(2)
         except OSError:
             return self
-        self._sink = tempfile.TemporaryFile()
+        self._sink = self._keep.open("w+b") if self._keep else tempfile.TemporaryFile()
         sys.stderr.flush()
         os.dup2(self._sink.fileno(), 2)
         return self
@@ -133,9 +148,14 @@ class NativeStderr:
         if self._sink is None:
             return self._lines
         self._sink.seek(0)
-        lines = self._sink.read().decode("utf-8", "replace").splitlines()
-        return [_ABSL_PREFIX.sub("", line).strip() for line in lines
-                if line.strip() and not line.startswith(_ABSL_PREAMBLE)]
+        return native_lines(self._sink.read())
+
+
+def native_lines(data: bytes) -> list[str]:
+    """Lines native code wrote to stderr, without absl's logging preamble and prefixes."""
+    lines = data.decode("utf-8", "replace").splitlines()
+    return [_ABSL_PREFIX.sub("", line).strip() for line in lines
+            if line.strip() and not line.startswith(_ABSL_PREAMBLE)]
 
 
 def _detail(native: NativeStderr) -> str:
