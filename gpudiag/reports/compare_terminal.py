@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpudiag.compare import Comparison
+from gpudiag.reports.safe_text import terminal as safe
 from gpudiag.reports.terminal import format_bytes, format_ns
 
 _SUMMARY_NAMES = {"wall_time_ns": "wall time (GPU window)",
@@ -42,7 +43,7 @@ def print_comparison(comparison: Comparison, console: Console, top: int = 15) ->
         print_comparison(cmp, Console())
     """
     labels = comparison.labels
-    legend = ", ".join(f"{_letter(i)} = {label}" for i, label in enumerate(labels))
+    legend = ", ".join(f"{_letter(i)} = {safe(label)}" for i, label in enumerate(labels))
     console.print(f"[bold]Runs[/bold] (baseline {_letter(0)}): {legend}", highlight=False)
     _summary(comparison, console)
     _waterfall(comparison, console)
@@ -51,7 +52,7 @@ def print_comparison(comparison: Comparison, console: Console, top: int = 15) ->
                          ("Sync points per kind", comparison.syncs)):
         _counted(title, table, labels, console)
     for note in comparison.notes:
-        console.print(f"[dim]note[/dim]: {note}", highlight=False)
+        console.print(f"[dim]note[/dim]: {safe(note)}", highlight=False)
 
 
 def _summary(comparison: Comparison, console: Console) -> None:
@@ -59,7 +60,7 @@ def _summary(comparison: Comparison, console: Console) -> None:
     for row, values in comparison.summary.iterrows():
         name = str(row)
         fmt = _format_of(name)
-        table.add_row(_SUMMARY_NAMES.get(name, name), *_cells(values, comparison.labels, fmt,
+        table.add_row(safe(_SUMMARY_NAMES.get(name, name)), *_cells(values, comparison.labels, fmt,
                                                                _BETTER_UP.get(name, -1)))
     console.print(table)
 
@@ -79,7 +80,7 @@ def _waterfall(comparison: Comparison, console: Console) -> None:
         better = _BETTER_UP.get(str(cause), -1)
         moves = [_colored(_pp(share[f"pp:{x}"], lost[f"delta:{x}"]), share[f"pp:{x}"], better)
                  for x in labels[1:]]
-        table.add_row(str(cause), *runs, *moves)
+        table.add_row(safe(cause), *runs, *moves)
     console.print(table)
 
 
@@ -90,7 +91,7 @@ def _kernels(comparison: Comparison, console: Console, top: int) -> None:
     table = _table("Kernels with the largest time change (matched by name)", "kernel",
                    comparison.labels)
     for _, values in frame.iterrows():
-        table.add_row(str(values["short_name"]), *_cells(values, comparison.labels, format_ns,
+        table.add_row(safe(values["short_name"]), *_cells(values, comparison.labels, format_ns,
                                                          -1))
     console.print(table)
 
@@ -99,7 +100,7 @@ def _counted(title: str, frame: pd.DataFrame, labels: list[str], console: Consol
     """Collectives or syncs: '<count> / <time>' per key."""
     if frame.empty:
         return
-    table = _table(title, frame.index.names[0], labels)
+    table = _table(title, safe(frame.index.names[0]), labels)
     for key in frame.index.get_level_values(0).unique():
         rows = frame.loc[key]
         count, time = rows.loc["count"], rows.drop("count").iloc[0]  # the other: a time
@@ -107,7 +108,7 @@ def _counted(title: str, frame: pd.DataFrame, labels: list[str], console: Consol
         moves = [_colored(_na(count[f"delta:{x}"], _signed(_count)) + " / "
                           + _na(time[f"delta:{x}"], _signed(format_ns)),
                           time[f"delta:{x}"], -1) for x in labels[1:]]
-        table.add_row(str(key), *runs, *moves)
+        table.add_row(safe(key), *runs, *moves)
     console.print(table)
 
 

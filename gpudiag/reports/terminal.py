@@ -12,10 +12,10 @@ from collections import Counter
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from gpudiag.analyzers.findings import HOST_CAUSES, format_ns
+from gpudiag.reports.safe_text import terminal as safe
 
 __all__ = ["format_bytes", "format_ns", "format_window", "print_diagnosis", "print_summary",
            "sources_line"]
@@ -23,13 +23,13 @@ __all__ = ["format_bytes", "format_ns", "format_window", "print_diagnosis", "pri
 
 def print_summary(info: dict[str, Any], console: Console) -> None:
     """Print the output of `gpudiag.summary.summarize` as a few compact tables."""
-    console.print(f"[bold]Sources[/bold]: {escape(sources_line(info))}", highlight=False)
+    console.print(f"[bold]Sources[/bold]: {safe(sources_line(info))}", highlight=False)
     if info["ranks"]:
-        console.print(f"[bold]Ranks[/bold]: {', '.join(map(str, info['ranks']))}")
+        console.print(f"[bold]Ranks[/bold]: {safe(', '.join(map(str, info['ranks'])))}")
     window = info["window"]
     if window:
         label = "Window" if window.get("spec") else "GPU window"
-        console.print(f"[bold]{label}[/bold]: {escape(format_window(window))}",
+        console.print(f"[bold]{label}[/bold]: {safe(format_window(window))}",
                       highlight=False)
     elif not info["timeline"]:
         console.print("[bold]GPU window[/bold]: none (kernels were replayed one by one, "
@@ -38,7 +38,7 @@ def print_summary(info: dict[str, Any], console: Console) -> None:
     _rows(info["rows"], console)
     _kernels(info["top_kernels"], console)
     for kind, count in info["warnings"].items():
-        console.print(f"[yellow]note[/yellow]: {kind}: {count}", highlight=False)
+        console.print(f"[yellow]note[/yellow]: {safe(kind)}: {safe(count)}", highlight=False)
 
 
 def sources_line(info: dict[str, Any]) -> str:
@@ -85,8 +85,9 @@ def _devices(devices: list[dict[str, Any]], console: Console) -> None:
         table.add_column(col)
     for d in devices:
         table.add_row(
-            "-" if d["rank"] is None else str(d["rank"]), str(d["device"]), d["name"] or "?",
-            str(d["sm_count"] or "?"), d["compute_capability"] or "?",
+            "-" if d["rank"] is None else safe(d["rank"]), safe(d["device"]),
+            safe(d["name"] or "?"), safe(d["sm_count"] or "?"),
+            safe(d["compute_capability"] or "?"),
             format_bytes(d["mem_bytes"]), "yes" if d["used"] else "",
         )
     console.print(table)
@@ -97,7 +98,7 @@ def _rows(rows: dict[str, int], console: Console) -> None:
     table.add_column("table")
     table.add_column("rows", justify="right")
     for name, count in rows.items():
-        table.add_row(name, f"{count:,}", style=None if count else "dim")
+        table.add_row(safe(name), f"{count:,}", style=None if count else "dim")
     console.print(table)
 
 
@@ -109,7 +110,7 @@ def _kernels(kernels: list[dict[str, Any]], console: Console) -> None:
                          ("mean", "right"), ("share", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for k in kernels:
-        table.add_row(k["short_name"], f"{k['count']:,}", format_ns(k["total_ns"]),
+        table.add_row(safe(k["short_name"]), f"{k['count']:,}", format_ns(k["total_ns"]),
                       format_ns(k["mean_ns"]), f"{100 * k['share']:.1f}%")
     console.print(table)
 
@@ -140,7 +141,7 @@ def print_diagnosis(dx: dict[str, Any], console: Console, top: int = 10) -> None
     print_steps(dx, console)
     _findings(dx["findings"][:top], console)
     for note in dx["notes"]:
-        console.print(f"[dim]note[/dim]: {note}", highlight=False)
+        console.print(f"[dim]note[/dim]: {safe(note)}", highlight=False)
 
 
 def _waterfall(losses: list[dict[str, Any]], console: Console) -> None:
@@ -154,10 +155,10 @@ def _waterfall(losses: list[dict[str, Any]], console: Console) -> None:
     for row in losses:
         if not row["lost_ns"] and row["cause"] != "useful":
             continue
-        device = str(row["device"]) if row["rank"] is None else f"r{row['rank']}:{row['device']}"
+        device = safe(row["device"] if row["rank"] is None else f"r{row['rank']}:{row['device']}")
         share = _known(row["share"])
         bar = "█" * round(30 * (share or 0.0))
-        table.add_row(device, row["cause"], format_ns(row["lost_ns"]), _percent(share),
+        table.add_row(device, safe(row["cause"]), format_ns(row["lost_ns"]), _percent(share),
                       f"[{_CAUSE_STYLE.get(row['cause'], 'white')}]{bar}[/]")
     console.print(table)
 
@@ -176,8 +177,8 @@ def _findings(findings: list[dict[str, Any]], console: Console) -> None:
     for i, f in enumerate(findings, 1):
         share = _known(f["share"])  # none without a timeline: not a share of anything
         lost = format_ns(f["lost_ns"]) + (f" ({_percent(share)})" if share else "")
-        table.add_row(str(i), f["cause"], lost if f["lost_ns"] else "-", f["where"] or "-",
-                      f["evidence"] or "", f["advice"] or "")
+        table.add_row(str(i), safe(f["cause"]), lost if f["lost_ns"] else "-",
+                      safe(f["where"] or "-"), safe(f["evidence"] or ""), safe(f["advice"] or ""))
     console.print(table)
 
 
@@ -192,7 +193,8 @@ def _steps(rows: list[dict[str, Any]], console: Console) -> None:
         table.add_column(col, justify="left" if col in ("device", "step") else "right")
     for (rank, device, step), shares in by_step.items():
         label = str(device) if rank is None else f"r{rank}:{device}"
-        table.add_row(label, step, *(f"{100 * shares.get(c, 0.0):.1f}%" for c in causes))
+        table.add_row(safe(label), safe(step),
+                      *(f"{100 * shares.get(c, 0.0):.1f}%" for c in causes))
     console.print(table)
 
 

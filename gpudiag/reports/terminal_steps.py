@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from gpudiag.analyzers.host_advice import duration
 from gpudiag.analyzers.host_categories import CATEGORIES
+from gpudiag.reports.safe_text import terminal as safe
 
 #: per-step rows shown before the rest is summarized in one line
 MAX_STEP_ROWS = 30
@@ -28,13 +28,13 @@ def print_steps(dx: dict[str, Any], console: Console) -> None:
     CPU memory peak and, with `--steps`, the host time of every step."""
     steps = dx.get("steps") or {}
     if steps.get("count"):
-        console.print(f"[bold]Steps[/bold]: {escape(steps_line(steps))}", highlight=False)
+        console.print(f"[bold]Steps[/bold]: {safe(steps_line(steps))}", highlight=False)
     host = dx.get("host") or {}
     _breakdown(host.get("breakdown") or [], console)
     _top_ops(host.get("top_ops") or [], console)
     for row in host.get("memory") or []:
         if row.get("peak_bytes") is not None:
-            at = f" (in {row['peak_step']})" if row.get("peak_step") else ""
+            at = f" (in {safe(row['peak_step'])})" if row.get("peak_step") else ""
             console.print(f"[bold]CPU memory peak[/bold]: {_bytes(row['peak_bytes'])}{at}",
                           highlight=False)
     if host.get("by_step"):
@@ -62,9 +62,9 @@ def _breakdown(rows: list[dict[str, Any]], console: Console) -> None:
                                                      "warm-up"]:
         table.add_column(col, justify="left" if col in ("process", "category") else "right")
     for r in shown:
-        cells = [_label(r["category"]), duration(r["per_step_ns"]), _percent(r["share"]),
+        cells = [safe(_label(r["category"])), duration(r["per_step_ns"]), _percent(r["share"]),
                  duration(r["warmup_ns"]) if r["warmup_ns"] else "-"]
-        table.add_row(*([_process(r)] if several else []), *cells)
+        table.add_row(*([safe(_process(r))] if several else []), *cells)
     console.print(table)
 
 
@@ -76,7 +76,7 @@ def _top_ops(rows: list[dict[str, Any]], console: Console) -> None:
                          ("share", "right")):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in rows:
-        table.add_row(escape(str(r["name"])), f"{r['calls']:,}", duration(r["self_ns"]),
+        table.add_row(safe(r["name"]), f"{r['calls']:,}", duration(r["self_ns"]),
                       _percent(r["share"]))
     console.print(table)
 
@@ -89,7 +89,7 @@ def _by_step(rows: list[dict[str, Any]], console: Console) -> None:
     for r in rows[:MAX_STEP_ROWS]:
         name = str(r["step"]) + (" (warm-up)" if r.get("warmup") else "") + \
             ("" if r.get("profiled", True) else " (not profiled)")
-        table.add_row(escape(name), duration(r["dur_ns"]),
+        table.add_row(safe(name), duration(r["dur_ns"]),
                       *(duration(r[f"{c}_ns"]) if r[f"{c}_ns"] else "-" for c in used))
     console.print(table)
     if len(rows) > MAX_STEP_ROWS:
