@@ -4,6 +4,7 @@ without running code, writing through a planted symlink or hanging (issue 12).""
 from __future__ import annotations
 
 import copyreg
+import io
 import json
 import os
 import pickle
@@ -21,10 +22,12 @@ import pytest
 import gpudiag
 from gpudiag.collectors import ncu, nsys, nsys_export, nsys_schema, torch_memory
 from gpudiag.collectors.files import read_bytes, read_head
+from gpudiag.collectors.ncu_metrics import MetricRows
 from gpudiag.collectors.torch_memory_pickle import load_plain
 from gpudiag.errors import InputError
 from tests.builders import KinetoTrace
 from tests.conftest import fixture
+from tests.test_ncu import KINDS, FakeAction, FakeMetric
 from tests.test_nsys import export_2023
 
 # -- torch memory snapshots ----------------------------------------------------------------
@@ -406,3 +409,42 @@ def test_reading_in_a_child_gives_the_same_trace(tmp_path: Path) -> None:
     for name, frame in here.tables().items():
         pd.testing.assert_frame_equal(frame, there.tables()[name], check_categorical=False)
     assert there.meta == here.meta
+
+
+class _GappyAction(FakeAction):
+    """An action of a damaged report: it lists a name it then has no metric for."""
+
+    def metric_names(self) -> tuple[str, ...]:
+        return (*self.metrics, "ghost__metric.sum")
+
+
+def test_damaged_metric_names_and_text_are_left_out_or_cleaned() -> None:
+    """What three 1-bit flips of a real report gave: a listed metric that metric_by_name
+    returns None for, a name SWIG refuses back (non-ASCII), text with lone surrogates."""
+    action = _GappyAction({
+        "sm__throughput.avg": FakeMetric(12.5, unit="%"),
+        "dram__by\udcfftes.sum": FakeMetric(1.0),
+        "device__attribute_display_name": FakeMetric("RTX \udcee4090"),
+    })
+    rows = MetricRows(KINDS)
+    rows.add(0, action)
+    frame = rows.frame(["k"], [0])
+    assert rows.skipped == 2
+    assert frame["metric"].tolist() == ["sm__throughput.avg", "device__attribute_display_name"]
+    assert frame["text"].tolist()[1] == "RTX \ufffd4090"
+    frame.to_parquet(io.BytesIO())  # what the child process hands back must be writable
+
+
+def test_a_real_report_with_one_flipped_bit_that_aborts_ncu_report(tmp_path: Path) -> None:
+    """Bit 2 of byte 9111 of this report makes ncu_report 2026 abort (exit 134 in-process)."""
+    pytest.importorskip("ncu_report")
+    data = bytearray(fixture("ncu/rtx3050laptop_filter_nvtx.ncu-rep").read_bytes())
+    data[9111] ^= 1 << 2
+    path = tmp_path / "flipped.ncu-rep"
+    path.write_bytes(bytes(data))
+    try:
+        trace = ncu.read(path)
+    except InputError as exc:
+        assert str(path) in str(exc) and "\n" not in str(exc)
+    else:  # another ncu_report release may read it: then it must be a valid trace
+        trace.validate()

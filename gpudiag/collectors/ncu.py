@@ -37,6 +37,7 @@ from gpudiag.collectors.ncu_metrics import (
     MetricRows,
     ValueKinds,
     axes,
+    clean_text,
     device_row,
     devices_frame,
     duration_ns,
@@ -55,6 +56,7 @@ NO_RESULTS_FIX = (
 DAMAGED_FIX = "copy the file again or re-run ncu: the end of the report is missing"
 SHAPE_FROM_TOTAL = "kernels whose grid or block has only a total size (taken as x, y = z = 1)"
 NO_DURATION = "kernels without gpu__time_duration.sum (placed with zero duration)"
+SKIPPED_METRICS = "metrics with a damaged name or no value object left out (damaged report)"
 NATIVE_MESSAGES = "messages ncu_report printed while opening the report"
 #: set by the child process of `ncu_isolated`: where to keep what ncu_report writes to fd 2
 NATIVE_LOG_ENV = "GPUDIAG_NCU_NATIVE_LOG"
@@ -92,6 +94,7 @@ def read_in_process(path: Path, metrics: Iterable[str] | None = None) -> Trace:
     for kernel_id, action in enumerate(actions):
         launches.append(launch(action, kernel_id, kinds, notes))
         rows.add(kernel_id, action)
+    notes[SKIPPED_METRICS] += rows.skipped
     kernels = kernels_frame(launches)
     trace = Trace(
         meta=_meta(ncu, context, ranges, _rules(ncu, actions)),
@@ -212,7 +215,7 @@ def kernel_name(action: Action) -> str:
         name = action.name(action.NameBase_DEMANGLED)
     except (AttributeError, TypeError):  # an older ncu_report without name bases
         name = None
-    return str(name or action.name())
+    return clean_text(name or action.name())
 
 
 def launch(
@@ -274,7 +277,7 @@ def nvtx_text(state: Any) -> str | None:
         domain = state.domain_by_id(domain_id)
         names = [] if domain is None else _range_names(domain)
         if names:
-            label = domain.name()
+            label = clean_text(domain.name() or "")
             prefix = f"{label}:" if label and label != DEFAULT_DOMAIN else ""
             parts.append(prefix + "/".join(names))
     return "; ".join(parts) or None
@@ -284,7 +287,7 @@ def _range_names(domain: Any) -> list[str]:
     pushed = (domain.push_pop_range(i) for i in range(len(domain.push_pop_ranges())))
     names = [r.name() for r in pushed if r is not None]
     names += list(domain.start_end_ranges())
-    return [str(n) for n in names if n]
+    return [clean_text(n) for n in names if n]
 
 
 def _devices(actions: list[Action], kernels: pd.DataFrame, kinds: ValueKinds) -> pd.DataFrame:

@@ -53,6 +53,24 @@ class ValueKinds:
         )
 
 
+def clean_text(text: Any) -> str:
+    """`text` from ncu_report as valid UTF-8: SWIG hands the bytes of a damaged report over
+    with lone surrogates (surrogateescape), which Parquet and JSON writers refuse; each bad
+    byte becomes U+FFFD."""
+    text = str(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return text
+
+
+def clean_name(name: Any) -> bool:
+    """Whether a metric name can be asked for: ncu's names are ASCII; one that is not came
+    from a damaged report, and SWIG refuses it (TypeError) when passed back."""
+    return isinstance(name, str) and name.isascii() and bool(name)
+
+
 def metric_value(metric: Metric, kinds: ValueKinds) -> Value:
     """The aggregate value of one metric as int, float or str; None when it has none.
 
@@ -70,7 +88,7 @@ def metric_value(metric: Metric, kinds: ValueKinds) -> Value:
         return int(metric.as_uint64())
     if kind == kinds.string:
         text = metric.as_string()
-        return None if text is None else str(text)
+        return None if text is None else clean_text(text)
     return None  # ValueKind_ANY / UNKNOWN: ncu recorded the name without a value
 
 
@@ -133,6 +151,8 @@ class MetricRows:
     text: list[str | None] = field(default_factory=list)
     per_kernel: list[int] = field(default_factory=list)
     units: dict[str, str | None] = field(default_factory=dict)
+    #: metrics of a damaged report left out: a name that is not ASCII, or no metric object
+    skipped: int = 0
 
     def add(self, kernel_id: int, action: Action) -> None:
         """Append one row per metric of `action` (those in `keep`, when given).
@@ -140,13 +160,18 @@ class MetricRows:
         `IMetric.unit()` costs more than the value itself (about 15 µs a call), and a metric
         name has one unit throughout a report, so units are looked up once per name.
         """
-        names = list(action.metric_names())
+        listed = list(action.metric_names())
+        names = [n for n in listed if clean_name(n)]
         if self.keep is not None:
             names = [n for n in names if n in self.keep]
         get, kinds, known = action.metric_by_name, self.kinds, self.units
         values, units, texts = self.value, self.unit, self.text
+        found = []
         for name in names:
             metric = get(name)
+            if metric is None:
+                continue
+            found.append(name)
             value = metric_value(metric, kinds)
             if isinstance(value, str):
                 values.append(math.nan)
@@ -155,11 +180,13 @@ class MetricRows:
                 values.append(math.nan if value is None else float(value))
                 texts.append(None)
             if name not in known:
-                known[name] = metric.unit() or None
+                unit = metric.unit()
+                known[name] = clean_text(unit) if unit else None
             units.append(known[name])
-        self.metric += names
-        self.kernel_id += [kernel_id] * len(names)
-        self.per_kernel.append(len(names))
+        self.skipped += sum(not clean_name(n) for n in listed) + len(names) - len(found)
+        self.metric += found
+        self.kernel_id += [kernel_id] * len(found)
+        self.per_kernel.append(len(found))
 
     def frame(self, kernel_names: list[str], devices: list[int | None]) -> pd.DataFrame:
         """The table, with each kernel's name and device repeated over its rows."""
