@@ -148,9 +148,10 @@ def test_input_strings_are_data_never_markup() -> None:
         as_dict = fig.to_dict()
         assert "<script>" not in repr(as_dict["layout"])
         assert all("<script>" not in t.get("hovertemplate", "") for t in as_dict["data"])
-        assert "<script>" in repr(as_dict["data"])  # shown, as data
+        assert "<script>" not in repr(as_dict["data"])  # plotly renders label HTML:
+        assert "&lt;script&gt;" in repr(as_dict["data"])  # shown as text, escaped for it
         page = fig.to_html(include_plotlyjs=False)  # the string survives only escaped
-        assert "<script>alert" not in page and "\\u003cscript\\u003ealert" in page
+        assert "<script>alert" not in page and "&lt;script&gt;alert" in page
         assert page.count("<script") == page.count("</script>") == 1  # plotly's own
 
 

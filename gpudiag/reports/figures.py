@@ -10,8 +10,9 @@ Two rules hold for every figure:
   `max_calls` columns, so a figure holds rows x bins cells whatever the trace's size (ten
   million kernels give the same JSON size as ten thousand);
 - **input strings are data**: kernel names, stream and communicator labels go into the
-  traces' `x`/`y`/`customdata` arrays, never into titles, templates or layout text, so
-  plotly escapes them (a kernel named `<script>` is shown, never run).
+  traces' `x`/`y`/`customdata` arrays, never into titles, templates or layout text, and
+  each goes through `safe_text.plotly_label` first: plotly renders a subset of HTML in
+  hover, tick and legend text, so a kernel named `<a href=...>` is shown, never a link.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.names import short_names
 from gpudiag.reports.figures_memory import memory
 from gpudiag.reports.ncu_heatmap import figure as ncu_heatmap
+from gpudiag.reports.safe_text import plotly_label
 from gpudiag.trace import Trace
 
 __all__ = ["CAUSE_COLORS", "collective_waits", "memory", "ncu_heatmap", "utilization",
@@ -198,8 +200,8 @@ def _stream_events(trace: Trace) -> dict[str, np.ndarray] | None:
     kernel_names = short_names(trace.kernels["name"])
     copy_names = ("memcpy " + trace.copies["kind"].astype("string").fillna("?")).astype(
         "category")
-    names = np.concatenate([np.asarray(kernel_names.cat.categories, dtype=object),
-                            np.asarray(copy_names.cat.categories, dtype=object)])
+    names = np.array([plotly_label(n) for n in  # per distinct name: plotly renders HTML
+                      (*kernel_names.cat.categories, *copy_names.cat.categories)], dtype=object)
     name = np.concatenate([kernel_names.cat.codes.to_numpy(np.int64),
                            np.where(copy_names.cat.codes.to_numpy(np.int64) < 0, -1,
                                     copy_names.cat.codes.to_numpy(np.int64)
@@ -338,5 +340,5 @@ def _call_labels(skew: pd.DataFrame, column: IntArray, columns: int) -> list[str
     per = calls.groupby("column").agg(first=("match_id", "min"), last=("match_id", "max"),
                                       op=("op", "first"), comm=("comm", "first"))
     per = per.reindex(range(columns))
-    return [f"#{a}" + (f"-{b}" if b != a else "") + f" {op} ({comm})"
+    return [plotly_label(f"#{a}" + (f"-{b}" if b != a else "") + f" {op} ({comm})")
             for a, b, op, comm in per.itertuples(index=False, name=None)]

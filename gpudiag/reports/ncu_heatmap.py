@@ -38,7 +38,6 @@ a subset of HTML in labels and hover text), and plotly's JSON escapes `<`, `>` a
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +48,7 @@ import plotly.graph_objects as go
 
 from gpudiag.analyzers.kernel_metrics import kernel_metrics, rules
 from gpudiag.errors import InputError
+from gpudiag.reports.safe_text import plotly_label
 from gpudiag.trace import Trace
 
 
@@ -306,7 +306,7 @@ def figure(trace: Trace, *, per_launch: bool = False, metrics: Sequence[str] | N
     text = _cell_text(table, shown, blank)
     heatmap = go.Heatmap(
         z=_nan_to_none(scores), x=[_column_label(c) for c in shown],
-        y=[html.escape(label) for label in table["label"].astype(str)],
+        y=[plotly_label(label) for label in table["label"].astype(str)],
         text=text, texttemplate="%{text}", customdata=_nan_to_none(values),
         hovertext=_hover(table, shown, text, scores, blank), hoverinfo="text",
         colorscale=COLORSCALE, zmin=0.0, zmax=1.0, xgap=1, ygap=1,
@@ -424,13 +424,13 @@ def _row_hover(row: Mapping[str, Any]) -> str:
     name = str(row["name"])
     if len(name) > HOVER_NAME_CHARS:
         name = name[:HOVER_NAME_CHARS - 1] + "…"
-    lines = [html.escape(name[i:i + HOVER_WRAP]) for i in range(0, len(name), HOVER_WRAP)]
+    lines = [plotly_label(name[i:i + HOVER_WRAP]) for i in range(0, len(name), HOVER_WRAP)]
     duration = row["duration_ns"]
     time = "n/a" if pd.isna(duration) else f"{float(duration) / 1e3:,.1f} µs"
     lines.append(f"{row['launches']} launch(es), {time} GPU time")
     found = str(row["rules"])
     if found:
-        lines.append("ncu: " + html.escape(found[:HOVER_NAME_CHARS]))
+        lines.append("ncu: " + plotly_label(found[:HOVER_NAME_CHARS]))
     return "<br>".join(lines) + "<br>"
 
 
@@ -450,7 +450,7 @@ def _title(table: pd.DataFrame, per_launch: bool, sort: str = "time") -> str:
     what = one if total == 1 else many
     if not total:
         return "No Nsight Compute kernel metrics in this trace"
-    order = {"time": "GPU time", "health": "health (worst first)"}.get(sort, html.escape(sort))
+    order = {"time": "GPU time", "health": "health (worst first)"}.get(sort, plotly_label(sort))
     head = f"Nsight Compute kernels by {order}: {total:,} {what}"
     notes = []
     if len(table) < total:
