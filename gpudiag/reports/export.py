@@ -27,6 +27,7 @@ from gpudiag.reports.chrome_events import (
     events,
     header,
 )
+from gpudiag.reports.safe_text import csv_cell
 from gpudiag.trace import Trace
 
 if TYPE_CHECKING:
@@ -109,7 +110,10 @@ def write_tables(trace: Trace, out_dir: str | Path, fmt: str = "csv",
 
     With `dx`, also `losses`, `findings`, `idle_gaps` (annotated pieces), `by_step` when
     computed, and the detail tables. CSV writes categoricals as their strings and NA as an
-    empty field; Parquet keeps the dtypes (object columns as strings, which Arrow needs).
+    empty field, rows end in CRLF, and a text cell that a spreadsheet would run as a
+    formula (starting with = + - @ TAB or CR, as a hostile kernel name may) gets a leading
+    `'`; Parquet keeps the dtypes and the text as it is (object columns as strings, which
+    Arrow needs).
     """
     if fmt not in ("csv", "parquet"):
         raise InputError(None, f"unknown table format {fmt!r}", "use csv or parquet")
@@ -125,12 +129,27 @@ def write_tables(trace: Trace, out_dir: str | Path, fmt: str = "csv",
     for name in names:
         frame, path = frames[name](), root / f"{name}.{fmt}"
         if fmt == "csv":
-            frame.to_csv(path, index=False)
+            # CRLF rows (RFC 4180): the csv writer then quotes a field holding CR or LF
+            _spreadsheet_safe(frame).to_csv(path, index=False, lineterminator="\r\n")
         else:
             objects = [c for c in frame.columns if frame[c].dtype == object]
             frame.astype(dict.fromkeys(objects, "string")).to_parquet(path, index=False)
         written[name] = path
     return written
+
+
+def _spreadsheet_safe(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with every text cell through `csv_cell` (per distinct value of a category)."""
+    out = frame
+    for col in frame.columns:
+        column = frame[col]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            if any(csv_cell(c) != c for c in column.cat.categories):  # CSV holds text anyway
+                out = out.assign(**{col: column.astype(object).map(
+                    csv_cell, na_action="ignore")})
+        elif column.dtype == object or pd.api.types.is_string_dtype(column.dtype):
+            out = out.assign(**{col: column.map(csv_cell, na_action="ignore")})
+    return out
 
 
 def _export_tables(trace: Trace, dx: Diagnosis | None) -> dict[str, Any]:
