@@ -36,8 +36,9 @@ def memory(trace: Trace, *, grid: pd.DataFrame | None = None,
     to reuse analyzer results. Without a snapshot there is no block layout to draw: then
     the allocated / reserved curves of `memory_curves`, or None without memory data.
     """
-    grid = occupancy_grid(trace, max_addresses=max_addresses, max_times=max_times) \
-        if grid is None else grid
+    if grid is None:
+        grid = occupancy_grid(trace, max_addresses=max_addresses, max_times=max_times) \
+            if layout_fits(trace) else pd.DataFrame()  # else: the curves, which need no layout
     if grid.empty:
         return memory_curves(trace, frag=frag, max_points=max_points)
     frag = fragmentation(trace) if frag is None else frag
@@ -121,6 +122,28 @@ def _add_grid(fig: go.Figure, cells: pd.DataFrame, t0: int, row: int, *, first: 
         colorbar={"title": "state", "tickvals": list(range(n)), "ticktext": list(STATES)},
         hovertemplate="%{x:.3f} ms, %{y:.3f} GB<br>allocated %{customdata[0]:.1%}<br>"
         "inactive %{customdata[1]:.1%}<br>unreserved %{customdata[2]:.1%}<extra></extra>")
+
+
+#: the largest address or stacked offset the allocator replay can hold (int64)
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def layout_fits(trace: Trace) -> bool:
+    """True when every block and segment ends inside int64 and their sizes sum inside it.
+
+    A snapshot with addresses or sizes near 2**63 (no allocator has them; a damaged or
+    hand-made file can) cannot be laid out on a 64-bit address axis: its figure falls back
+    to the allocated / reserved curves instead of overflowing."""
+    blocks, events = trace.memory_blocks, trace.memory
+    pairs = [(blocks["addr"], blocks["bytes"]), (blocks["segment_addr"], blocks["segment_bytes"]),
+             (events["addr"], events["bytes"])]
+    for addr, size in pairs:
+        a = addr.to_numpy(dtype="float64", na_value=0.0)
+        n = np.clip(size.to_numpy(dtype="float64", na_value=0.0), 0, None)
+        if len(a) and (np.abs(a) + n >= 2.0 ** 62).any():  # float: exact enough with margin
+            return False
+    sizes = blocks.drop_duplicates(["device", "segment_addr"])["segment_bytes"]
+    return float(sizes.astype("float64").fillna(0).abs().sum()) < 2.0 ** 62
 
 
 def memory_curves(trace: Trace, *, frag: pd.DataFrame | None = None,
