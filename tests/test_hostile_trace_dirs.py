@@ -168,7 +168,7 @@ def test_bad_format_version_and_constants_are_one_line(tmp_path: Path) -> None:
         with pytest.raises(InputError, match="format"):
             gpudiag.load(saved)
     (saved / "meta.json").write_text(json.dumps(base)[:-1] + ', "x": NaN}')
-    with pytest.raises(InputError, match="unreadable meta.json"):
+    with pytest.raises(InputError, match=r"unreadable meta\.json"):
         gpudiag.load(saved)
 
 
@@ -207,5 +207,5 @@ def test_rows_that_end_before_they_start_are_refused(tmp_path: Path) -> None:
     kernels = pd.read_parquet(saved / "kernels.parquet")
     kernels["end_ns"] = kernels["start_ns"] - 1
     kernels.to_parquet(saved / "kernels.parquet", index=False)
-    with pytest.raises(InputError, match="kernels.parquet.*end before they start"):
+    with pytest.raises(InputError, match=r"kernels\.parquet.*end before they start"):
         gpudiag.load(saved)
