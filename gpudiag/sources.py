@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from gpudiag.collectors import READERS, Probe, Reader, find_reader
-from gpudiag.collectors.files import read_head
+from gpudiag.collectors.files import at_most_files, read_head
 from gpudiag.errors import InputError
 from gpudiag.trace import Trace, check_meta, is_trace_dir, load_json, merge
 from gpudiag.trace_meta import RUN
@@ -91,7 +91,7 @@ def _expand(path: Path, skipped: list[str]) -> list[tuple[Path, Reader | None]]:
         return [(path, None)]
     if is_run_dir(path):
         return [(path, None)]  # read_file: load_run
-    found = readable_files(sorted(p for p in _walk(path)), skipped)
+    found = readable_files(sorted(at_most_files(path, _walk(path))), skipped)
     if not found:
         raise InputError(
             path, "is a directory with no profile gpudiag can read",

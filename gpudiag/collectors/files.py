@@ -10,10 +10,11 @@ budget on hostile input.
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -26,6 +27,8 @@ READ_BYTES = 256 << 10
 INFLATE_BLOCK = 1 << 20
 DEFAULT_MAX_RATIO = 100
 DEFAULT_MAX_INFLATED = 256 << 20
+#: files one folder may hold for `gpudiag.load`; GPUDIAG_MAX_FILES raises it
+DEFAULT_MAX_FILES = 5000
 
 
 def budget(name: str, default: int) -> int:
@@ -46,6 +49,22 @@ def inflation_limit(compressed_bytes: int) -> int:
     ratio = budget("GPUDIAG_MAX_INFLATION_RATIO", DEFAULT_MAX_RATIO)
     floor = budget("GPUDIAG_MAX_INFLATED_BYTES", DEFAULT_MAX_INFLATED)
     return max(ratio * compressed_bytes, floor)
+
+
+def at_most_files(folder: Path, files: Iterable[Path]) -> list[Path]:
+    """`files` (found under `folder`) as a list, or InputError past the file-count budget.
+
+    Stops walking at the first file over the budget, so a folder of a million files is
+    refused in the time it takes to list the budget's worth.
+    """
+    limit = budget("GPUDIAG_MAX_FILES", DEFAULT_MAX_FILES)
+    out = list(itertools.islice(files, limit + 1))
+    if len(out) > limit:
+        raise InputError(
+            folder, f"holds more than {limit} files (reading each costs about 40 ms)",
+            "point at the files you need (or a folder of them), or raise the budget: "
+            f"GPUDIAG_MAX_FILES=<count> (default {DEFAULT_MAX_FILES})")
+    return out
 
 
 def size_text(n: float) -> str:
