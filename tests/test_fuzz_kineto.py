@@ -1,10 +1,12 @@
 """Property-based fuzzing of the Kineto reader: any input either loads into a valid Trace or
-raises InputError — never another exception."""
+raises InputError — never another exception. Derandomized (the same examples on every run,
+so CI is reproducible), with a deadline per example (a hang or a quadratic path fails)."""
 
 from __future__ import annotations
 
 import gzip
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +75,8 @@ def load_or_input_error(path: Path) -> None:
     trace.validate()
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(max_examples=250, deadline=timedelta(seconds=20), derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(doc=documents())
 def test_random_kineto_shaped_documents_load_or_raise_input_error(doc: Any, tmp_path: Path) -> None:
     path = tmp_path / "fuzz.json"
@@ -82,8 +84,8 @@ def test_random_kineto_shaped_documents_load_or_raise_input_error(doc: Any, tmp_
     load_or_input_error(path)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=timedelta(seconds=20), derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_mutated_and_truncated_real_trace_loads_or_raises_input_error(
     data: st.DataObject, tmp_path: Path
