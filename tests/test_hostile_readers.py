@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -448,3 +449,13 @@ def test_a_real_report_with_one_flipped_bit_that_aborts_ncu_report(tmp_path: Pat
         assert str(path) in str(exc) and "\n" not in str(exc)
     else:  # another ncu_report release may read it: then it must be a valid trace
         trace.validate()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("reader", [nsys.read_sqlite, ncu.read, torch_memory.read_snapshot])
+def test_readers_called_directly_refuse_a_fifo(tmp_path: Path, reader: Callable[..., Any],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object())
+    fifo = _fifo(tmp_path / "profile")
+    with pytest.raises(InputError, match=r"not a regular file \(a FIFO\)"):
+        _with_deadline(lambda: reader(fifo))

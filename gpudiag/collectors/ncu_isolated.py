@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpudiag.collectors.files import open_regular
 from gpudiag.errors import CollectorError, GpudiagError, InputError, MissingDependencyError
 from gpudiag.trace import Trace
 
@@ -45,6 +46,7 @@ def read_isolated(path: Path, metrics: Iterable[str] | None = None) -> Trace:
     """`ncu.read_in_process(path, metrics)` run in a child process; InputError on a crash."""
     if not _installed("ncu_report"):
         raise MissingDependencyError("ncu_report", "ncu", PURPOSE)
+    _regular(path)
     out = Path(tempfile.mkdtemp(prefix="gpudiag-ncu-"))
     try:
         command = [sys.executable, "-m", __name__, str(path), str(out)]
@@ -56,6 +58,17 @@ def read_isolated(path: Path, metrics: Iterable[str] | None = None) -> Trace:
         raise _failure(path, done, out / ERROR_FILE)
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _regular(path: Path) -> None:
+    """InputError unless `path` is a regular file (a FIFO would hang the child until its
+    time budget); a missing file is left to ncu_report, which says so."""
+    try:
+        open_regular(Path(path)).close()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InputError(path, f"cannot be read ({exc.strerror or exc})") from exc
 
 
 def _installed(module: str) -> bool:

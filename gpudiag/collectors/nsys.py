@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.collectors import nsys_schema as ns
+from gpudiag.collectors.files import open_regular
 from gpudiag.collectors.intervals import nesting_depth
 from gpudiag.devices import fill_from_compute_capability, vendor_of
 from gpudiag.errors import InputError
@@ -78,6 +79,11 @@ def open_export(path: Path) -> Iterator[sqlite3.Connection]:
     SQLite reads lazily: a truncated file can pass the first query and fail on a later
     page, so the whole read runs inside this context.
     """
+    try:  # SQLite's own open() would wait forever on a FIFO: refuse what is not a file
+        open_regular(Path(path)).close()
+    except OSError as exc:
+        raise InputError(path, f"cannot be opened ({exc.strerror or exc})",
+                         "check that the file exists and is readable") from exc
     uri = f"file:{quote(str(Path(path).resolve()))}?mode=ro"
     try:
         con = sqlite3.connect(uri, uri=True, timeout=LOCK_WAIT_S)
