@@ -109,3 +109,33 @@ def test_a_run_that_cannot_be_written_keeps_the_programs_exit_status(
     assert "the command ran (exit status 3) but its profile could not be written" in \
         done.output
     assert "No space left on device" in done.output and "Traceback" not in done.output
+
+
+def test_fork_pool_workers_keep_their_steps_and_torch_ops(tmp_path: Path) -> None:
+    """Forked workers inherited a lock the parent's flush thread held at the fork: the
+    SIGTERM that ends them hung there (the pool, and so the job, never ended)."""
+    framework("torch")
+    code = """
+        import multiprocessing as mp
+        import torch, gpudiag
+
+        def work(i):
+            out = 0.0
+            for _ in range(6):
+                with gpudiag.step():
+                    x = torch.randn(32, 32)
+                    out += float((x @ x).sum())
+            return out
+
+        if __name__ == "__main__":
+            torch.ones(1).sum()  # the parent profiles too, so its state is forked
+            with mp.get_context("fork").Pool(4) as pool:
+                print(sum(pool.map(work, range(4), chunksize=1)))
+    """
+    done, run_dir = _profile(tmp_path, code, "--steps", "all")
+    assert done.returncode == 0, done.stderr[-2000:]
+    trace = gpudiag.load(run_dir / "trace")
+    steps = trace.ranges[trace.ranges["source"] == "step"].groupby("pid").size()
+    ops = trace.ranges[trace.ranges["name"] == "aten::mm"].groupby("pid").size()
+    assert steps.sum() == 24 and set(ops.index) == set(steps.index)
+    assert "collected 5 of" not in done.stderr and "ended without" not in done.stderr

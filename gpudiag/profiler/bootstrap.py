@@ -331,6 +331,7 @@ class HostCollector:
         """
         self._reset_for_process()
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.window.after_fork()
         self.plugins.after_fork(self.dir)
         self.start()
         mp_util = sys.modules.get("multiprocessing.util")

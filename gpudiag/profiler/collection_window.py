@@ -146,6 +146,12 @@ class Window:
         timer.start()
         self._timers.append(timer)
 
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (a parent's timer may have held it at the fork)
+        and no timers (they do not survive a fork)."""
+        self._lock = threading.RLock()
+        self._timers = []
+
     def threads(self) -> list[threading.Thread]:
         """The window's timer threads (gpudiag's own: the merge leaves their events out)."""
         return list(self._timers)

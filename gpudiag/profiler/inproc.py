@@ -237,7 +237,12 @@ class Plugins:
         self.call("pause" if edge == "pause" else "resume")
 
     def after_fork(self, proc_dir: Path) -> None:
-        """In a forked child: each plugin moves to the child's directory (or disables itself)."""
+        """In a forked child: each plugin moves to the child's directory (or disables itself).
+
+        The lock is made anew first: another thread of the parent (the flush thread) may have
+        held it at the fork, and the child's copy would then stay locked forever.
+        """
+        self._lock = threading.RLock()
         for name in list(self.started):
             (proc_dir / name).mkdir(parents=True, exist_ok=True)
         with self._lock:
