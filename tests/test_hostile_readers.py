@@ -459,3 +459,17 @@ def test_readers_called_directly_refuse_a_fifo(tmp_path: Path, reader: Callable[
     fifo = _fifo(tmp_path / "profile")
     with pytest.raises(InputError, match=r"not a regular file \(a FIFO\)"):
         _with_deadline(lambda: reader(fifo))
+
+
+def test_the_ncu_child_imports_nothing_from_the_working_folder(
+        fake_ncu_report: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's folder holding an ncu_report.py must not be imported by the child."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "ncu_report.py").write_text(
+        f"open({str(tmp_path / 'ran')!r}, 'w').close()\n" + FAKE_NCU_REPORT)
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("FAKE_NCU_MODE", "none")
+    with pytest.raises(InputError, match="cannot be opened by ncu_report"):
+        ncu.read(fake_ncu_report)
+    assert not (tmp_path / "ran").exists()

@@ -39,6 +39,8 @@ SECONDS_ENV = "GPUDIAG_NCU_SECONDS"
 DAMAGED = ("the report is damaged or not one this ncu_report can read: copy it again or re-run "
            "ncu (gpudiag read it in a child process, so nothing else was affected)")
 ERROR_FILE = "error.json"
+#: Python 3.11's -P: no script or working folder at the front of sys.path
+SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 NATIVE_LOG = "native.log"
 
 
@@ -49,10 +51,13 @@ def read_isolated(path: Path, metrics: Iterable[str] | None = None) -> Trace:
     _regular(path)
     out = Path(tempfile.mkdtemp(prefix="gpudiag-ncu-"))
     try:
-        command = [sys.executable, "-m", __name__, str(path), str(out)]
+        # -P and cwd=out: the child imports nothing from the folder gpudiag was started in
+        # (a stranger's folder could hold an ncu_report.py or pandas.py)
+        command = [sys.executable, *SAFE_PATH, "-m", __name__, str(Path(path).absolute()),
+                   str(out)]
         if metrics is not None:
             command.append(json.dumps(sorted(metrics)))
-        done = _run(path, command)
+        done = _run(path, command, out)
         if done.returncode == 0 and (out / "meta.json").is_file():
             return _load(out)
         raise _failure(path, done, out / ERROR_FILE)
@@ -97,14 +102,15 @@ def _load(out: Path) -> Trace:
     return Trace(meta=saved["meta"], **tables)
 
 
-def _run(path: Path, command: list[str]) -> subprocess.CompletedProcess[str]:
+def _run(path: Path, command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     seconds = _seconds()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH"))
         if p)}
     try:
         return subprocess.run(command, capture_output=True, text=True, errors="replace",
-                              timeout=seconds, check=False, env=env, stdin=subprocess.DEVNULL)
+                              timeout=seconds, check=False, env=env, stdin=subprocess.DEVNULL,
+                              cwd=cwd)
     except subprocess.TimeoutExpired as exc:
         raise InputError(path, f"was not read by ncu_report within {seconds} s",
                          f"if the report is genuine and large, raise {SECONDS_ENV}=<seconds>; "
@@ -148,7 +154,9 @@ def _native_messages(out: Path) -> str:
 def _rebuilt(path: Path, error: dict[str, Any]) -> Exception:
     kind = error.get("type")
     if kind == "InputError":
-        return InputError(error.get("path") or path, str(error.get("problem")),
+        said = error.get("path")
+        where = path if said in (None, str(path), str(Path(path).absolute())) else said
+        return InputError(where, str(error.get("problem")),
                           str(error.get("fix") or ""))
     if kind == "MissingDependencyError":
         return MissingDependencyError("ncu_report", "ncu", PURPOSE)
