@@ -270,3 +270,13 @@ def test_a_folder_of_tiny_traces_costs_tens_of_ms_per_file(tmp_path: Path) -> No
     per_file = (time.perf_counter() - start) / 40
     assert len(trace.kernels) == 40
     assert per_file < 0.5  # generous: a shared 2-core CI machine; about 0.03 s when idle
+
+
+def test_a_trace_of_more_events_than_the_budget_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty events cost about 1 µs each to read however small: 100 MB of `{},` from 100 KB
+    of gzip took 31 s. The event budget (20 million) bounds that; here it is set lower."""
+    monkeypatch.setenv("GPUDIAG_MAX_EVENTS", "100000")
+    path = gzip_of(tmp_path / "empties.json.gz", b'{"traceEvents": [', b"{},", 4 * MiB, b"{}]}")
+    message = load_error(path, seconds=10)
+    assert "more than 100,000 events" in message and "GPUDIAG_MAX_EVENTS" in message

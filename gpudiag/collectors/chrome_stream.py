@@ -42,6 +42,8 @@ from gpudiag.errors import InputError
 PIECE_BYTES = 1 << 20
 #: the longest event (or header before the events) read; GPUDIAG_MAX_EVENT_BYTES raises it
 MAX_EVENT_BYTES = 64 << 20
+#: the most events one trace may hold; GPUDIAG_MAX_EVENTS raises it
+MAX_EVENTS = 20_000_000
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
@@ -62,6 +64,7 @@ class ChromeTraceStream:
         self.path = path
         self.piece_bytes = piece_bytes
         self.max_event_bytes = budget("GPUDIAG_MAX_EVENT_BYTES", MAX_EVENT_BYTES)
+        self.max_events = budget("GPUDIAG_MAX_EVENTS", MAX_EVENTS)
         self.header = Document()
         self._text = _Text(path)
 
@@ -69,13 +72,26 @@ class ChromeTraceStream:
         try:
             prefix = self._find_array()
             if prefix is None:  # the top-level array form: no header
-                yield from self._events(array_form=True)
+                yield from self._counted(self._events(array_form=True))
                 return
-            yield from self._events(array_form=False)
+            yield from self._counted(self._events(array_form=False))
             rest = self._text.rest()
             self.header = self._decode_header(prefix + b'"traceEvents": []' + rest)
         finally:
             self._text.close()
+
+    def _counted(self, pieces: Iterator[list[Event]]) -> Iterator[list[Event]]:
+        """The pieces, until more than `max_events` events in all: reading an event costs
+        about 1 µs however small it is, and 400 MB of `{},` is 130 million of them."""
+        count = 0
+        for events in pieces:
+            count += len(events)
+            if count > self.max_events:
+                raise InputError(
+                    self.path, f"holds more than {self.max_events:,} events (real traces of a "
+                    "GB hold a few million)", "if it is a real profile, raise the budget: "
+                    "GPUDIAG_MAX_EVENTS=<count>, or record fewer steps")
+            yield events
 
     def _find_array(self) -> bytes | None:
         """Consume the text up to the first event; the header text before it, or None for
