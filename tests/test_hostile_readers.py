@@ -452,7 +452,8 @@ def test_a_real_report_with_one_flipped_bit_that_aborts_ncu_report(tmp_path: Pat
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
-@pytest.mark.parametrize("reader", [nsys.read_sqlite, ncu.read, torch_memory.read_snapshot])
+@pytest.mark.parametrize("reader", [nsys.read_sqlite, nsys.read_report, ncu.read,
+                                    torch_memory.read_snapshot])
 def test_readers_called_directly_refuse_a_fifo(tmp_path: Path, reader: Callable[..., Any],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("importlib.util.find_spec", lambda name: object())

@@ -64,6 +64,7 @@ def read_report(path: Path) -> Trace:
     """Read an `.nsys-rep` / `.qdrep` report through its SQLite export (needs `nsys`)."""
     from gpudiag.collectors.nsys_export import exported
 
+    _regular(path)  # nsys would wait on a FIFO until its export timeout
     with exported(path) as (sqlite_path, info):
         trace = read_sqlite(sqlite_path)
     if "nsys_cli_version" in info:
@@ -79,11 +80,7 @@ def open_export(path: Path) -> Iterator[sqlite3.Connection]:
     SQLite reads lazily: a truncated file can pass the first query and fail on a later
     page, so the whole read runs inside this context.
     """
-    try:  # SQLite's own open() would wait forever on a FIFO: refuse what is not a file
-        open_regular(Path(path)).close()
-    except OSError as exc:
-        raise InputError(path, f"cannot be opened ({exc.strerror or exc})",
-                         "check that the file exists and is readable") from exc
+    _regular(path)  # SQLite's own open() would wait forever on a FIFO
     uri = f"file:{quote(str(Path(path).resolve()))}?mode=ro"
     try:
         con = sqlite3.connect(uri, uri=True, timeout=LOCK_WAIT_S)
@@ -95,6 +92,15 @@ def open_export(path: Path) -> Iterator[sqlite3.Connection]:
         raise _db_error(path, exc) from exc
     finally:
         con.close()
+
+
+def _regular(path: Path) -> None:
+    """InputError unless `path` is a readable regular file (not a FIFO, device, folder)."""
+    try:
+        open_regular(Path(path)).close()
+    except OSError as exc:
+        raise InputError(path, f"cannot be opened ({exc.strerror or exc})",
+                         "check that the file exists and is readable") from exc
 
 
 def _db_error(path: Path, exc: BaseException) -> InputError:
