@@ -306,10 +306,17 @@ def _ranges(ev: Events) -> pd.DataFrame | None:
         "name": names, "source": pd.Categorical(source.to_numpy()),
         "external_id": external_id(args),
     })
-    lanes = pd.DataFrame({"pid": ev.pid[idx], "tid": ev.tid[idx], "gpu": on_gpu}).fillna(-1)
-    lane = lanes.groupby(["pid", "tid", "gpu"], sort=False).ngroup().to_numpy()  # thread/stream
-    frame["depth"] = nesting_depth(lane, frame["start_ns"], frame["end_ns"])
+    frame["depth"] = nesting_depth(_lanes(ev.pid[idx], ev.tid[idx], on_gpu),
+                                   frame["start_ns"], frame["end_ns"])
     return frame
+
+
+def _lanes(pid: np.ndarray, tid: np.ndarray, on_gpu: np.ndarray) -> np.ndarray:
+    """One int64 id per (pid, tid, on GPU) lane (a thread or a stream), NaN ids equal; from two
+    hash factorizations (a DataFrame groupby cost 2 ms even on one row)."""
+    pid_code, _ = pd.factorize(pid, use_na_sentinel=False)
+    tid_code, tids = pd.factorize(tid, use_na_sentinel=False)
+    return (pid_code.astype(np.int64) * len(tids) + tid_code) * 2 + np.asarray(on_gpu, bool)
 
 
 def _memory(ev: Events) -> pd.DataFrame | None:
