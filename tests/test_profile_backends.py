@@ -98,6 +98,29 @@ def test_steps_window_collects_only_those_steps(tmp_path: Path) -> None:
     assert not (run_dir / "report.html").exists()
 
 
+def test_default_window_finds_optimizer_steps_and_records_twenty_after_warm_up(
+        tmp_path: Path) -> None:
+    framework("torch")
+    code = """
+        import torch
+        model = torch.nn.Linear(16, 16)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        for i in range(40):
+            opt.zero_grad()
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+    """
+    done, run_dir = _profile(tmp_path, code, "--backend", "torch", "--no-report")
+    assert done.returncode == 0, done.stderr
+    assert "collected steps 4-23 (steps from the optimizer" in done.stderr
+    trace = gpudiag.load(run_dir / "trace")
+    steps = _steps(trace)
+    assert len(steps) == 39 and steps["name"].iloc[0] == "step 1"  # one per iteration
+    optimizer = trace.ranges[trace.ranges["name"].astype(str).str.startswith("Optimizer.step")]
+    assert len(optimizer) == 20  # exactly the window's steps: warm-up and the rest dropped
+    assert optimizer["start_ns"].min() >= steps["start_ns"].iloc[3]  # from step 4 on
+
+
 def test_steps_without_markers_is_said(tmp_path: Path) -> None:
     framework("torch")
     code = "import torch\nprint(torch.ones(3).sum().item())\n"

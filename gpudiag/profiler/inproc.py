@@ -42,6 +42,7 @@ PLUGINS: dict[str, tuple[str, tuple[str, ...]]] = {
 Callback = Callable[[ModuleType], None]
 _PENDING = None  # the ctypes callback type of Py_AddPendingCall, made on first use
 _pending_keep: list[list[Any]] = []  # [callback, ran]: a callback must outlive its call
+_KEEP_RECENT = 16
 
 #: launchers that only start the workers: profiling them adds a useless trace per run
 LAUNCHER_SCRIPTS = ("torchrun",)
@@ -272,12 +273,17 @@ def main_thread_call(function: Callable[[], None]) -> bool:
             ctypes.pythonapi.Py_AddPendingCall.restype = ctypes.c_int
 
         def run(_arg: Any) -> int:
-            entry[1] = True  # freed at a later call, never while it runs
-            with contextlib.suppress(Exception):  # never raise into the program's frame
-                function()
+            try:
+                with contextlib.suppress(Exception):  # never raise into the program's frame
+                    function()
+            finally:
+                entry[1] = True  # may be freed by a later call (see the pruning below)
             return 0
 
-        _pending_keep[:] = [e for e in _pending_keep if not e[1]]
+        # Free callbacks that ran, but never the newest ones: a callback that queues the next
+        # call (the torch plugin does) is still on the C stack when it returns.
+        ran = [e for e in _pending_keep[:-_KEEP_RECENT] if e[1]]
+        _pending_keep[:] = [e for e in _pending_keep if not any(e is r for r in ran)]
         entry: list[Any] = [None, False]
         entry[0] = _PENDING(run)
         _pending_keep.append(entry)

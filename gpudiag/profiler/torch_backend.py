@@ -115,6 +115,29 @@ class TorchCollector:
                 boot.optimizer_stepped(time.time_ns())
             finally:
                 self._in_hook = False
+        self._wrap_step_outside(type(optimizer))
+
+    def _wrap_step_outside(self, cls: type) -> None:
+        """Wrap the class's `step` around torch's own wrapper (its `Optimizer.step#...`
+        record_function), so the edges the hook crossed run right after that range closed.
+
+        torch wraps a class's step once and marks it `hooked`; the outer wrapper keeps the
+        mark (functools.wraps copies it), so torch does not wrap it again. The step that
+        installs it applies its edges at the next step's end (or a main-thread call).
+        """
+        inner = cls.__dict__.get("step")
+        if inner is None or getattr(inner, "_gpudiag_outer", False):
+            return
+
+        @functools.wraps(inner)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            result = inner(*args, **kwargs)
+            if self._pending and threading.get_ident() == self._owner:
+                self._apply_pending()
+            return result
+
+        step._gpudiag_outer = True  # type: ignore[attr-defined]
+        cls.step = step  # type: ignore[attr-defined]
 
     def _wrap_process_group_teardown(self) -> None:
         """Write the last segment before `destroy_process_group`.
@@ -195,14 +218,17 @@ class TorchCollector:
         `Optimizer.step#...`: a profiler stopped there crashes the process later, when that
         range's handle is collected).
 
-        Such an edge is queued and run on the program's main thread when that is the owner,
-        at its next bytecode outside `Optimizer.step` (`inproc.main_thread_call`); otherwise
-        it waits for `on_step` at the program's next `gpudiag.step()`, or for exit.
+        An edge from the hook is applied by the outer step wrapper as soon as
+        `Optimizer.step` returned. One from another thread is queued for the program's main
+        thread when that is the owner, at its next bytecode (`inproc.main_thread_call`; if
+        that falls inside `Optimizer.step`, the outer wrapper applies it); otherwise it waits
+        for `on_step` at the program's next `gpudiag.step()`, or for exit.
         """
         if threading.get_ident() == self._owner and not self._in_hook:
             return False
         self._pending.append(action)
-        self._schedule()
+        if not self._in_hook:  # in the hook, the outer step wrapper applies it (no queue)
+            self._schedule()
         return True
 
     def _schedule(self) -> None:
@@ -211,11 +237,8 @@ class TorchCollector:
 
     def _apply_pending(self) -> None:
         self._scheduled = False
-        if threading.get_ident() != self._owner or self._in_hook:
-            return
-        if _inside_optimizer_step():
-            self._schedule()  # again at a later bytecode: the range is about to close
-            return
+        if threading.get_ident() != self._owner or self._in_hook or _inside_optimizer_step():
+            return  # the outer step wrapper applies them once Optimizer.step# closed
         actions, self._pending = self._pending, []
         for action in actions:
             getattr(self, action)()
@@ -227,11 +250,8 @@ class TorchCollector:
             return
         if self._too_big() and "rotate" not in self._pending:
             self._pending.append("rotate")
-        if self._pending:
-            if self._in_hook:
-                self._schedule()
-            else:
-                self._apply_pending()
+        if self._pending and not self._in_hook:  # in the hook: the outer wrapper applies
+            self._apply_pending()
 
     def _too_big(self) -> bool:
         """Whether the open segment should be written now: the process grew past its bound,
