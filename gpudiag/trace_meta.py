@@ -126,7 +126,7 @@ META: dict[str, Shape] = {
     "hosts": list_of(STR), "command": COMMAND,
     "process": PROCESS, "processes": list_of(PROCESS),
     "run": RUN,
-    "ncu_rules": list_of(map_of(SCALAR)), "ncu_report_messages": list_of(ANY),
+    "ncu_rules": list_of(map_of(ANY)), "ncu_report_messages": list_of(ANY),
     "nvml": map_of(ANY), "allocator_settings": ANY, "external": map_of(ANY),
 }
 
