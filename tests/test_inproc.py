@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import sys
 import textwrap
-import time
 import types
 from pathlib import Path
 from typing import Any

@@ -5,10 +5,10 @@
 The shape of karpathy/nanoGPT's `train_shakespeare_char` config shrunk for a CPU (4 layers
 keep the op count per step, which is what profiling memory grows with; small widths keep a
 step quick): causal self-attention blocks (LayerNorm, attention, MLP), AdamW, a random
-character corpus, one optimizer step per iteration and no gpudiag markers. `--manual-profiler` wraps the loop in
-torch.profiler with the options gpudiag's torch backend uses (what a user would write by
-hand), exporting one trace at the end. Prints one JSON line: iterations, loop seconds,
-seconds per step after 5 warm-up steps.
+character corpus, one optimizer step per iteration and no gpudiag markers.
+`--manual-profiler` wraps the loop in torch.profiler with the options gpudiag's torch
+backend uses (what a user would write by hand), exporting one trace at the end. Prints one
+JSON line: iterations, loop seconds, seconds per step after 5 warm-up steps.
 """
 
 from __future__ import annotations
