@@ -73,3 +73,15 @@ def tool_missing(reason: str) -> None:
     if os.environ.get("GPUDIAG_REQUIRE_TOOLS") == "1":
         pytest.fail(f"required tool missing (GPUDIAG_REQUIRE_TOOLS=1): {reason}")
     pytest.skip(reason)
+
+
+def cli_status(*args: str) -> int:
+    """`gpudiag ARGS` run in this process (not through click's runner, so output reaches the
+    real stdout/stderr): its exit status (1 is an internal error)."""
+    from gpudiag.cli import main
+
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0

@@ -18,11 +18,11 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag import cli
 from gpudiag.reports import figures
 from gpudiag.reports.export import write_tables
 from gpudiag.reports.safe_text import csv_cell, plotly_label, printable, terminal
 from tests.builders import KinetoTrace, kernel, trace
+from tests.conftest import cli_status
 
 ESC_NAME = "\x1b[31mRED\x1b[0m\x1b]8;;http://evil.example/\x1b\\osc\x1b]8;;\x1b\\\x9b2J\x07"
 LINK_NAME = "[link=http://evil.example/]click[/link]"
@@ -42,12 +42,6 @@ def test_safe_text_functions() -> None:
     assert csv_cell("ok=1") == "ok=1" and csv_cell(-3) == -3
 
 
-def _cli(*args: str) -> int:
-    try:
-        cli.main(list(args))
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 def _kineto(path: Path, names: list[str]) -> Path:
@@ -82,7 +76,7 @@ def test_terminal_output_shows_hostile_names_as_text(hostile_dir: Path,
     outputs = []
     for args in (["analyze", str(path), "--steps"], ["analyze", str(saved)],
                  ["compare", str(path), str(saved)]):
-        assert _cli(*args) in (0, 1), args
+        assert cli_status(*args) in (0, 1), args
         out, err = capsys.readouterr()
         outputs.append(out + err)
     text = "".join(outputs)
@@ -97,7 +91,7 @@ def test_one_line_errors_make_control_characters_visible(
         hostile_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = hostile_dir / f"empty{FILE_NAME}\n2nd line.json"
     bad.write_bytes(b"")
-    assert _cli("analyze", str(bad)) == 2
+    assert cli_status("analyze", str(bad)) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "\x1b" not in err and "\x9b" not in err
     assert "\\x1b[31mRED" in err and "\\x0a2nd line" in err
@@ -242,7 +236,7 @@ def test_snapshot_with_int64_max_sizes_and_addresses_reports(tmp_path: Path) -> 
                {"action": "oom", "device_free": top, "size": top, "stream": 0, "time_us": 3}]
     path = tmp_path / "snapshot.pickle"
     path.write_bytes(pickle.dumps({"segments": [segment], "device_traces": [entries]}))
-    assert _cli("report", str(path), "-o", str(tmp_path / "r.html")) == 0
-    assert _cli("heatmap", str(path), "-o", str(tmp_path / "h.html")) == 0
+    assert cli_status("report", str(path), "-o", str(tmp_path / "r.html")) == 0
+    assert cli_status("heatmap", str(path), "-o", str(tmp_path / "h.html")) == 0
     assert os.path.getsize(tmp_path / "r.html") > 0
     assert figures.memory(gpudiag.load(path)) is not None  # the curves, not an overflow

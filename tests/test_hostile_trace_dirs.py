@@ -18,12 +18,12 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag import cli
 from gpudiag.errors import InputError
 from gpudiag.profiler import gather
 from gpudiag.schema import TABLE_NAMES, TABLES
 from gpudiag.trace_meta import META
 from tests.builders import kernel, sync, trace
+from tests.conftest import cli_status
 
 
 def _run_dir(root: Path) -> Path:
@@ -119,13 +119,6 @@ def _saved(root: Path) -> Path:
     return out
 
 
-def _cli(*args: str) -> int:
-    """`gpudiag ARGS` in this process: the exit status (1 is an internal error)."""
-    try:
-        cli.main(list(args))
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 JUNK: list[Any] = [None, 7, -1.5, "x", True, [], {}, [1, "a", None], {"a": [1]}, 10**30,
@@ -141,7 +134,7 @@ def test_junk_meta_values_are_one_line_errors(key: str, tmp_path: Path,
         (saved / "meta.json").write_text(json.dumps({**base, key: value}))
         for args in (["analyze", str(saved)], ["report", str(saved), "-o",
                                                  str(tmp_path / "r.html")]):
-            status = _cli(*args)
+            status = cli_status(*args)
             err = capsys.readouterr().err
             assert status in (0, 2), f"{key}={value!r}: {err}"
             if status == 2:
@@ -156,7 +149,7 @@ def test_a_meta_json_nested_100000_deep_is_refused_in_one_line(
     (saved / "meta.json").write_text(document)
     with pytest.raises(InputError, match="nested deeper"):
         gpudiag.load(saved)
-    assert _cli("analyze", str(saved)) == 2
+    assert cli_status("analyze", str(saved)) == 2
     assert "nested deeper" in capsys.readouterr().err
 
 
@@ -197,7 +190,7 @@ def test_parquet_tables_of_another_schema_are_one_line_errors(
             gpudiag.load(saved)
         except InputError as exc:
             assert f"{table}.parquet" in str(exc), why
-        status = _cli("analyze", str(saved))
+        status = cli_status("analyze", str(saved))
         err = capsys.readouterr().err
         assert status in (0, 2), f"{table}, {why}: {err}"
 
