@@ -58,14 +58,15 @@ def _steps(trace: gpudiag.Trace) -> pd.DataFrame:
 def test_torch_backend_run_dir_trace_and_report(tmp_path: Path) -> None:
     framework("torch")
     done, run_dir = _profile(tmp_path, TORCH_LOOP.format(steps=4, tail="sys.exit(3)"),
-                             "--backend", "torch")
+                             "--backend", "torch", "--warmup-steps", "0")  # every step
     assert done.returncode == 3, done.stderr  # the child's status comes back
     assert "not collected: GPU activity" in done.stderr  # said in one line, no GPU here
     procs = list((run_dir / "procs").iterdir())
     assert len(procs) == 1
-    assert [p.name for p in (procs[0] / "torch").iterdir()] == ["segment-0001.pt.trace.json"]
+    segments = [p.name for p in (procs[0] / "torch").iterdir()]
+    assert segments == ["segment-0001.pt.trace.json.gz"]  # gzipped once merged
     report = (run_dir / "report.html").read_text()
-    assert "gpudiag report: run.py" in report and "processes" in report
+    assert "gpudiag report: run<" in report and "processes" in report  # the program
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["exit_code"] == 3 and meta["options"]["backend"] == "torch"
     trace = gpudiag.load(run_dir / "trace")
@@ -190,7 +191,7 @@ def test_sigterm_writes_the_profile_then_dies_of_sigterm(tmp_path: Path) -> None
     assert proc.returncode == 128 + signal.SIGTERM, err
     trace = gpudiag.load(run_dir / "trace")
     assert (_ops(trace)["name"] == "aten::item").sum() == 1
-    assert len(list(run_dir.glob("procs/*/torch/segment-*.pt.trace.json"))) == 1
+    assert len(list(run_dir.glob("procs/*/torch/segment-*.pt.trace.json.gz"))) == 1
 
 
 def test_four_spawned_workers_write_their_own_profiles(tmp_path: Path) -> None:
@@ -212,7 +213,7 @@ def test_four_spawned_workers_write_their_own_profiles(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     # the parent, four workers, and multiprocessing's resource tracker (which has no torch)
     assert len(list((run_dir / "procs").iterdir())) == 6
-    segments = list(run_dir.glob("procs/*/torch/segment-0001.pt.trace.json"))
+    segments = list(run_dir.glob("procs/*/torch/segment-0001.pt.trace.json.gz"))
     assert len(segments) == 5
     trace = gpudiag.load(run_dir / "trace")
     items = _ops(trace).query("name == 'aten::item'")

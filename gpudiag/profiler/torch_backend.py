@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import importlib
 import os
 import sys
@@ -39,10 +40,13 @@ from typing import Any
 from gpudiag.collectors import kineto_repair
 from gpudiag.optional import require
 
-#: a new segment begins once the process grew by this much since the open one began
-DEFAULT_SEGMENT_BYTES = 384 * 2**20
+#: a new segment begins once the process grew by this much since the open one began, and
+#: segments hold as many steps as stopping them costs in memory within this much
+DEFAULT_SEGMENT_BYTES = 256 * 2**20
 #: ... or once the open one is this old (a SIGKILL or a crash loses at most the open one)
 DEFAULT_SEGMENT_S = 30.0
+#: ... or once it holds this many steps, before the first stop measured what a step costs
+DEFAULT_STEPS_PER_SEGMENT = 10
 
 
 def create(out_dir: Path, settings: dict[str, Any]) -> TorchCollector:
@@ -75,6 +79,8 @@ class TorchCollector:
         self._in_hook = False  # inside the optimizer-step hook (inside Optimizer.step#)
         self._segment_rss = 0  # the process's resident bytes when the open segment began
         self._segment_start_s = 0.0
+        self._segment_steps = 0  # steps opened while the open segment records
+        self._steps_per_segment = DEFAULT_STEPS_PER_SEGMENT  # until a stop measured it
         self._optimizer: int | None = None  # id() of the optimizer whose steps are counted
 
     def start(self) -> None:
@@ -182,6 +188,7 @@ class TorchCollector:
             self._profiler.start()
             self._segment_rss = _resident_bytes()
             self._segment_start_s = time.monotonic()
+            self._segment_steps = 0
 
     def pause(self) -> None:
         """Close the open segment and write it (the window closed)."""
@@ -198,8 +205,9 @@ class TorchCollector:
         with self._lock:
             profiler, self._profiler = self._profiler, None
             if profiler is not None:
-                started = time.time_ns()
+                started, before = time.time_ns(), _resident_bytes()
                 profiler.stop()
+                self._learn_segment_size(_resident_bytes() - before)
                 _note_pause("gpudiag: profiler stopped (warm-up dropped)", started)
             for old in self.out_dir.glob("segment-*.pt.trace.json"):
                 old.unlink(missing_ok=True)
@@ -248,10 +256,23 @@ class TorchCollector:
         its bound (a step edge is the cheapest place to cut)."""
         if threading.get_ident() != self._owner:
             return
-        if self._too_big() and "rotate" not in self._pending:
+        self._segment_steps += 1
+        too_many = self._profiler is not None and self._segment_steps > self._steps_per_segment
+        if (too_many or self._too_big()) and "rotate" not in self._pending:
             self._pending.append("rotate")
         if self._pending and not self._in_hook:  # in the hook: the outer wrapper applies
             self._apply_pending()
+
+    def _learn_segment_size(self, grown_bytes: int) -> None:
+        """Size the next segments from what stopping this one cost: torch.profiler keeps
+        its events compactly while it records, but turning them into results at stop takes
+        several times that (about 15 MB per step of a 4-layer transformer with stacks and
+        shapes), so segments are cut by steps, as many as fit in `segment_bytes` at stop."""
+        steps = max(self._segment_steps, 1)
+        if grown_bytes > 0:
+            per_step = grown_bytes / steps
+            self._steps_per_segment = int(min(max(self.segment_bytes // per_step, 1), 1000))
+        self._segment_steps = 0
 
     def _too_big(self) -> bool:
         """Whether the open segment should be written now: the process grew past its bound,
@@ -313,14 +334,17 @@ class TorchCollector:
         profiler, self._profiler = self._profiler, None
         if profiler is None:
             return
-        started = time.time_ns()
+        started, before = time.time_ns(), _resident_bytes()
         profiler.stop()
+        self._learn_segment_size(_resident_bytes() - before)
         self._segments += 1
         final = self.out_dir / f"segment-{self._segments:04d}.pt.trace.json"
         tmp = final.with_name(f".{final.name}.tmp")
         profiler.export_chrome_trace(str(tmp))
         escape_bare_quotes(tmp)
         os.replace(tmp, final)
+        del profiler
+        _release_memory()
         _note_pause("gpudiag: profiler segment written", started)
 
 
@@ -334,6 +358,19 @@ def _note_pause(name: str, started_ns: int) -> None:
     boot = _bootstrap()
     if boot is not None:
         boot.record_range(name, started_ns, time.time_ns(), "annotation")
+
+
+def _release_memory() -> None:
+    """Give a written segment's memory back: torch.profiler's results sit in reference
+    cycles (freed only by a full collection) and glibc keeps freed arenas unless trimmed;
+    without both, each segment's gigabyte stays and the process grows segment by segment."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the collection alone
+        pass
 
 
 def _resident_bytes() -> int:
