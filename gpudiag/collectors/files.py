@@ -16,7 +16,7 @@ import stat
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from gpudiag.errors import InputError
 
@@ -26,21 +26,25 @@ READ_BYTES = 256 << 10
 #: inflated bytes handed out per zlib call, so a bomb is caught within one block of its limit
 INFLATE_BLOCK = 1 << 20
 DEFAULT_MAX_RATIO = 100
+Number = TypeVar("Number", int, float)
 DEFAULT_MAX_INFLATED = 256 << 20
 #: files one folder may hold for `gpudiag.load`; GPUDIAG_MAX_FILES raises it
 DEFAULT_MAX_FILES = 5000
 
 
-def budget(name: str, default: int) -> int:
-    """A positive integer limit from the environment variable `name`, else `default`."""
+def budget(name: str, default: Number) -> Number:
+    """A positive limit from the environment variable `name`, else `default`; of the type
+    of `default` (seconds may be fractional, counts are whole). Every reader's budget goes
+    through here, so a bad value is the same one line everywhere."""
     raw = os.environ.get(name, "").strip().replace("_", "")
     if not raw:
         return default
     try:
-        value = int(float(raw))
+        value = type(default)(float(raw))
     except ValueError:
+        kind = "positive integer" if isinstance(default, int) else "positive number"
         raise InputError(None, f"{name}={os.environ[name]!r} is not a number",
-                         f"set it to a positive integer (default {default})") from None
+                         f"set it to a {kind} (default {default})") from None
     return value if value > 0 else default
 
 

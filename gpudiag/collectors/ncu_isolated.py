@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpudiag.collectors.files import open_regular
+from gpudiag.collectors.files import budget, open_regular
 from gpudiag.errors import CollectorError, GpudiagError, InputError, MissingDependencyError
 from gpudiag.trace import Trace
 
@@ -120,11 +120,7 @@ def _run(path: Path, command: list[str], cwd: Path) -> subprocess.CompletedProce
 
 
 def _seconds() -> int:
-    try:
-        seconds = int(os.environ.get(SECONDS_ENV, "") or DEFAULT_SECONDS)
-    except ValueError:
-        return DEFAULT_SECONDS
-    return seconds if seconds > 0 else DEFAULT_SECONDS
+    return budget(SECONDS_ENV, DEFAULT_SECONDS)
 
 
 def _failure(path: Path, done: subprocess.CompletedProcess[str], error_file: Path) -> Exception:

@@ -37,7 +37,6 @@ evidence starts at 2021.1; exports of 2020 releases read where their spellings m
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
@@ -45,6 +44,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from gpudiag.collectors.files import budget
 
 #: a column, or (column, SQL template with {c} standing for the qualified column)
 Spelling = str | tuple[str, str]
@@ -175,11 +176,7 @@ CLOCK_EVERY_STEPS = 100_000
 
 def query_seconds() -> float:
     """The per-SELECT time budget: GPUDIAG_NSYS_QUERY_SECONDS, else DEFAULT_QUERY_SECONDS."""
-    try:
-        seconds = float(os.environ.get(QUERY_SECONDS_ENV, "") or DEFAULT_QUERY_SECONDS)
-    except ValueError:
-        return DEFAULT_QUERY_SECONDS
-    return seconds if seconds > 0 else DEFAULT_QUERY_SECONDS
+    return budget(QUERY_SECONDS_ENV, DEFAULT_QUERY_SECONDS)
 
 
 #: fields that hold text; every other field is an integer (or NULL)

@@ -36,7 +36,6 @@ environment variable), so the work stays proportional to what it will keep.
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpudiag.collectors.files import budget
 from gpudiag.collectors.torch_memory_pickle import HOW_TO_DUMP, load_plain, plain_json
 from gpudiag.collectors.torch_memory_sites import Sites
 from gpudiag.collectors.torch_memory_timeline import read_timeline
@@ -110,16 +110,7 @@ def _parts(path: Path, data: Any) -> tuple[list[Any], list[list[Any]]]:
 
 def row_budget(path: Path, max_rows: int | None = None) -> int:
     """`max_rows`, else GPUDIAG_MAX_SNAPSHOT_ROWS, else DEFAULT_MAX_ROWS."""
-    if max_rows is not None:
-        return max_rows
-    text = os.environ.get(MAX_ROWS_ENV, "").strip()
-    if not text:
-        return DEFAULT_MAX_ROWS
-    try:
-        return int(text)
-    except ValueError:
-        raise InputError(path, f"cannot be read with {MAX_ROWS_ENV}={text[:40]!r}",
-                         f"set {MAX_ROWS_ENV} to a whole number of rows") from None
+    return max_rows if max_rows is not None else budget(MAX_ROWS_ENV, DEFAULT_MAX_ROWS)
 
 
 def _check_size(path: Path, segments: list[Any], traces: list[list[Any]], budget: int) -> None:
