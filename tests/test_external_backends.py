@@ -500,8 +500,14 @@ def test_nsys_report_without_export_is_exported(
     report, sqlite = tmp_path / "nsys" / "report.nsys-rep", tmp_path / "nsys" / "report.sqlite"
     assert report.is_file() and not sqlite.exists()
     assert result_files("nsys", tmp_path) == [sqlite]
-    assert recorded(tools, "nsys")[1] == ["export", "--type", "sqlite", "--force-overwrite",
-                                          "true", "--output", str(sqlite), str(report)]
+    export = recorded(tools, "nsys")[1]
+    # exported into a private folder of its own (never through a planted report.sqlite),
+    # then renamed into place
+    output = Path(export[6])
+    assert export[:6] + export[7:] == ["export", "--type", "sqlite", "--force-overwrite",
+                                       "true", "--output", str(report)]
+    assert output.name == "report.sqlite" and output.parent.parent == sqlite.parent
+    assert output.parent.name.startswith(".gpudiag-nsys-") and not output.parent.exists()
     assert len(load_result("nsys", tmp_path).kernels) == 16
 
 

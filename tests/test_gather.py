@@ -47,7 +47,10 @@ def test_session_samples_the_gpus_while_the_child_runs(tmp_path: Path,
     assert seen["env"]["GPUDIAG_RUN_DIR"] == str(result.run_dir)  # the child's view
     trace = merge_run(result.run_dir)
     util = trace.samples[trace.samples["metric"] == "gpu_util"]
-    assert 5 <= len(util) <= 40 and (util["value"] == 97.0).all()
+    # one sample per interval while the child lived (its start-up included), never more:
+    # the bound follows the measured lifetime, so a slow machine does not fail it
+    lived = (result.end_ns - result.start_ns) / (FAST.nvml_interval_s or 1) / 1e9
+    assert 5 <= len(util) <= lived + 2 and (util["value"] == 97.0).all()
     assert util["ts_ns"].between(result.start_ns - 10**8, result.end_ns + 10**8).all()
     assert "NVML samples" in describe(trace)
     dx = diagnose(trace)
