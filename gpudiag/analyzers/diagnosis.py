@@ -191,7 +191,7 @@ def _findings(trace: Trace, whole: Trace, gaps: pd.DataFrame | None, notes: list
 
 def _step_notes(steps: pd.DataFrame, trace: Trace) -> list[str]:
     """What the steps are and how they were found; which are warm-up."""
-    from gpudiag.analyzers.host_advice import duration
+    from gpudiag.analyzers.findings import format_ns
     from gpudiag.analyzers.steps import summary
 
     info = summary(steps)
@@ -201,11 +201,11 @@ def _step_notes(steps: pd.DataFrame, trace: Trace) -> list[str]:
                 "executions or repeating ops): host tables cover the whole trace"] \
             if has_ops else []
     line = (f"steps: {info['count']} ({info['method_text']}: {info['detail']}); median "
-            f"{duration(info['median_ns'])}")
+            f"{format_ns(info['median_ns'])}")
     if info["warmup"]:
         warm = steps[steps["warmup"]]
         names = ", ".join(warm["step"].astype(str).head(3))
-        line += (f"; warm-up: {names} ({duration(info['warmup_ns'])}), left out of the "
+        line += (f"; warm-up: {names} ({format_ns(info['warmup_ns'])}), left out of the "
                  "median and of the ranking of findings")
     return [line]
 

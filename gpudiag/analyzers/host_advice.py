@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpudiag.analyzers.findings import format_ns
+
 #: cause -> framework -> advice
 ADVICE: Mapping[str, Mapping[str, str]] = {
     "host_data_loading": {
@@ -76,20 +78,9 @@ def evidence(cause: str, ns: int, context: Mapping[str, Any]) -> str:
              + (f" after {context['warmup']} warm-up" if context.get("warmup") else ""))
     if cause == "host_op":
         calls = int(context.get("calls", 0))
-        return (f"{calls} call{'s' if calls != 1 else ''}, {duration(ns)} self time in all, "
-                f"{duration(per_step)} per step: {100 * share:.0f}% of the host's step time over "
+        return (f"{calls} call{'s' if calls != 1 else ''}, {format_ns(ns)} self time in all, "
+                f"{format_ns(per_step)} per step: {100 * share:.0f}% of the host's step time over "
                 f"{scope}")
-    return (f"{_WHAT[cause]} took {duration(per_step)} of the average "
-            f"{duration(total / max(steps, 1))} step on the training thread "
+    return (f"{_WHAT[cause]} took {format_ns(per_step)} of the average "
+            f"{format_ns(total / max(steps, 1))} step on the training thread "
             f"({100 * share:.0f}%, over {scope})")
-
-
-def duration(ns: float | None) -> str:
-    """A duration for a sentence: 1.23 s, 45.60 ms, 7.8 µs ('?' when unknown)."""
-    if ns is None:
-        return "?"
-    if abs(ns) >= 1e9:
-        return f"{ns / 1e9:.2f} s"
-    if abs(ns) >= 1e6:
-        return f"{ns / 1e6:.2f} ms"
-    return f"{ns / 1e3:.1f} µs"

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from gpudiag.analyzers.host_advice import duration
+from gpudiag.analyzers.findings import format_ns
 from gpudiag.analyzers.host_categories import CATEGORIES
 from gpudiag.reports.safe_text import terminal as safe
 
@@ -44,10 +44,10 @@ def print_steps(dx: dict[str, Any], console: Console) -> None:
 def steps_line(steps: dict[str, Any]) -> str:
     """'20 (torch optimizer steps: Optimizer.step#Adam.step, 20 calls); median 186 ms'."""
     text = (f"{steps['count']} ({steps['method_text']}: {steps['detail']}); "
-            f"median {duration(steps['median_ns'])}")
+            f"median {format_ns(steps['median_ns'])}")
     if steps.get("warmup"):
         text += (f"; {steps['warmup']} warm-up step{'s' if steps['warmup'] > 1 else ''} "
-                 f"({duration(steps['warmup_ns'])}) left out of the median")
+                 f"({format_ns(steps['warmup_ns'])}) left out of the median")
     return text
 
 
@@ -62,8 +62,8 @@ def _breakdown(rows: list[dict[str, Any]], console: Console) -> None:
                                                      "warm-up"]:
         table.add_column(col, justify="left" if col in ("process", "category") else "right")
     for r in shown:
-        cells = [safe(_label(r["category"])), duration(r["per_step_ns"]), _percent(r["share"]),
-                 duration(r["warmup_ns"]) if r["warmup_ns"] else "-"]
+        cells = [safe(_label(r["category"])), format_ns(r["per_step_ns"]), _percent(r["share"]),
+                 format_ns(r["warmup_ns"]) if r["warmup_ns"] else "-"]
         table.add_row(*([safe(_process(r))] if several else []), *cells)
     console.print(table)
 
@@ -76,7 +76,7 @@ def _top_ops(rows: list[dict[str, Any]], console: Console) -> None:
                          ("share", "right")):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in rows:
-        table.add_row(safe(r["name"]), f"{r['calls']:,}", duration(r["self_ns"]),
+        table.add_row(safe(r["name"]), f"{r['calls']:,}", format_ns(r["self_ns"]),
                       _percent(r["share"]))
     console.print(table)
 
@@ -89,8 +89,8 @@ def _by_step(rows: list[dict[str, Any]], console: Console) -> None:
     for r in rows[:MAX_STEP_ROWS]:
         name = str(r["step"]) + (" (warm-up)" if r.get("warmup") else "") + \
             ("" if r.get("profiled", True) else " (not profiled)")
-        table.add_row(safe(name), duration(r["dur_ns"]),
-                      *(duration(r[f"{c}_ns"]) if r[f"{c}_ns"] else "-" for c in used))
+        table.add_row(safe(name), format_ns(r["dur_ns"]),
+                      *(format_ns(r[f"{c}_ns"]) if r[f"{c}_ns"] else "-" for c in used))
     console.print(table)
     if len(rows) > MAX_STEP_ROWS:
         console.print(f"[dim]... {len(rows) - MAX_STEP_ROWS} more steps (--json has them "
