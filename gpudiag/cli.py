@@ -308,20 +308,21 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
             list(command), plan, options, output,
             progress=lambda line: click.echo(f"gpudiag: {line}", err=True))
     except CommandNotStarted as exc:
-        click.echo(f"gpudiag: error: cannot start {command[0]}: {exc.strerror or exc}",
+        click.echo(f"gpudiag: error: cannot start {printable(command[0])}: "
+                   f"{exc.strerror or exc}",
                    err=True)
         sys.exit(127)
     except RunNotWritten as exc:  # the program ran: say it, and exit with its own status
         click.echo(f"gpudiag: error: the command ran (exit status {exc.result.exit_code}) but "
-                   f"its profile could not be written to {exc} (free space, or -o on "
+                   f"its profile could not be written to {printable(exc)} (free space, or -o on "
                    "another file system)", err=True)
         sys.exit(exc.result.exit_code)
     from gpudiag.profiler.gather import describe
 
     for note in notes:
-        click.echo(f"gpudiag: {note}", err=True)
+        click.echo(f"gpudiag: {printable(note)}", err=True)  # notes quote paths and names
     click.echo(f"gpudiag: collected {describe(trace) or 'nothing'}", err=True)
-    click.echo(f"gpudiag: run directory {result.run_dir}", err=True)
+    click.echo(f"gpudiag: run directory {printable(result.run_dir)}", err=True)
     if not no_report and any(len(table) for table in trace.tables().values()):
         from gpudiag.analyzers.diagnosis import diagnose
         from gpudiag.reports.build import report_page

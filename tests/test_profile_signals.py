@@ -139,3 +139,15 @@ def test_fork_pool_workers_keep_their_steps_and_torch_ops(tmp_path: Path) -> Non
     ops = trace.ranges[trace.ranges["name"] == "aten::mm"].groupby("pid").size()
     assert steps.sum() == 24 and set(ops.index) == set(steps.index)
     assert "collected 5 of" not in done.stderr and "ended without" not in done.stderr
+
+
+def test_profile_lines_never_carry_raw_control_characters(tmp_path: Path) -> None:
+    """A command or run directory name holding ESC reaches the terminal escaped."""
+    from click.testing import CliRunner
+
+    from gpudiag.cli import cli
+
+    done = CliRunner().invoke(cli, ["profile", "-o", str(tmp_path / "run\x1b]8;;x\x07"),
+                                    "--no-report", "--", "no-such-\x1b[31mprogram"])
+    assert done.exit_code == 127 and "cannot start" in done.output
+    assert "\x1b" not in done.output and "\x07" not in done.output
