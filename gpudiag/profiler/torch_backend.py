@@ -348,10 +348,6 @@ class TorchCollector:
         _note_pause("gpudiag: profiler segment written", started)
 
 
-#: the name prefix of the host ranges that mark gpudiag's own pauses of the program
-PAUSE_PREFIX = "gpudiag: "
-
-
 def _note_pause(name: str, started_ns: int) -> None:
     """Mark the time the program's thread spent in gpudiag (stopping, writing a segment),
     so step times can be read with it in view."""
