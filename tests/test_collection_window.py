@@ -3,6 +3,9 @@ main-thread calls that let a timer stop the torch profiler on the program's thre
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from typing import Any
@@ -119,3 +122,36 @@ def test_a_failing_main_thread_call_never_raises_into_the_program() -> None:
     deadline = time.monotonic() + 1
     while time.monotonic() < deadline:  # would raise here if the error leaked
         sum(range(1000))
+
+
+def test_a_call_asked_for_while_one_runs_under_a_profile_hook_never_spins() -> None:
+    """CPython 3.11 spins forever when a pending call is added while one runs and the
+    running one enters a Python function under a profile hook (torch.profiler with_stack):
+    `gpudiag profile --delay` hung so at the window's start. Run in a child, time-bounded."""
+    code = textwrap.dedent("""
+        import sys, threading, time
+        from gpudiag.profiler import inproc
+        ran = []
+
+        def inner():
+            return 1
+
+        def first():
+            asker = threading.Thread(target=inproc.main_thread_call,
+                                     args=(lambda: ran.append("second"),))
+            asker.start(); asker.join()  # asked for while this call runs
+            sys.setprofile(lambda *args: None)
+            inner()  # a Python function entered under the hook
+            sys.setprofile(None)
+            ran.append("first")
+
+        inproc.main_thread_call(first)
+        deadline = time.monotonic() + 5
+        while len(ran) < 2 and time.monotonic() < deadline:
+            sum(range(100))
+        print(ran)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['first', 'second']"

@@ -23,6 +23,7 @@ import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -40,9 +41,12 @@ PLUGINS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 Callback = Callable[[ModuleType], None]
-_PENDING = None  # the ctypes callback type of Py_AddPendingCall, made on first use
-_pending_keep: list[list[Any]] = []  # [callback, ran]: a callback must outlive its call
-_KEEP_RECENT = 16
+_PENDING_CALLBACK = None  # our one Py_AddPendingCall callback (ctypes), made on first use
+_PENDING_ROUNDS = 64  # rounds of calls queued while the pending call runs, run in it (a
+# function that queues itself each time must not hold the main thread forever)
+_pending_lock = threading.RLock()  # re-entered only by a signal handler on the main thread
+_pending_functions: list[Callable[[], None]] = []
+_pending_state = {"busy": False}  # one of our pending calls is queued or running
 
 #: launchers that only start the workers: profiling them adds a useless trace per run
 LAUNCHER_SCRIPTS = ("torchrun",)
@@ -262,34 +266,64 @@ def main_thread_call(function: Callable[[], None]) -> bool:
     owns the torch profiler: no signal is sent and no system call of the program is
     interrupted; a main thread inside a long C call runs it when the call returns. False when
     it could not be queued (no ctypes, a full queue): the caller falls back to waiting.
+
+    At most one of our pending calls is ever queued or running: calls asked for meanwhile
+    (from any thread, or from inside a running one) join its queue and run in that same
+    call. CPython 3.11 spins forever when a pending call is added while one runs and the
+    running one enters a Python function with a profile hook set (torch.profiler's
+    with_stack sets one): the eval breaker stays set, and the function's first instruction
+    keeps handling it. Seen as `gpudiag profile --delay` hanging at the window's start.
     """
-    global _PENDING  # noqa: PLW0603 -- built once, on first use
+    global _PENDING_CALLBACK  # noqa: PLW0603 -- built once, on first use
+    with _pending_lock:
+        _pending_functions.append(function)
+        if _pending_state["busy"]:
+            return True  # the queued or running call runs it
+        _pending_state["busy"] = True
+    # Queued outside the lock: the call may run at the next bytecode of this thread.
     try:
         import ctypes
 
-        if _PENDING is None:
-            _PENDING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-            ctypes.pythonapi.Py_AddPendingCall.argtypes = [_PENDING, ctypes.c_void_p]
+        if _PENDING_CALLBACK is None:
+            kind = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+            ctypes.pythonapi.Py_AddPendingCall.argtypes = [kind, ctypes.c_void_p]
             ctypes.pythonapi.Py_AddPendingCall.restype = ctypes.c_int
-
-        def run(_arg: Any) -> int:
-            try:
-                with contextlib.suppress(Exception):  # never raise into the program's frame
-                    function()
-            finally:
-                entry[1] = True  # may be freed by a later call (see the pruning below)
-            return 0
-
-        # Free callbacks that ran, but never the newest ones: a callback that queues the next
-        # call (the torch plugin does) is still on the C stack when it returns.
-        ran = [e for e in _pending_keep[:-_KEEP_RECENT] if e[1]]
-        _pending_keep[:] = [e for e in _pending_keep if not any(e is r for r in ran)]
-        entry: list[Any] = [None, False]
-        entry[0] = _PENDING(run)
-        _pending_keep.append(entry)
-        if ctypes.pythonapi.Py_AddPendingCall(entry[0], None) != 0:
-            entry[1] = True
-            return False
-        return True
+            _PENDING_CALLBACK = kind(_run_pending)  # lives as long as the process
+        queued = ctypes.pythonapi.Py_AddPendingCall(_PENDING_CALLBACK, None) == 0
     except (ImportError, AttributeError, OSError):
-        return False
+        queued = False
+    if not queued:  # the others queued meanwhile wait for the next call that is
+        with _pending_lock:
+            with contextlib.suppress(ValueError):
+                _pending_functions.remove(function)
+            _pending_state["busy"] = False
+    return queued
+
+
+def _run_pending(_arg: Any) -> int:
+    """The pending call: run what is queued, including what is queued while it runs (a
+    bounded number of rounds; what is left then waits for the next `main_thread_call`)."""
+    for _ in range(_PENDING_ROUNDS):
+        with _pending_lock:
+            if not _pending_functions:
+                break
+            functions = list(_pending_functions)
+            _pending_functions.clear()
+        for function in functions:
+            with contextlib.suppress(Exception):  # never raise into the program's frame
+                function()
+    with _pending_lock:
+        _pending_state["busy"] = False
+    return 0
+
+
+def _reset_pending_after_fork() -> None:
+    """A forked child has none of the parent's pending calls: start idle and empty."""
+    global _pending_lock  # noqa: PLW0603 -- a lock held at the fork stays held in the child
+    _pending_lock = threading.RLock()  # re-entered only by a signal handler on the main thread
+    _pending_functions.clear()
+    _pending_state["busy"] = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_pending_after_fork)

@@ -181,14 +181,15 @@ class TorchCollector:
             activities = [profiler.ProfilerActivity.CPU]
             if self.cuda:
                 activities.append(profiler.ProfilerActivity.CUDA)
+            # the segment's bounds first: the flush thread reads them once _profiler is set
+            self._segment_rss = _resident_bytes()
+            self._segment_start_s = time.monotonic()
+            self._segment_steps = 0
             self._profiler = profiler.profile(
                 activities=activities, record_shapes=True, with_stack=True,
                 profile_memory=self.memory,
             )
             self._profiler.start()
-            self._segment_rss = _resident_bytes()
-            self._segment_start_s = time.monotonic()
-            self._segment_steps = 0
 
     def pause(self) -> None:
         """Close the open segment and write it (the window closed)."""
