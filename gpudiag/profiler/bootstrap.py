@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType, ModuleType
+from types import ModuleType
 from typing import Any
 
 ENV_RUN_DIR = "GPUDIAG_RUN_DIR"
@@ -474,30 +474,7 @@ def start_from_env() -> None:
         return
     atexit.register(collector.stop)
     os.register_at_fork(after_in_child=_after_fork)
-    _flush_on_sigterm(collector)
-
-
-def _flush_on_sigterm(collector: HostCollector) -> None:
-    """A SIGTERM that would kill the program outright first gets the final flush.
-
-    Only when the program left SIGTERM at its default (death without atexit): then the
-    handler flushes, restores the default and re-sends the signal, so the process still dies
-    of SIGTERM as it would without gpudiag. A program (or launcher) that installs its own
-    handler later simply replaces this one.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-
-    def on_sigterm(signum: int, _frame: FrameType | None) -> None:
-        if collector.stopping:
-            return  # the final flush is under way (atexit, or a first SIGTERM): let it end
-        collector.stop(from_signal=True)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    _load_sibling("sigterm").flush_on_sigterm(collector, _load_inproc().main_thread_call)
 
 
 def _after_fork() -> None:
