@@ -5,7 +5,7 @@ Decodes the largest Kineto fixture (uncompressed once, up front) with:
 - `json.loads` (standard library),
 - `orjson.loads` (when installed),
 - `msgspec.json.decode`, untyped (builds the same dicts and lists as json.loads),
-- gpudiag's typed decoder (`gpudiag.collectors.chrome_json._DECODER`): msgspec decoding into
+- gpudiag's typed decoder (`gpudiag.readers.chrome.structs._DECODER`): msgspec decoding into
   structs that hold only the event fields gpudiag reads, with each event's `args` kept raw.
 
 Each is timed best of `--repeat` (default 5), wall clock and CPU time, with the garbage
@@ -63,7 +63,7 @@ def decoders() -> dict[str, tuple[Callable[[bytes], Any], str]]:
     """name -> (decode function, version note); the ones not installed are left out."""
     import msgspec
 
-    from gpudiag.collectors import chrome_json
+    from gpudiag.readers.chrome import structs as chrome_json
 
     found: dict[str, tuple[Callable[[bytes], Any], str]] = {
         "json.loads": (json.loads, f"stdlib, Python {platform.python_version()}"),

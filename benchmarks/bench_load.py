@@ -114,8 +114,8 @@ def _worker_split(path: Path, repeat: int) -> dict[str, Any]:
     import pstats
 
     import gpudiag
-    from gpudiag.collectors import chrome_json
-    from gpudiag.collectors.files import read_bytes
+    from gpudiag.readers.chrome import structs as chrome_json
+    from gpudiag.readers.files import read_bytes
 
     before = set(sys.modules)
     print(LOAD_START, file=sys.stderr, flush=True)
@@ -164,8 +164,8 @@ def _worker_split(path: Path, repeat: int) -> dict[str, Any]:
 def _worker_memory(path: Path) -> dict[str, Any]:
     """Peak RSS of gpudiag's first two steps alone, in a fresh process: gunzip, then decode."""
     import gpudiag  # noqa: F401  (the same baseline as the gpudiag worker)
-    from gpudiag.collectors import chrome_json
-    from gpudiag.collectors.files import read_bytes
+    from gpudiag.readers.chrome import structs as chrome_json
+    from gpudiag.readers.files import read_bytes
 
     baseline = _maxrss_mb()
     content = read_bytes(path)

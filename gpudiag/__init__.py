@@ -21,7 +21,7 @@ from gpudiag.errors import (
     SchemaError,
 )
 from gpudiag.markers import end_step, region, step
-from gpudiag.sources import load
+from gpudiag.readers.sources import load
 from gpudiag.trace import Trace, merge
 
 __version__ = "0.1.0"

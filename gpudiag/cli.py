@@ -49,10 +49,10 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
     PATHS may be Kineto/PyTorch traces, Nsight Systems exports, Nsight Compute reports,
     JAX XSpace files, torch memory snapshots or gpudiag run directories; several are merged.
     """
-    from gpudiag import budgets as budget_mod
+    from gpudiag.analyzers import budgets as budget_mod
     from gpudiag.analyzers.diagnosis import diagnose
+    from gpudiag.analyzers.summary import summarize
     from gpudiag.reports.terminal import print_diagnosis, print_summary
-    from gpudiag.summary import summarize
 
     budgets = budget_mod.parse(fail_on) if fail_on else []
 
@@ -139,8 +139,8 @@ def heatmap(*, path: Path, output: Path | None, metrics: str | None, sort: str, 
 def compare(*, paths: tuple[Path, ...], output: Path | None, fail_on: str | None,
             step_size: int | None, as_json: bool) -> None:
     """Compare two or more runs or traces side by side (the first is the baseline)."""
-    from gpudiag.compare import compare as compare_runs
-    from gpudiag.compare import parse_fail_on, regressions
+    from gpudiag.analyzers.compare import compare as compare_runs
+    from gpudiag.analyzers.compare import parse_fail_on, regressions
     from gpudiag.reports.build import compare_page
     from gpudiag.reports.compare_terminal import print_comparison
 
@@ -175,7 +175,7 @@ def _require_events(trace: Trace, paths: tuple[Path, ...]) -> None:
     """A trace with neither GPU activity nor host events has nothing to analyze: say how
     to record one, in its framework's words. Host events alone (a CPU-only run) are
     analyzed: the host-side step breakdown applies."""
-    from gpudiag.analyzers.host_steps import framework, has_host_events
+    from gpudiag.analyzers.host.steps import framework, has_host_events
 
     if trace.has_gpu_activity() or has_host_events(trace):
         return
@@ -317,7 +317,7 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
                    f"its profile could not be written to {printable(exc)} (free space, or -o on "
                    "another file system)", err=True)
         sys.exit(exc.result.exit_code)
-    from gpudiag.profiler.gather import describe
+    from gpudiag.reports.collected import describe
 
     for note in notes:
         click.echo(f"gpudiag: {printable(note)}", err=True)  # notes quote paths and names
@@ -354,7 +354,7 @@ def schema() -> None:
 
 def _load(paths: list[Path]) -> Trace:
     """gpudiag.load with a spinner on a terminal (stderr), silent otherwise."""
-    from gpudiag.sources import load
+    from gpudiag.readers.sources import load
 
     console = Console(stderr=True)
     if not console.is_terminal:

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpudiag.collectors.chrome_json import decode
-from gpudiag.collectors.chrome_stream import ChromeTraceStream
 from gpudiag.errors import InputError
+from gpudiag.readers.chrome.stream import ChromeTraceStream
+from gpudiag.readers.chrome.structs import decode
 from tests.conftest import fixture
 
 SMALL_FIXTURES = ["a100_alexnet_sync_critical_path.json.gz", "h100_cuda_sync_category_small.json",

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.analyzers import collectives as C
-from gpudiag.analyzers.collectives_skew import SKEW_COLUMNS, WAIT_COLUMNS
+from gpudiag.analyzers.collectives import calls as C
+from gpudiag.analyzers.collectives.skew import SKEW_COLUMNS, WAIT_COLUMNS
 from gpudiag.analyzers.findings import ADVICE, COLUMNS
 from gpudiag.trace import Trace
 from tests.builders import kernel, trace

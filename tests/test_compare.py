@@ -1,4 +1,4 @@
-"""`gpudiag.compare`: runs side by side, relative budgets, and the terminal rendering.
+"""`gpudiag.analyzers.compare`: runs side by side, relative budgets, and the terminal rendering.
 
 The synthetic pair plants exact answers (times in µs, U ns each): run A runs three 100 µs
 steps back to back; run B's steps take 110 µs because after each kernel the host blocks
@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 import gpudiag
-from gpudiag.compare import Comparison, compare, parse_fail_on, regressions, versus
+from gpudiag.analyzers.compare import Comparison, compare, parse_fail_on, regressions, versus
 from gpudiag.errors import InputError
 from gpudiag.reports.compare_terminal import print_comparison
 from gpudiag.trace import Trace

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from gpudiag.compare import compare, kernel_key
+from gpudiag.analyzers.compare import compare, kernel_key
 from gpudiag.trace import Trace
 from tests.builders import kernel, trace
 

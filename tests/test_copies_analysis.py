@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.analyzers import intervals
+from gpudiag import intervals
 from gpudiag.analyzers.copies import (
     PROBLEM_COLUMNS,
     STATS_COLUMNS,
@@ -28,7 +28,7 @@ from gpudiag.analyzers.copies import (
     problem_copies,
 )
 from gpudiag.analyzers.findings import ADVICE, COLUMNS
-from gpudiag.collectors.nsys import read_sqlite
+from gpudiag.readers.nsys.reader import read_sqlite
 from gpudiag.trace import Trace
 from tests.builders import api_call, copy, kernel, trace
 from tests.conftest import fixtures, fixtures_dir

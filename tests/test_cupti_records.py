@@ -21,9 +21,9 @@ import pandas as pd
 import pytest
 
 import gpudiag
+from gpudiag.collectors.cupti import plugin as cupti_backend
+from gpudiag.collectors.cupti import records as cr
 from gpudiag.errors import CollectorError, MissingDependencyError
-from gpudiag.profiler import cupti_backend
-from gpudiag.profiler import cupti_records as cr
 from gpudiag.trace import Trace
 
 T0 = 5_000_000_000  # CUPTI clock at the start of the records

@@ -152,7 +152,7 @@ def test_window_waterfall_equals_the_whole_trace_cut_to_it() -> None:
 
 def test_steps_tile_without_holes_or_overlaps() -> None:
     t = gpudiag.load(fixture("kineto/v100_rank1of2_nccl_profile_memory.json.gz"))
-    from gpudiag.analyzers.steps import step_windows
+    from gpudiag.analyzers.steps.training import step_windows
     w = step_windows(t)
     assert len(w) >= 2
     assert (w["end_ns"].to_numpy()[:-1] == w["start_ns"].to_numpy()[1:]).all()

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from gpudiag.collectors import probes
 from gpudiag.profiler import doctor
 from gpudiag.profiler.doctor import Check
 
@@ -51,15 +52,15 @@ def test_a_real_hanging_binary_times_out(monkeypatch: pytest.MonkeyPatch, tmp_pa
     script = tmp_path / "nsys"
     script.write_text("#!/bin/sh\nexec sleep 30\n")
     script.chmod(0o755)
-    monkeypatch.setattr(doctor, "VERSION_TIMEOUT_S", 0.3)
-    monkeypatch.setattr(doctor.shutil, "which", lambda _name: str(script))
-    check = doctor.check_tool("nsys", "Nsight Systems backend", "install it")
+    monkeypatch.setattr(probes, "VERSION_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(probes.shutil, "which", lambda _name: str(script))
+    check = probes.check_tool("nsys", "Nsight Systems backend", "install it")
     assert not check.available and "0.3 s" in check.detail
 
 
 def test_missing_binaries_give_a_clean_report(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(doctor.shutil, "which", lambda _name: None)
-    monkeypatch.setattr(doctor, "PROFILING_PARAMS", Path("/nonexistent/params"))
+    monkeypatch.setattr(probes.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(probes, "PROFILING_PARAMS", Path("/nonexistent/params"))
     by_name = {c.name: c for c in doctor.checks()}
     for tool in ("nsys", "ncu", "nvidia-smi", "ncu counter permission"):
         assert not by_name[tool].available
@@ -80,12 +81,12 @@ def test_hanging_or_broken_binaries_never_raise(
         seen.append(kwargs)
         raise failure
 
-    monkeypatch.setattr(doctor.shutil, "which", lambda name: f"/opt/bin/{name}")
-    monkeypatch.setattr(doctor.subprocess, "run", run)
-    check = doctor.check_tool("nsys", "Nsight Systems backend", "install it")
+    monkeypatch.setattr(probes.shutil, "which", lambda name: f"/opt/bin/{name}")
+    monkeypatch.setattr(probes.subprocess, "run", run)
+    check = probes.check_tool("nsys", "Nsight Systems backend", "install it")
     assert not check.available
     assert "/opt/bin/nsys" in check.detail and "install it" in check.how_to_get
-    assert seen[0]["timeout"] == doctor.VERSION_TIMEOUT_S
+    assert seen[0]["timeout"] == probes.VERSION_TIMEOUT_S
 
 
 def test_tool_version_picks_the_version_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,9 +99,9 @@ def test_tool_version_picks_the_version_line(monkeypatch: pytest.MonkeyPatch) ->
     def run(args: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(args, 0, out, "")
 
-    monkeypatch.setattr(doctor.shutil, "which", lambda name: f"/usr/local/cuda/bin/{name}")
-    monkeypatch.setattr(doctor.subprocess, "run", run)
-    check = doctor.check_tool("ncu", "Nsight Compute backend", "install it")
+    monkeypatch.setattr(probes.shutil, "which", lambda name: f"/usr/local/cuda/bin/{name}")
+    monkeypatch.setattr(probes.subprocess, "run", run)
+    check = probes.check_tool("ncu", "Nsight Compute backend", "install it")
     assert check.available
     assert check.detail.startswith("Version 2024.3.0.0")
 
@@ -109,8 +110,8 @@ def test_nonzero_exit_from_version_is_not_available(monkeypatch: pytest.MonkeyPa
     def run(args: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(args, 1, "", "libcuda.so.1: not found")
 
-    monkeypatch.setattr(doctor.subprocess, "run", run)
-    assert doctor.tool_version("/x/nsys") is None
+    monkeypatch.setattr(probes.subprocess, "run", run)
+    assert probes.tool_version("/x/nsys") is None
 
 
 def test_nvml_lists_driver_and_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,7 +125,7 @@ def test_nvml_lists_driver_and_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
         nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlDeviceGetName=lambda h: "NVIDIA H100" if h == 0 else b"NVIDIA A100",
     )
-    check = doctor.check_gpu()
+    check = probes.check_gpu()
     assert check.available
     assert check.detail == "driver 550.54.15: NVIDIA H100, NVIDIA A100"
     assert calls == ["init", "shutdown"]
@@ -140,12 +141,12 @@ def test_nvml_failures_become_not_available(
         raise NVMLError("Driver Not Loaded")
 
     pynvml = fake_module(monkeypatch, "pynvml", nvmlInit=fail, nvmlSystemGetDriverVersion=fail)
-    check = doctor.check_gpu()
+    check = probes.check_gpu()
     assert not check.available and "driver" in check.how_to_get
-    monkeypatch.setattr(doctor, "_unknown_nvml", set())
+    monkeypatch.setattr(probes, "_unknown_nvml", set())
     with caplog.at_level(logging.WARNING, logger="gpudiag.profiler.doctor"):
-        assert doctor._nvml(pynvml, "nvmlDeviceGetNoSuchThing") is None
-        assert doctor._nvml(pynvml, "nvmlDeviceGetNoSuchThing") is None
+        assert probes.nvml_call(pynvml, "nvmlDeviceGetNoSuchThing") is None
+        assert probes.nvml_call(pynvml, "nvmlDeviceGetNoSuchThing") is None
     assert sum("nvmlDeviceGetNoSuchThing" in r.message for r in caplog.records) == 1
 
 
@@ -154,7 +155,7 @@ def test_nvml_without_gpus_says_to_check_visibility(monkeypatch: pytest.MonkeyPa
         monkeypatch, "pynvml", nvmlInit=lambda: None, nvmlShutdown=lambda: None,
         nvmlSystemGetDriverVersion=lambda: "550.54", nvmlDeviceGetCount=lambda: 0,
     )
-    check = doctor.check_gpu()
+    check = probes.check_gpu()
     assert not check.available and "CUDA_VISIBLE_DEVICES" in check.how_to_get
 
 
@@ -162,8 +163,8 @@ def test_missing_pynvml_points_at_the_extra_and_nvidia_smi(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setattr(doctor.shutil, "which", lambda name: f"/usr/bin/{name}")
-    check = doctor.check_gpu()
+    monkeypatch.setattr(probes.shutil, "which", lambda name: f"/usr/bin/{name}")
+    check = probes.check_gpu()
     assert not check.available
     assert "gpudiag[nvml]" in check.how_to_get and "/usr/bin/nvidia-smi" in check.how_to_get
 
@@ -179,7 +180,7 @@ def test_missing_pynvml_points_at_the_extra_and_nvidia_smi(
 def test_ncu_permission(tmp_path: Path, params: str, root: bool, available: bool) -> None:
     path = tmp_path / "params"
     path.write_text(params)
-    check = doctor.check_ncu_permission(path, lambda: root)
+    check = probes.check_ncu_permission(path, lambda: root)
     assert check.available is available
     if not available:
         assert "NVreg_RestrictProfilingToAdminUsers=0" in check.how_to_get
@@ -189,14 +190,14 @@ def test_ncu_permission(tmp_path: Path, params: str, root: bool, available: bool
 def test_cpu_only_torch_is_reported_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0)
     fake_module(monkeypatch, "torch", cuda=cuda, version=types.SimpleNamespace(cuda=None))
-    check = doctor.check_torch_cuda()
+    check = probes.check_torch_cuda()
     assert not check.available and "CPU-only" in check.detail
 
 
 def test_torch_with_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 8)
     fake_module(monkeypatch, "torch", cuda=cuda, version=types.SimpleNamespace(cuda="12.4"))
-    assert doctor.check_torch_cuda() == Check("torch CUDA", True, "CUDA 12.4, 8 GPU(s)")
+    assert probes.check_torch_cuda() == Check("torch CUDA", True, "CUDA 12.4, 8 GPU(s)")
 
 
 def test_torch_that_fails_to_load_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,15 +206,15 @@ def test_torch_that_fails_to_load_is_reported(monkeypatch: pytest.MonkeyPatch) -
 
     cuda = types.SimpleNamespace(is_available=broken)
     fake_module(monkeypatch, "torch", cuda=cuda, version=types.SimpleNamespace(cuda="12.4"))
-    check = doctor.check_torch_cuda()
+    check = probes.check_torch_cuda()
     assert not check.available and "libcudart" in check.detail and check.how_to_get
 
 
 def test_package_check_without_importing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "cupy", None)  # import blocked: reported missing
-    check = doctor.check_package("cupy", "cupy", "cupy-cuda13x", "CuPy", "pip install x")
+    check = probes.check_package("cupy", "cupy", "cupy-cuda13x", "CuPy", "pip install x")
     assert not check.available and check.how_to_get == "pip install x"
-    found = doctor.check_package("rich", "rich", "rich", "tables", "pip install rich")
+    found = probes.check_package("rich", "rich", "rich", "tables", "pip install rich")
     assert found.available and found.detail.startswith("rich ")
 
 

@@ -17,9 +17,9 @@ import pytest
 from rich.console import Console
 
 import gpudiag
-from gpudiag import budgets
+from gpudiag.analyzers import budgets
+from gpudiag.analyzers.compare import compare
 from gpudiag.analyzers.findings import format_ns
-from gpudiag.compare import compare
 from gpudiag.reports import terminal
 from gpudiag.reports.compare_terminal import print_comparison
 from tests.conftest import fixture

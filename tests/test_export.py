@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.analyzers import intervals
+from gpudiag import intervals
 from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.errors import InputError
 from gpudiag.reports.export import (

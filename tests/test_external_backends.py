@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 
 import gpudiag
-from gpudiag.errors import CollectorError
-from gpudiag.profiler import doctor, external
-from gpudiag.profiler.external import (
+from gpudiag.collectors import external, probes
+from gpudiag.collectors.external import (
     load_result,
     parse_version,
     preflight,
     result_files,
     wrap_command,
 )
+from gpudiag.errors import CollectorError
 from tests.conftest import ROOT, fixture, tool_missing
 
 NCU_REP = "ncu/rtx3050laptop_filter_nvtx.ncu-rep"  # 1 kernel
@@ -130,7 +130,7 @@ def counters_open(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A driver whose performance counters are open to every user."""
     params = tmp_path / "nvidia-params"
     params.write_text("ResmanDebugLevel: 4294967295\nRmProfilingAdminOnly: 0\n")
-    monkeypatch.setattr(doctor, "PROFILING_PARAMS", params)
+    monkeypatch.setattr(probes, "PROFILING_PARAMS", params)
 
 
 def recorded(argv_log: Path, tool: str) -> list[list[str]]:
@@ -207,7 +207,7 @@ def test_preflight_gives_up_on_a_hung_version_call(
     tools: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_HANG", "1")
-    monkeypatch.setattr(doctor, "VERSION_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(probes, "VERSION_TIMEOUT_S", 0.5)
     start = time.monotonic()
     with pytest.raises(CollectorError) as excinfo:
         preflight("ncu")
@@ -231,14 +231,14 @@ def test_preflight_ncu_with_admin_only_counters_gives_the_permission_fix(
 ) -> None:
     params = tmp_path / "params"
     params.write_text("RmProfilingAdminOnly: 1\n")
-    monkeypatch.setattr(doctor, "PROFILING_PARAMS", params)
-    monkeypatch.setattr(doctor, "_is_root", lambda: False)
+    monkeypatch.setattr(probes, "PROFILING_PARAMS", params)
+    monkeypatch.setattr(probes, "_is_root", lambda: False)
     with pytest.raises(CollectorError) as excinfo:
         preflight("ncu")
     message = one_line_error(excinfo)
     assert message == ("--backend ncu: counters are admin-only and this user is not root; "
-                       + doctor.NCU_PERMISSION_FIX)
-    monkeypatch.setattr(doctor, "_is_root", lambda: True)
+                       + probes.NCU_PERMISSION_FIX)
+    monkeypatch.setattr(probes, "_is_root", lambda: True)
     assert preflight("ncu").startswith("Version 2024.3.2.0")
     assert preflight("nsys").startswith("NVIDIA Nsight Systems")  # nsys needs no counters
 
@@ -246,7 +246,7 @@ def test_preflight_ncu_with_admin_only_counters_gives_the_permission_fix(
 def test_preflight_ncu_without_a_driver_says_so(
     tools: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(doctor, "PROFILING_PARAMS", tmp_path / "absent")
+    monkeypatch.setattr(probes, "PROFILING_PARAMS", tmp_path / "absent")
     with pytest.raises(CollectorError) as excinfo:
         preflight("ncu")
     assert "no NVIDIA driver loaded" in one_line_error(excinfo)
@@ -271,7 +271,7 @@ def test_wrap_command_ncu(ncu_set: str, kernels: str | None, regex_args: list[st
                           tmp_path: Path) -> None:
     argv = wrap_command("ncu", ["./app", "-n", "2"], tmp_path, ncu_set=ncu_set,
                         ncu_kernels=kernels)
-    script = ROOT / "gpudiag" / "profiler" / "ncu_wrappers" / f"{ncu_set}.sh"
+    script = ROOT / "gpudiag" / "collectors" / "ncu_wrappers" / f"{ncu_set}.sh"
     assert argv == ["bash", str(script), "-l", f"{tmp_path}/ncu/ncu.log",
                     f"{tmp_path}/ncu/report", *regex_args, "--", "./app", "-n", "2"]
     assert (tmp_path / "ncu").is_dir()
@@ -443,7 +443,7 @@ def test_ncu_refused_counters_in_the_log_give_the_permission_fix(
     log = tmp_path / "ncu" / "ncu.log"
     assert one_line_error(excinfo) == (
         f"ncu was refused the GPU performance counters (ERR_NVGPUCTRPERM in {log}): "
-        + doctor.NCU_PERMISSION_FIX)
+        + probes.NCU_PERMISSION_FIX)
 
 
 def test_ncu_that_profiled_nothing_points_at_the_kernel_filter(

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.analyzers.collectives_skew import arrival_skew
+from gpudiag.analyzers.collectives.skew import arrival_skew
 from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.findings import LOSS_CAUSES
-from gpudiag.analyzers.losses import LossTimeline
-from gpudiag.analyzers.memory import fragmentation
+from gpudiag.analyzers.losses.waterfall import LossTimeline
+from gpudiag.analyzers.memory.allocator import fragmentation
 from gpudiag.reports import figures
 from gpudiag.trace import Trace
 from tests.builders import kernel, trace
@@ -219,7 +219,7 @@ def test_ten_million_kernels_stay_under_five_megabytes() -> None:
 
 
 def test_memory_curves_without_a_snapshot_keep_the_peak() -> None:
-    from gpudiag.analyzers.memory import fragmentation
+    from gpudiag.analyzers.memory.allocator import fragmentation
     from gpudiag.reports import figures_memory
 
     t = gpudiag.load(fixture("kineto/v100_rank1of2_nccl_profile_memory.json.gz"))

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.analyzers import memory
 from gpudiag.analyzers.diagnosis import diagnose
-from gpudiag.analyzers.memory_sites import site_label
-from gpudiag.collectors.torch_memory import read_snapshot
+from gpudiag.analyzers.memory import allocator as memory
+from gpudiag.analyzers.memory.sites import site_label
+from gpudiag.readers.torch_memory.reader import read_snapshot
 from tests.conftest import fixture
 
 

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gpudiag
-from gpudiag.collectors.chrome_json import decode
-from gpudiag.collectors.chrome_stream import ChromeTraceStream
 from gpudiag.errors import InputError
 from gpudiag.names import short_name
+from gpudiag.readers.chrome.stream import ChromeTraceStream
+from gpudiag.readers.chrome.structs import decode
 
 CI = settings(derandomize=True, deadline=timedelta(seconds=20), max_examples=60,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,

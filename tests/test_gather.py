@@ -16,11 +16,13 @@ import pytest
 
 import gpudiag
 from gpudiag.analyzers.diagnosis import diagnose
-from gpudiag.profiler import nvml_sampler, session
-from gpudiag.profiler.gather import describe, merge_run
-from gpudiag.profiler.nvml_sampler import NvmlSampler
+from gpudiag.collectors.nvml import sampler as nvml_sampler
+from gpudiag.collectors.nvml.sampler import NvmlSampler
+from gpudiag.profiler import session
 from gpudiag.profiler.session import ProfileOptions, run
+from gpudiag.readers.run_dir import merge_run
 from gpudiag.reports.build import report_page
+from gpudiag.reports.collected import describe
 from tests.builders import kernel, trace
 from tests.test_nvml_sampler import UUIDS, FakeGpu, FakeNvml
 

@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.analyzers import collectives as C
-from gpudiag.collectors.kineto_collectives import fifo
+from gpudiag.analyzers.collectives import calls as C
+from gpudiag.readers.kineto.collectives import fifo
 from tests.builders import KinetoTrace
 from tests.conftest import fixture
 

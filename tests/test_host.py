@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gpudiag.analyzers import host
 from gpudiag.analyzers.findings import ADVICE
+from gpudiag.analyzers.host import bound as host
 from tests.builders import api_call, kernel, trace
 
 U = 1_000

@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 import gpudiag
-from gpudiag.analyzers import host_steps
 from gpudiag.analyzers.diagnosis import diagnose
 from gpudiag.analyzers.findings import HOST_CAUSES
+from gpudiag.analyzers.host import steps as host_steps
 from gpudiag.cli import _require_events, cli
 from gpudiag.errors import InputError
 from gpudiag.trace import Trace

@@ -21,11 +21,15 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.collectors import ncu, nsys, nsys_export, nsys_schema, torch_memory
-from gpudiag.collectors.files import read_bytes, read_head
-from gpudiag.collectors.ncu_metrics import MetricRows
-from gpudiag.collectors.torch_memory_pickle import load_plain
 from gpudiag.errors import InputError
+from gpudiag.readers.files import read_bytes, read_head
+from gpudiag.readers.ncu import reader as ncu
+from gpudiag.readers.ncu.metrics import MetricRows
+from gpudiag.readers.nsys import export as nsys_export
+from gpudiag.readers.nsys import reader as nsys
+from gpudiag.readers.nsys import schema as nsys_schema
+from gpudiag.readers.torch_memory import reader as torch_memory
+from gpudiag.readers.torch_memory.unpickler import load_plain
 from tests.builders import KinetoTrace
 from tests.conftest import fixture
 from tests.test_ncu import KINDS, FakeAction, FakeMetric

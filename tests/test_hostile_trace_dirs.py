@@ -19,7 +19,7 @@ import pytest
 
 import gpudiag
 from gpudiag.errors import InputError
-from gpudiag.profiler import gather
+from gpudiag.readers import run_dir as gather
 from gpudiag.schema import TABLE_NAMES, TABLES
 from gpudiag.trace_meta import META
 from tests.builders import kernel, sync, trace

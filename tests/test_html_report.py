@@ -387,7 +387,7 @@ def test_ncu_report_says_which_kernel_ncu_measured_nothing_for() -> None:
 
 
 def test_compare_page_names_kernels_short_with_the_full_name_on_hover() -> None:
-    from gpudiag.compare import compare
+    from gpudiag.analyzers.compare import compare
     from gpudiag.reports.build import compare_page
 
     runs = [gpudiag.load(fixture(p)) for p in ("kineto/world128_sampled_rank0.json.gz",

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudiag.analyzers import intervals as iv
+from gpudiag import intervals as iv
 
 spans = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 20)), max_size=12)
 

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudiag.collectors.intervals import nesting_depth, range_max, us_to_ns
+from gpudiag.intervals import nesting_depth, range_max, us_to_ns
 
 
 def contains(j: tuple[int, int, int, int], i: tuple[int, int, int, int]) -> bool:

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from gpudiag.analyzers import findings as fnd
-from gpudiag.analyzers import kernel_metrics as km
-from gpudiag.analyzers.kernel_metrics import (
+from gpudiag.analyzers.kernels import metrics as km
+from gpudiag.analyzers.kernels.metrics import (
     BALANCED,
     HIGH,
     HIGH_COMPUTE,

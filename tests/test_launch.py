@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.analyzers import launch
 from gpudiag.analyzers.findings import ADVICE, COLUMNS
-from gpudiag.analyzers.launch import (
+from gpudiag.analyzers.kernels import launch
+from gpudiag.analyzers.kernels.launch import (
     findings,
     launch_overhead,
     launch_rate,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from gpudiag.analyzers.gaps import idle_gaps
-from gpudiag.analyzers.losses import loss_timeline, losses
+from gpudiag.analyzers.losses.gaps import idle_gaps
+from gpudiag.analyzers.losses.waterfall import loss_timeline, losses
 from tests.builders import api_call, copy, kernel, sync, trace
 
 U = 1_000  # ns per µs

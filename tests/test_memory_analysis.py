@@ -22,9 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gpudiag
-from gpudiag.analyzers import memory, memory_grid, memory_replay, memory_sites
 from gpudiag.analyzers.findings import ADVICE, COLUMNS
-from gpudiag.analyzers.memory import (
+from gpudiag.analyzers.memory import allocator as memory
+from gpudiag.analyzers.memory import grid as memory_grid
+from gpudiag.analyzers.memory import replay as memory_replay
+from gpudiag.analyzers.memory import sites as memory_sites
+from gpudiag.analyzers.memory.allocator import (
     FRAGMENTATION_COLUMNS,
     REUSE_ADVICE,
     churn,
@@ -36,9 +39,9 @@ from gpudiag.analyzers.memory import (
     ooms,
     sites,
 )
-from gpudiag.analyzers.memory_layout import ALLOC, CODES, SEG_ALLOC, SMALL_SIZE, Layout
-from gpudiag.analyzers.memory_replay import layout_of, replay_devices
-from gpudiag.collectors.torch_memory import read_snapshot, read_timeline
+from gpudiag.analyzers.memory.layout import ALLOC, CODES, SEG_ALLOC, SMALL_SIZE, Layout
+from gpudiag.analyzers.memory.replay import layout_of, replay_devices
+from gpudiag.readers.torch_memory.reader import read_snapshot, read_timeline
 from gpudiag.trace import Trace
 from tests.builders import KinetoTrace
 from tests.conftest import fixture

@@ -19,8 +19,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gpudiag.profiler import nccl_cupy, nccl_cupy_patch, nccl_timing
-from gpudiag.profiler.nccl_timing import W_CAPTURE, W_FAILED
+from gpudiag.collectors.nccl import cupy_comm as nccl_cupy
+from gpudiag.collectors.nccl import cupy_patch as nccl_cupy_patch
+from gpudiag.collectors.nccl import timing as nccl_timing
+from gpudiag.collectors.nccl.timing import W_CAPTURE, W_FAILED
 from gpudiag.trace import Trace, merge
 
 UID = tuple(range(-64, 64))  # a 128-byte NCCL unique id, as get_unique_id() returns it

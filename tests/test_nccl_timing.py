@@ -21,9 +21,10 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.analyzers.collectives import arrival_skew, collective_stats
-from gpudiag.profiler import nccl_clock, nccl_timing
-from gpudiag.profiler.nccl_timing import (
+from gpudiag.analyzers.collectives.calls import arrival_skew, collective_stats
+from gpudiag.collectors.nccl import clock as nccl_clock
+from gpudiag.collectors.nccl import timing as nccl_timing
+from gpudiag.collectors.nccl.timing import (
     W_CAPTURE,
     W_FAILED,
     W_UNFINISHED,

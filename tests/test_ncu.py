@@ -18,8 +18,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gpudiag.collectors import ncu
-from gpudiag.collectors.ncu_metrics import (
+from gpudiag.errors import InputError, MissingDependencyError
+from gpudiag.readers.ncu import reader as ncu
+from gpudiag.readers.ncu.metrics import (
     MetricRows,
     ValueKinds,
     axes,
@@ -27,7 +28,6 @@ from gpudiag.collectors.ncu_metrics import (
     metric_value,
     peak_bandwidth,
 )
-from gpudiag.errors import InputError, MissingDependencyError
 from gpudiag.trace import Trace
 from tests.conftest import ROOT, fixture, fixtures
 
@@ -230,7 +230,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_importing_gpudiag_leaves_ncu_report_unloaded() -> None:
-    done = run_python("import gpudiag, gpudiag.collectors.ncu, sys; "
+    done = run_python("import gpudiag, gpudiag.readers.ncu.reader, sys; "
                       "assert 'ncu_report' not in sys.modules")
     assert done.returncode == 0, done.stderr
 

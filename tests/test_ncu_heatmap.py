@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpudiag.analyzers.kernel_metrics import kernel_metrics
+from gpudiag.analyzers.kernels.metrics import kernel_metrics
 from gpudiag.errors import InputError
 from gpudiag.reports import ncu_heatmap as nh
 from gpudiag.reports.ncu_heatmap import METRICS, figure, health, kernel_table

@@ -15,9 +15,15 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.collectors import nsys, nsys_export
-from gpudiag.collectors.nsys import SYNC_TYPE_VS_CALL, SYNC_TYPE_VS_IDS, read_report, read_sqlite
 from gpudiag.errors import CollectorError, InputError
+from gpudiag.readers.nsys import export as nsys_export
+from gpudiag.readers.nsys import reader as nsys
+from gpudiag.readers.nsys.reader import (
+    SYNC_TYPE_VS_CALL,
+    SYNC_TYPE_VS_IDS,
+    read_report,
+    read_sqlite,
+)
 from gpudiag.trace import Trace
 from tests.conftest import fixture
 

@@ -15,9 +15,8 @@ import pandas as pd
 import pytest
 
 from gpudiag.analyzers.window import within
-from gpudiag.errors import MissingDependencyError
-from gpudiag.profiler import nvml_sampler
-from gpudiag.profiler.nvml_sampler import (
+from gpudiag.collectors.nvml import sampler as nvml_sampler
+from gpudiag.collectors.nvml.sampler import (
     ALL_LINKS,
     NvmlSampler,
     NvmlSource,
@@ -25,6 +24,7 @@ from gpudiag.profiler.nvml_sampler import (
     start_sampler,
     visible_indices,
 )
+from gpudiag.errors import MissingDependencyError
 from gpudiag.trace import Trace
 from tests.conftest import ROOT, wait_for
 
@@ -377,7 +377,7 @@ KILLED_SESSION = """
 import os, signal, sys, time
 from pathlib import Path
 from tests.test_nvml_sampler import FakeGpu, FakeNvml, UUIDS
-from gpudiag.profiler.nvml_sampler import NvmlSampler, NvmlSource
+from gpudiag.collectors.nvml.sampler import NvmlSampler, NvmlSource
 source = NvmlSource(FakeNvml([FakeGpu(UUIDS[0])]))
 assert source.open({}) is None
 NvmlSampler(source, Path(sys.argv[1]), 0.01, flush_every_s=0.05).start()

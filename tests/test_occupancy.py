@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.analyzers import occupancy as occ
-from gpudiag.analyzers.launch import occupancy
+from gpudiag.analyzers.kernels import occupancy as occ
+from gpudiag.analyzers.kernels.launch import occupancy
 from gpudiag.trace import Trace
 from tests.builders import kernel, trace
 from tests.conftest import fixture, fixtures

@@ -15,8 +15,8 @@ import pytest
 
 import gpudiag
 from gpudiag.analyzers.diagnosis import diagnose
-from gpudiag.analyzers.step_detection import detect_steps
-from gpudiag.analyzers.steps import flag_warmup, summary, training_steps
+from gpudiag.analyzers.steps.detection import detect_steps
+from gpudiag.analyzers.steps.training import flag_warmup, summary, training_steps
 from gpudiag.trace import Trace
 from tests.conftest import DATA, fixture
 

@@ -11,7 +11,7 @@ import pytest
 
 import gpudiag
 from gpudiag.analyzers import sync
-from gpudiag.analyzers.waits import blocking_waits
+from gpudiag.analyzers.losses.waits import blocking_waits
 from tests.builders import api_call, kernel, trace
 from tests.conftest import fixture
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpudiag
-from gpudiag.analyzers import intervals
+from gpudiag import intervals
 from gpudiag.analyzers.timeline import (
     IDLE_BREAKDOWN,
     IDLE_CATEGORIES,
@@ -214,7 +214,7 @@ def test_real_traces_add_up(name: str) -> None:
 def test_stream_busy_and_gaps_match_the_interval_algebra(
         events: list[tuple[int, int, int]]) -> None:
     """Per stream: busy = |union|, and the gaps = the complement of the union in the span,
-    as gpudiag.analyzers.intervals computes them one stream at a time."""
+    as gpudiag.intervals computes them one stream at a time."""
     t = trace(kernels=[kernel(s, s + d, stream=k) for k, s, d in events])
     summary = stream_summary(t).set_index("stream")
     gaps = idle_breakdown(t).groupby("stream", observed=True)["idle_ns"].sum()

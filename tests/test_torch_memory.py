@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gpudiag
-from gpudiag.collectors.torch_memory import read_snapshot, read_timeline
 from gpudiag.errors import InputError
+from gpudiag.readers.torch_memory.reader import read_snapshot, read_timeline
 from gpudiag.trace import Trace
 from tests.conftest import ROOT, fixture
 

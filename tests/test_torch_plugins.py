@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpudiag.profiler import torch_backend, torch_snapshot
+from gpudiag.collectors import torch_plugin as torch_backend
+from gpudiag.collectors import torch_snapshot
 
 
 class FakeTorch:

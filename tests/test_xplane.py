@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gpudiag
-from gpudiag.collectors.xplane import read
-from gpudiag.collectors.xplane_space import parse_space
 from gpudiag.errors import InputError
+from gpudiag.readers.xplane.reader import read
+from gpudiag.readers.xplane.space import parse_space
 from tests.conftest import ROOT, fixture
 
 TF = "jax/tf_gpu_multiworker_8gpu.xplane.pb"

@@ -25,7 +25,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from gpudiag.analyzers import callsites, intervals
+from gpudiag import intervals
+from gpudiag.analyzers import callsites
 from gpudiag.analyzers import findings as found
 from gpudiag.analyzers.keys import codes as key_codes
 from gpudiag.trace import Trace

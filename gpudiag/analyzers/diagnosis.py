@@ -17,8 +17,8 @@ import pandas as pd
 
 from gpudiag.analyzers import findings as findings_mod
 from gpudiag.analyzers import window as window_mod
-from gpudiag.analyzers.gaps import idle_gaps
-from gpudiag.analyzers.losses import LossTimeline, loss_timeline, losses_frame
+from gpudiag.analyzers.losses.gaps import idle_gaps
+from gpudiag.analyzers.losses.waterfall import LossTimeline, loss_timeline, losses_frame
 from gpudiag.trace import Trace
 
 
@@ -35,18 +35,18 @@ class Analyzer:
 
 ANALYZERS = (
     Analyzer("sync", "gpudiag.analyzers.sync", ("syncs", "api"), ("sync_points",)),
-    Analyzer("launch", "gpudiag.analyzers.launch", ("kernels",),
+    Analyzer("launch", "gpudiag.analyzers.kernels.launch", ("kernels",),
              ("small_grid", "launch_rate"), timeline=False),
     Analyzer("copies", "gpudiag.analyzers.copies", ("copies",), ("copy_stats",)),
-    Analyzer("collectives", "gpudiag.analyzers.collectives", ("collectives",),
+    Analyzer("collectives", "gpudiag.analyzers.collectives.calls", ("collectives",),
              ("collective_stats", "overlap", "arrival_skew"), timeline=False),
-    Analyzer("memory", "gpudiag.analyzers.memory", ("memory", "memory_blocks"),
+    Analyzer("memory", "gpudiag.analyzers.memory.allocator", ("memory", "memory_blocks"),
              ("fragmentation",), timeline=False),
-    Analyzer("kernel_metrics", "gpudiag.analyzers.kernel_metrics", ("metrics",),
+    Analyzer("kernel_metrics", "gpudiag.analyzers.kernels.metrics", ("metrics",),
              ("kernel_metrics",), timeline=False),
     Analyzer("gpu_samples", "gpudiag.analyzers.gpu_samples", ("samples",),
              ("sample_summary",), timeline=False),
-    Analyzer("host_steps", "gpudiag.analyzers.host_steps", ("ranges",),
+    Analyzer("host_steps", "gpudiag.analyzers.host.steps", ("ranges",),
              ("host_breakdown", "host_by_step", "host_top_ops", "host_memory")),
 )
 
@@ -78,7 +78,7 @@ class Diagnosis:
         if self.by_step is not None:
             out["by_step"] = _records(self.by_step)
         if self.steps is not None:
-            from gpudiag.analyzers.steps import summary
+            from gpudiag.analyzers.steps.training import summary
 
             out["steps"] = summary(self.steps)
         host = {name.removeprefix("host_"): _records(self.tables[name])
@@ -118,13 +118,13 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     `window`: a time range or a range name (see `analyzers.window`); `steps`: also the
     waterfall of each training step (`by_step`). The thresholds go to the gap rules.
     """
-    from gpudiag.analyzers import steps as steps_mod
+    from gpudiag.analyzers.steps import training as steps_mod
 
     bounds = _bounds(trace, window)
     whole = trace  # the waterfall's rules see the whole trace, then its layers are cut
     if bounds is not None:
         trace = window_mod.within(trace, bounds)
-        from gpudiag.analyzers.step_detection import restrict
+        from gpudiag.analyzers.steps.detection import restrict
 
         restrict(whole, bounds, trace)
     gap_options: dict[str, Any] = {"launch_gap_ns": launch_gap_ns,
@@ -156,7 +156,7 @@ def _bounds(trace: Trace, window: str | tuple[int, int] | None) -> tuple[int, in
     if window is None:
         return None
     if isinstance(window, str) and not (trace.ranges["name"].astype(str) == window).any():
-        from gpudiag.analyzers.steps import training_steps
+        from gpudiag.analyzers.steps.training import training_steps
 
         steps = training_steps(trace)
         named = steps[steps["step"].astype(str) == window]
@@ -173,7 +173,7 @@ def _findings(trace: Trace, whole: Trace, gaps: pd.DataFrame | None, notes: list
     gpu: list[pd.DataFrame] = []
     host: list[pd.DataFrame] = []
     if gaps is not None:
-        from gpudiag.analyzers import host as host_gaps
+        from gpudiag.analyzers.host import bound as host_gaps
         from gpudiag.analyzers.timeline import stream_summary
         gpu.append(host_gaps.findings(whole, gaps))
         if tables is not None:
@@ -192,7 +192,7 @@ def _findings(trace: Trace, whole: Trace, gaps: pd.DataFrame | None, notes: list
 def _step_notes(steps: pd.DataFrame, trace: Trace) -> list[str]:
     """What the steps are and how they were found; which are warm-up."""
     from gpudiag.analyzers.findings import format_ns
-    from gpudiag.analyzers.steps import summary
+    from gpudiag.analyzers.steps.training import summary
 
     info = summary(steps)
     if not info["count"]:
@@ -273,7 +273,8 @@ def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str],
         notes.append("no loss waterfall: the times in this source are not a timeline "
                      "(e.g. Nsight Compute replays kernels one by one)")
         return None
-    from gpudiag.analyzers import collectives, launch
+    from gpudiag.analyzers.collectives import calls as collectives
+    from gpudiag.analyzers.kernels import launch
     occupancy = launch.occupancy(trace)
     unknown = occupancy["tail_efficiency"].isna()
     if unknown.all():

@@ -1,7 +1,7 @@
 """NVML samples: how busy, how full, how hot and how throttled each GPU was.
 
 `gpudiag profile` reads every visible GPU through NVML every `--nvml-interval` into the
-`samples` table (profiler/nvml_sampler.py). Two questions, one function each:
+`samples` table (collectors/nvml/sampler.py). Two questions, one function each:
 
 - `sample_summary`: per (rank, device) the utilization NVML saw, the memory peak, power,
   temperature and how often each clocks-event ("throttle") reason was active, beside the
@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from gpudiag import intervals
 from gpudiag.analyzers import findings as found
-from gpudiag.analyzers import intervals
 from gpudiag.trace import Trace
 
 #: the metrics the NVML sampler writes, with the unit each is written in

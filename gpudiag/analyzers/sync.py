@@ -20,8 +20,8 @@ import pandas as pd
 
 from gpudiag.analyzers import callsites
 from gpudiag.analyzers.findings import ADVICE, format_ns, frame
-from gpudiag.analyzers.gaps import idle_gaps
-from gpudiag.analyzers.waits import blocking_waits
+from gpudiag.analyzers.losses.gaps import idle_gaps
+from gpudiag.analyzers.losses.waits import blocking_waits
 from gpudiag.trace import Trace
 
 #: innermost torch op at the wait -> the implicit sync it stands for

@@ -28,7 +28,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from gpudiag.analyzers.callsites import launch_calls
-from gpudiag.analyzers.gaps import idle_gaps
+from gpudiag.analyzers.losses.gaps import idle_gaps
 from gpudiag.trace import Trace
 
 IntArray = npt.NDArray[np.int64]

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpudiag.collectors import probes
 from gpudiag.errors import CollectorError
-from gpudiag.profiler import doctor
 
 BACKENDS = ("auto", "cupti", "torch", "jax", "nsys", "ncu")
 EXTERNAL = ("nsys", "ncu")
@@ -36,7 +36,7 @@ def gpu_present() -> bool:
     """An NVIDIA driver with a visible GPU (cheap: /proc first, NVML only if it is there)."""
     if not Path("/proc/driver/nvidia").exists():
         return False
-    return doctor.check_gpu().available
+    return probes.check_gpu().available
 
 
 def resolve(backend: str) -> Plan:
@@ -44,7 +44,7 @@ def resolve(backend: str) -> Plan:
     if backend not in BACKENDS:
         raise CollectorError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     gpu = gpu_present()
-    cupti = doctor.check_package("cupti", "cupti", "cupti-python", "", "").available
+    cupti = probes.check_package("cupti", "cupti", "cupti-python", "", "").available
     missing = [] if gpu else ["GPU activity (kernels, copies, syncs, NVML): no NVIDIA GPU or "
                               "driver here"]
     if backend in EXTERNAL:

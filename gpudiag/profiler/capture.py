@@ -27,7 +27,7 @@ from typing import Any
 from gpudiag.errors import CollectorError
 from gpudiag.profiler import bootstrap
 from gpudiag.profiler.backends import EXTERNAL, resolve
-from gpudiag.profiler.gather import merge_run
+from gpudiag.readers.run_dir import merge_run
 from gpudiag.trace import Trace
 
 

@@ -33,11 +33,11 @@ from typing import Any
 
 #: plugin name -> (module, modules whose first import starts it; empty: at process start)
 PLUGINS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "torch": ("gpudiag.profiler.torch_backend", ("torch",)),
-    "torch_memory": ("gpudiag.profiler.torch_snapshot", ("torch",)),
-    "jax": ("gpudiag.profiler.jax_backend", ("jax",)),
-    "cupti": ("gpudiag.profiler.cupti_backend", ("torch", "jax", "cupy", "numba", "cuda")),
-    "nccl": ("gpudiag.profiler.nccl_timing", ("torch", "cupy")),
+    "torch": ("gpudiag.collectors.torch_plugin", ("torch",)),
+    "torch_memory": ("gpudiag.collectors.torch_snapshot", ("torch",)),
+    "jax": ("gpudiag.collectors.jax_plugin", ("jax",)),
+    "cupti": ("gpudiag.collectors.cupti.plugin", ("torch", "jax", "cupy", "numba", "cuda")),
+    "nccl": ("gpudiag.collectors.nccl.timing", ("torch", "cupy")),
 }
 
 Callback = Callable[[ModuleType], None]

@@ -29,11 +29,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from gpudiag.collectors import external
 from gpudiag.errors import CollectorError, InputError
-from gpudiag.profiler import bootstrap, external
+from gpudiag.profiler import bootstrap
 from gpudiag.profiler.backends import Plan
-from gpudiag.profiler.gather import merge_run
 from gpudiag.profiler.watchdog import DEFAULT_GRACE_S, Watchdog
+from gpudiag.readers.run_dir import merge_run
 from gpudiag.trace import Trace
 
 #: the default parent of run directories, relative to the working directory
@@ -192,7 +193,7 @@ def _start_nvml(run_dir: Path, options: ProfileOptions, child_env: Mapping[str, 
     meta["not_collected"] = []
     if not options.nvml_interval_s:
         return None
-    from gpudiag.profiler.nvml_sampler import start_sampler
+    from gpudiag.collectors.nvml.sampler import start_sampler
 
     return start_sampler(run_dir / "nvml", options.nvml_interval_s, env=child_env,
                          reasons=meta["not_collected"])

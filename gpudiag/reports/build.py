@@ -9,8 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from gpudiag.analyzers.compare import Comparison
 from gpudiag.analyzers.diagnosis import Diagnosis
-from gpudiag.compare import Comparison
 from gpudiag.names import short_names
 from gpudiag.reports import figures, figures_samples, ncu_heatmap
 from gpudiag.reports.html import Section, page
@@ -88,7 +88,7 @@ def _rule_findings(trace: Trace) -> Table | None:
     first (the heatmap shows them on hover; this lists them). Kernels by their short
     name, the full demangled one on hover (a template-heavy name fills a cell 40 lines
     tall)."""
-    from gpudiag.analyzers.kernel_metrics import rules
+    from gpudiag.analyzers.kernels.metrics import rules
 
     found = rules(trace)
     found = found[found["type"].isin(["warning", "optimization"])]

@@ -238,8 +238,8 @@ def annotated_gaps(trace: Trace, dx: Diagnosis, gaps: pd.DataFrame | None = None
         pieces.groupby("finding")["end_ns"].count()
         pieces[pieces.cause == "sync_stall"][["where", "advice"]]
     """
-    from gpudiag.analyzers import host
-    from gpudiag.analyzers.gaps import idle_gaps
+    from gpudiag.analyzers.host import bound as host
+    from gpudiag.analyzers.losses.gaps import idle_gaps
 
     out = (idle_gaps(trace) if gaps is None else gaps).copy()
     if dx.window_ns is not None:

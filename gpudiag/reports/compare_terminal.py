@@ -1,4 +1,4 @@
-"""Terminal rendering (rich) of a `gpudiag.compare.Comparison`. Colors only on a terminal.
+"""Terminal rendering (rich) of a `gpudiag.analyzers.compare.Comparison`. Colors only on a terminal.
 
 Each table shows the runs' values, then one "vs <baseline>" column per later run with the
 change; a change is red when it is worse (slower, more memory, more lost time, fewer
@@ -16,7 +16,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from gpudiag.compare import Comparison
+from gpudiag.analyzers.compare import Comparison
 from gpudiag.reports.safe_text import terminal as safe
 from gpudiag.reports.terminal import format_bytes, format_ns
 
@@ -39,7 +39,7 @@ def print_comparison(comparison: Comparison, console: Console, top: int = 15) ->
     """Print a comparison as a few compact tables, the baseline first.
 
         from rich.console import Console
-        cmp = gpudiag.compare.compare([a, b], ["before", "after"])
+        cmp = gpudiag.analyzers.compare.compare([a, b], ["before", "after"])
         print_comparison(cmp, Console())
     """
     labels = comparison.labels

@@ -23,8 +23,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from gpudiag.analyzers import intervals, keys
-from gpudiag.analyzers.collectives_skew import arrival_skew
+from gpudiag import intervals
+from gpudiag.analyzers import keys
+from gpudiag.analyzers.collectives.skew import arrival_skew
 from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.names import short_names

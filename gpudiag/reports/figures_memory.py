@@ -1,7 +1,7 @@
 """The allocator's figure: address x time occupancy under the fragmentation curve.
 
 Drawn from `analyzers.memory.occupancy_grid` (what each stacked address bin held at each
-sampled moment) and `analyzers.memory.fragmentation` (the allocator's state after every
+sampled moment) and `analyzers.memory.allocator` (the allocator's state after every
 event). Both are bounded before they reach the figure: the grid by its own
 `max_addresses` x `max_times`, the curve by keeping the worst point of each of at most
 `max_points` consecutive runs of events, so a peak survives the thinning.
@@ -14,8 +14,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from gpudiag.analyzers.memory import fragmentation, occupancy_grid
-from gpudiag.analyzers.memory_grid import STATES
+from gpudiag.analyzers.memory.allocator import fragmentation, occupancy_grid
+from gpudiag.analyzers.memory.grid import STATES
 from gpudiag.trace import Trace
 
 #: one fixed color per allocator state

@@ -4,7 +4,7 @@ Rows are kernels (grouped by name, or every launch), ordered by GPU time; column
 Nsight Compute numbers a reader needs to see *why* a kernel is slow; each cell is colored by
 how far its value is from healthy and shows the raw value, with the kernel's full name and
 ncu's own rule findings on hover. Every number comes from
-`gpudiag.analyzers.kernel_metrics` (this module never reads ncu, and decides nothing the
+`gpudiag.analyzers.kernels.metrics` (this module never reads ncu, and decides nothing the
 analyzer has not: it only scores distances from the thresholds below).
 
 Health scores (`health`) are in [0, 1]: 0 on the healthy side of a metric's threshold; past
@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from gpudiag.analyzers.kernel_metrics import kernel_metrics, rules
+from gpudiag.analyzers.kernels.metrics import kernel_metrics, rules
 from gpudiag.errors import InputError
 from gpudiag.reports.safe_text import plotly_label
 from gpudiag.trace import Trace

@@ -22,7 +22,7 @@ __all__ = ["format_bytes", "format_ns", "format_window", "print_diagnosis", "pri
 
 
 def print_summary(info: dict[str, Any], console: Console) -> None:
-    """Print the output of `gpudiag.summary.summarize` as a few compact tables."""
+    """Print the output of `gpudiag.analyzers.summary.summarize` as a few compact tables."""
     console.print(f"[bold]Sources[/bold]: {safe(sources_line(info))}", highlight=False)
     if info["ranks"]:
         console.print(f"[bold]Ranks[/bold]: {safe(', '.join(map(str, info['ranks'])))}")

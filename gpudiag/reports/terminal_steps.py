@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpudiag.analyzers.findings import format_ns
-from gpudiag.analyzers.host_categories import CATEGORIES
+from gpudiag.analyzers.host.categories import CATEGORIES
 from gpudiag.reports.safe_text import terminal as safe
 
 #: per-step rows shown before the rest is summarized in one line

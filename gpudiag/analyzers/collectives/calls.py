@@ -1,0 +1,424 @@
+"""Collective communication: bandwidth per message size, comm/compute overlap, late ranks.
+
+Three questions about the `collectives` table, each with the definition the incumbent tools
+use, so a number can be checked against theirs:
+- how fast is each collective? nccl-tests' algbw = S / t and busbw = algbw x factor (B8);
+- how much communication hides behind compute? HTA's, Nsight Systems' and tb-profiler's
+  overlap ratios, which differ in their denominators; all three are reported, named by it;
+- who arrives late? see `collectives_skew` (matching across ranks, clock assumptions).
+`findings` turns them into `comm_wait`, `comm` (exposed) and slow-bandwidth findings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from gpudiag import intervals as iv
+from gpudiag.analyzers import callsites
+from gpudiag.analyzers.collectives.skew import arrival_skew, typed, wait_intervals
+from gpudiag.analyzers.findings import ADVICE, format_ns, frame
+from gpudiag.analyzers.steps.training import step_windows
+from gpudiag.trace import Trace
+
+__all__ = ["arrival_skew", "bus_factor", "collective_calls", "collective_stats", "findings",
+           "overlap", "wait_intervals"]
+
+STATS_BY = ("op", "bytes", "group_size", "dtype")
+KEY_DTYPES = {"op": "string", "bytes": "Int64", "group_size": "Int64", "dtype": "string",
+              "comm": "string", "name": "string", "rank": "Int64", "device": "Int64"}
+STATS_COLUMNS = {"count": "int64", "total_ns": "int64", "mean_ns": "float64", "min_ns": "int64",
+                 "max_ns": "int64", "algbw_gbps": "float64", "busbw_gbps": "float64",
+                 "busbw_peak_gbps": "float64", "group_size_assumed": "bool"}
+OVERLAP_COLUMNS = {
+    "rank": "Int64", "device": "Int64", "comm_ns": "int64", "compute_ns": "int64",
+    "overlap_ns": "int64", "exposed_comm_ns": "int64", "comm_kernel_ns": "int64",
+    "comm_kernel_overlap_ns": "int64", "step_ns": "int64", "step_overlap_ns": "int64",
+    "step_source": "string", "overlap_of_comm": "float64",
+    "overlap_of_comm_kernel_ns": "float64", "overlap_of_step": "float64",
+}
+#: advice for collectives far slower than their peers, until findings.ADVICE has a key for it
+#: torch ops every collective runs inside, which say nothing about where it was called
+BARE_SITES = ("record_param_comms",)
+_NONE: iv.Spans = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def bus_factor(op: pd.Series, group_size: pd.Series) -> np.ndarray:
+    """busbw / algbw per call (nccl-tests): all_reduce 2(n-1)/n; reduce_scatter, all_gather,
+    all_to_all (n-1)/n; broadcast, reduce, send/recv 1; NaN for barrier/other or unknown n."""
+    n = pd.to_numeric(group_size, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    ops = op.astype(str).to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.select(
+            [ops == "all_reduce", np.isin(ops, ["reduce_scatter", "all_gather", "all_to_all"]),
+             np.isin(ops, ["broadcast", "reduce", "send", "recv", "send_recv"])],
+            [2 * (n - 1) / n, (n - 1) / n, np.ones(len(n))], np.nan)
+
+
+def collective_calls(trace: Trace, *, assume_world: bool = True) -> pd.DataFrame:
+    """The `collectives` table with per-call `dur_ns`, `factor`, `algbw_gbps`, `busbw_gbps`.
+
+        calls = collective_calls(trace)
+        calls.plot.scatter("bytes", "busbw_gbps", logx=True)
+        calls.groupby("op")["busbw_gbps"].median()
+
+    GB/s are 1e9 bytes/s (bytes per ns). Kineto traces often lack the group size; with
+    `assume_world` it is taken from `meta["world_size"]` and `group_size_assumed` says so:
+    right for the default process group, wrong by the factor's change for sub-groups.
+    """
+    c = trace.collectives.copy()
+    world = int(trace.meta.get("world_size") or 0)
+    assumed = c["group_size"].isna() & (assume_world and world > 0)
+    if assumed.any():
+        c["group_size"] = c["group_size"].fillna(world)
+    dur = (c["end_ns"] - c["start_ns"]).to_numpy(np.int64)
+    factor = bus_factor(c["op"], c["group_size"])
+    size = c["bytes"].to_numpy(dtype=np.float64, na_value=np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(dur > 0, size / dur, np.nan)
+    return c.assign(dur_ns=dur, factor=factor, algbw_gbps=algbw, busbw_gbps=algbw * factor,
+                    group_size_assumed=assumed.to_numpy())
+
+
+def collective_stats(trace: Trace, *, by: Sequence[str] = STATS_BY,
+                     assume_world: bool = True) -> pd.DataFrame:
+    """Per (op, bytes, group_size, dtype): count, duration statistics and bandwidth.
+
+        stats = collective_stats(trace)
+        stats.sort_values("total_ns", ascending=False).head(10)
+        stats[stats.op == "all_reduce"].plot("bytes", "busbw_gbps", logx=True)
+
+    `algbw_gbps` = Σ bytes / Σ duration, which is S / mean time when the group has one size
+    (as nccl-tests averages its iterations); `busbw_gbps` applies the op's factor;
+    `busbw_peak_gbps` is the fastest single call. `by` picks other keys, e.g. add 'name' to
+    keep nccl-tests' out-of-place and in-place rows apart, or 'rank' to compare ranks.
+    """
+    keys = list(by)
+    columns = {**{k: KEY_DTYPES.get(k, "string") for k in keys}, **STATS_COLUMNS}
+    c = collective_calls(trace, assume_world=assume_world)
+    if c.empty:
+        return typed(None, columns)
+    c = c.assign(bus_bytes=c["bytes"].astype("float64") * c["factor"])
+    out = c.groupby(keys, observed=True, dropna=False, sort=True).agg(
+        count=("dur_ns", "size"), total_ns=("dur_ns", "sum"), mean_ns=("dur_ns", "mean"),
+        min_ns=("dur_ns", "min"), max_ns=("dur_ns", "max"), sized=("bytes", "count"),
+        sum_bytes=("bytes", "sum"), bus_bytes=("bus_bytes", "sum"),
+        bus_sized=("bus_bytes", "count"),
+        busbw_peak_gbps=("busbw_gbps", "max"),
+        group_size_assumed=("group_size_assumed", "any"),
+    ).reset_index()
+    timed = (out["total_ns"] > 0) & (out["sized"] == out["count"])
+    total = out["total_ns"].where(timed).astype("float64")
+    out["algbw_gbps"] = out["sum_bytes"].astype("float64") / total
+    bus = out["bus_bytes"].where(out["bus_sized"] == out["count"])  # NaN: factor unknown
+    out["busbw_gbps"] = bus.astype("float64") / total
+    return typed(out, columns)
+
+
+def overlap(trace: Trace, *, steps: bool = True) -> pd.DataFrame:
+    """Communication hidden behind compute, per (rank, device), by all three definitions.
+
+        ov = overlap(trace)
+        ov[["rank", "overlap_of_comm", "overlap_of_comm_kernel_ns", "overlap_of_step"]]
+        ov.exposed_comm_ns.sum() / 1e6   # ms of communication nothing hides
+
+    comm = union of the collective kernels' intervals; compute = union of every other kernel
+    (copies are neither, as in HTA); overlap = their intersection; exposed = comm - overlap.
+    - `overlap_of_comm` = overlap_ns / comm_ns: HTA's comp_comm_overlap_pctg / 100;
+    - `overlap_of_comm_kernel_ns` = Σ per NCCL kernel |kernel ∩ compute| / Σ kernel durations:
+      Nsight Systems' nccl_gpu_overlap_trace ('Compute Overlap' of the NCCL kernels, summed
+      per name as its grouped table does, here over all of them). Differs from HTA's only
+      when NCCL kernels run concurrently on several streams (they count once per kernel);
+    - `overlap_of_step` = step_overlap_ns / step_ns: tb-profiler's overlap share of the step.
+      Steps are the rank's ProfilerStep ranges, each extended to the end of the last kernel
+      launched inside it (as tb-profiler maps steps onto the GPU); without steps, the
+      device's GPU window (first to last kernel or copy). `step_source` says which.
+    Ratios are NaN where their denominator is 0. Traces without a timeline (nccl-tests logs)
+    give an empty frame, and collectives on no device (gloo's, timed on the host) are left
+    out: compute here is GPU kernels, and what host work hides a gloo call is not measured.
+    """
+    comm = _on_device(trace)
+    if comm.empty:
+        return typed(None, OVERLAP_COLUMNS)
+    compute = spans_by_device(compute_kernels(trace))
+    cols = ["rank", "device", "start_ns", "end_ns"]
+    busy = _keyed(pd.concat([f[cols] for f in (trace.kernels, trace.copies, comm) if len(f)]))
+    windows = _step_windows(trace) if steps else {}
+    rows = []
+    for (r, d), group in _keyed(comm).groupby(["_r", "_d"], sort=True):
+        window, source = windows.get(r), "steps"
+        if window is None:
+            mine = busy[(busy["_r"] == r) & (busy["_d"] == d)]
+            window, source = _window(mine), "gpu_window"
+        rows.append({"rank": r if r >= 0 else pd.NA, "device": d if d >= 0 else pd.NA,
+                     "step_source": source,
+                     **_overlap_numbers(group, compute.get((r, d), _NONE), window)})
+    return typed(pd.DataFrame(rows), OVERLAP_COLUMNS)
+
+
+def findings(trace: Trace, *, min_lost_ns: int = 100_000, large_bytes: int = 32 << 20,
+             slow_ratio: float = 0.25, min_large_calls: int = 4) -> pd.DataFrame:
+    """`comm_wait`, `comm` (exposed) and slow-bandwidth findings, in findings.frame's shape.
+
+        f = findings(trace)
+        f[f.cause == "comm_wait"][["where", "lost_ns", "evidence"]]
+        f.sort_values("lost_ns", ascending=False).head()
+
+    - comm_wait, per (comm, op): the early ranks' waiting (arrival_skew) that compute does not
+      hide; `where` names the op, the rank that arrived last most often and the call site;
+    - comm, per (comm, op): collective time not overlapped by compute on its device (summed
+      per call; it includes the waiting reported under comm_wait, which the evidence says);
+    - comm (slow), per (comm, op): calls of at least `large_bytes` whose busbw is below
+      `slow_ratio` x the median busbw of the same op and group size at that size or above
+      (at least `min_large_calls` such calls to compare). Waiting is taken out of the
+      duration first, so a late rank is not mistaken for a slow link; lost_ns is the time
+      above what the median bandwidth would take. Findings under `min_lost_ns` are dropped.
+    """
+    compute = spans_by_device(compute_kernels(trace))
+    skew = arrival_skew(trace)
+    parts = [_wait_findings(trace, skew, compute), _exposed_findings(trace, compute, skew),
+             _slow_findings(trace, skew, large_bytes, slow_ratio, min_large_calls)]
+    rows = [row for part in parts for row in part]
+    out = frame(rows)
+    return out[out["lost_ns"] >= min_lost_ns].reset_index(drop=True)
+
+
+# -- intervals per device ---------------------------------------------------------------------
+
+
+def compute_kernels(trace: Trace) -> pd.DataFrame:
+    """Kernels that are not collectives: the 'compute' side of every overlap."""
+    k = trace.kernels
+    comm_ids = trace.collectives["kernel_id"].dropna().astype("int64")
+    return k[~k["kernel_id"].isin(comm_ids)]
+
+
+def spans_by_device(rows: pd.DataFrame) -> dict[tuple[int, int], iv.Spans]:
+    """Union of the rows' intervals per (rank, device); NA rank or device keyed as -1."""
+    return {(int(r), int(d)): iv.union(g["start_ns"], g["end_ns"])
+            for (r, d), g in _keyed(rows).groupby(["_r", "_d"], sort=False)}
+
+
+def covered(rows: pd.DataFrame, spans: dict[tuple[int, int], iv.Spans]) -> np.ndarray:
+    """How much of each row's [start_ns, end_ns) lies inside its own device's spans."""
+    out = np.zeros(len(rows), dtype=np.int64)
+    keyed = _keyed(rows)
+    start, end = keyed["start_ns"].to_numpy(np.int64), keyed["end_ns"].to_numpy(np.int64)
+    for (r, d), idx in keyed.groupby(["_r", "_d"], sort=False).indices.items():
+        if (r, d) in spans:
+            out[idx] = iv.overlap(start[idx], end[idx], spans[(r, d)])
+    return out
+
+
+def _keyed(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.assign(_r=rows["rank"].fillna(-1).astype("int64"),
+                       _d=rows["device"].fillna(-1).astype("int64"))
+
+
+def _on_timeline(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
+    return rows if trace.meta.get("timeline", True) else rows.iloc[0:0]
+
+
+def _on_device(trace: Trace) -> pd.DataFrame:
+    """Collectives on a timeline that ran on a device (what GPU compute can hide)."""
+    c = _on_timeline(trace, trace.collectives)
+    return c[c["device"].notna().to_numpy(bool)]
+
+
+def _window(rows: pd.DataFrame) -> iv.Spans:
+    if rows.empty:
+        return _NONE
+    return iv.as_ns([rows["start_ns"].min()]), iv.as_ns([rows["end_ns"].max()])
+
+
+def _overlap_numbers(comm: pd.DataFrame, compute: iv.Spans, window: iv.Spans) -> dict[str, object]:
+    comm_set = iv.union(comm["start_ns"], comm["end_ns"])
+    both = iv.intersect(comm_set, compute)
+    comm_ns, overlap_ns = iv.total(comm_set), iv.total(both)
+    kernel_ns = int((comm["end_ns"] - comm["start_ns"]).sum())
+    kernel_overlap = int(iv.overlap(comm["start_ns"], comm["end_ns"], compute).sum())
+    step_ns, step_overlap = iv.total(window), iv.total(iv.intersect(both, window))
+    return {"comm_ns": comm_ns, "compute_ns": iv.total(compute), "overlap_ns": overlap_ns,
+            "exposed_comm_ns": comm_ns - overlap_ns, "comm_kernel_ns": kernel_ns,
+            "comm_kernel_overlap_ns": kernel_overlap, "step_ns": step_ns,
+            "step_overlap_ns": step_overlap, "overlap_of_comm": _ratio(overlap_ns, comm_ns),
+            "overlap_of_comm_kernel_ns": _ratio(kernel_overlap, kernel_ns),
+            "overlap_of_step": _ratio(step_overlap, step_ns)}
+
+
+def _ratio(part: int, whole: int) -> float:
+    return part / whole if whole > 0 else float("nan")
+
+
+def _step_windows(trace: Trace) -> dict[int, iv.Spans]:
+    """Per rank (-1: none), the union of its steps (markers or detected, warm-up left out),
+    each extended to the end of the last kernel launched inside it (the GPU finishes a
+    step's work after the host moved on)."""
+    if trace.kernels.empty:
+        return {}
+    found = step_windows(trace)
+    steps = found[~found["warmup"].astype(bool)].reset_index(drop=True)
+    if steps.empty:
+        return {}
+    k = trace.kernels
+    launch = callsites.kernel_launches(trace)["api_start_ns"]
+    ok = (launch.notna() & k["pid"].notna()).to_numpy()
+    left = pd.DataFrame({"pid": k["pid"][ok].astype("int64"),
+                         "t": launch[ok].astype("int64"), "gpu_end": k["end_ns"][ok]})
+    right = pd.DataFrame({"pid": pd.to_numeric(steps["pid"]).fillna(-1).astype("int64"),
+                          "t": steps["start_ns"], "step_end": steps["end_ns"],
+                          "step": np.arange(len(steps))})
+    hit = pd.merge_asof(left.sort_values("t"), right.sort_values("t"), on="t", by="pid")
+    hit = hit[hit["t"] < hit["step_end"]]
+    gpu_end = hit.groupby("step")["gpu_end"].max().reindex(right["step"]).to_numpy()
+    end = np.fmax(steps["end_ns"].to_numpy(np.float64), gpu_end).astype(np.int64)
+    keyed = steps.assign(end_ns=end,
+                         _r=pd.to_numeric(steps["rank"]).fillna(-1).astype("int64"))
+    return {int(r): iv.union(g["start_ns"], g["end_ns"]) for r, g in keyed.groupby("_r")}
+
+
+# -- findings ---------------------------------------------------------------------------------
+
+
+def _wait_findings(trace: Trace, skew: pd.DataFrame,
+                   compute: dict[tuple[int, int], iv.Spans]) -> list[dict[str, object]]:
+    rows = skew[~skew["clock_suspect"] & (skew["wait_ns"] > 0)]
+    if rows.empty:
+        return []
+    hidden = covered(rows.assign(end_ns=rows["start_ns"] + rows["wait_ns"]), compute)
+    rows = rows.assign(exposed=rows["wait_ns"] - hidden, site=_sites(trace, rows))
+    keys = ["comm", "op"]
+    agg = rows.groupby(keys, sort=False).agg(
+        lost_ns=("exposed", "sum"), wait_ns=("wait_ns", "sum"), max_skew=("skew_ns", "max"),
+        how=("matched_by", "first"))
+    calls = skew[~skew["clock_suspect"]].drop_duplicates("match_id")
+    agg = agg.join(calls.groupby(keys).size().rename("calls"))
+    agg = agg.join(_top(calls, keys, "last_rank")).join(_top(rows, keys, "site").drop(
+        columns="n"))
+    out = []
+    for (comm, op), a in agg.iterrows():  # one row per (comm, op): a handful
+        where = (f"{op} on {_comm(comm)}: rank {a['last_rank']} arrives last "
+                 f"({a['n']} of {_calls(a['calls'])}){_at(a['site'])}")
+        evidence = (f"{_calls(a['calls'])} matched by {a['how']}; early ranks wait "
+                    f"{_ms(a['wait_ns'])}, {_ms(a['lost_ns'])} of it not hidden by compute; "
+                    f"max skew {_ms(a['max_skew'])}")
+        out.append({"cause": "comm_wait", "lost_ns": a["lost_ns"], "where": where,
+                    "count": a["calls"], "evidence": evidence, "advice": ADVICE["comm_wait"]})
+    return out
+
+
+def _exposed_findings(trace: Trace, compute: dict[tuple[int, int], iv.Spans],
+                      skew: pd.DataFrame) -> list[dict[str, object]]:
+    c = _on_device(trace)  # a gloo call's overlap with host compute is not measured
+    if c.empty:
+        return []
+    dur = c["end_ns"] - c["start_ns"]
+    wait = _wait_of(c, skew)
+    c = c.assign(comm=c["comm"].astype("string").fillna(""), op=c["op"].astype("string"),
+                 dur_ns=dur, exposed=dur - covered(c, compute), wait_ns=wait,
+                 site=_sites(trace, c))
+    keys = ["comm", "op"]
+    agg = c.groupby(keys, sort=False).agg(lost_ns=("exposed", "sum"), dur_ns=("dur_ns", "sum"),
+                                          wait_ns=("wait_ns", "sum"), count=("dur_ns", "size"))
+    agg = agg.join(_top(c, keys, "site"))
+    return [{"cause": "comm", "lost_ns": a["lost_ns"], "count": a["count"],
+             "where": f"{op} on {_comm(comm)}{_at(a['site'])}", "advice": ADVICE["comm_exposed"],
+             "evidence": (f"{_calls(a['count'])}, {_ms(a['dur_ns'])} of communication, "
+                          f"{_ms(a['lost_ns'])} not overlapped with compute"
+                          + (f" ({_ms(a['wait_ns'])} of the calls' time is waiting for late "
+                             "ranks: see comm_wait)" if a["wait_ns"] > 0 else ""))}
+            for (comm, op), a in agg.iterrows()]
+
+
+def _slow_findings(trace: Trace, skew: pd.DataFrame, large_bytes: int, slow_ratio: float,
+                   min_large_calls: int) -> list[dict[str, object]]:
+    c = collective_calls(trace)
+    wait = _wait_of(c, skew).to_numpy()
+    moving = c["dur_ns"].to_numpy() - wait  # the call's time once every rank has arrived
+    with np.errstate(divide="ignore", invalid="ignore"):
+        busbw = np.where(moving > 0, c["bytes"].to_numpy(np.float64, na_value=np.nan)
+                         * c["factor"].to_numpy() / moving, np.nan)
+    c = c.assign(moving=moving, busbw=busbw, comm=c["comm"].astype("string").fillna(""),
+                 op=c["op"].astype("string"))
+    c = c[(c["bytes"] >= large_bytes).fillna(False).to_numpy() & np.isfinite(busbw)]
+    peers = c.groupby(["op", "group_size"], dropna=False)["busbw"]
+    c = c.assign(ref=peers.transform("median"), peers=peers.transform("count"))
+    slow = c[(c["peers"] >= min_large_calls) & (c["busbw"] < slow_ratio * c["ref"])]
+    if slow.empty:
+        return []
+    slow = slow.assign(lost=slow["moving"] * (1 - slow["busbw"] / slow["ref"]),
+                       site=_sites(trace, slow))
+    keys = ["comm", "op"]
+    agg = slow.groupby(keys, sort=False).agg(
+        lost_ns=("lost", "sum"), count=("lost", "size"), low=("busbw", "min"),
+        high=("busbw", "max"), ref=("ref", "median"), peers=("peers", "max"))
+    agg = agg.join(_top(slow, keys, "site"))
+    return [{"cause": "comm", "lost_ns": int(a["lost_ns"]), "count": a["count"],
+             "where": f"slow {op} on {_comm(comm)}{_at(a['site'])}",
+             "advice": ADVICE["comm_slow"],
+             "evidence": (f"{a['count']} of {a['peers']} {op} calls ≥ {large_bytes >> 20} MiB "
+                          f"reach {a['low']:.1f}–{a['high']:.1f} GB/s bus bandwidth, median of "
+                          f"the others {a['ref']:.1f} GB/s (waiting for late ranks excluded)")}
+            for (comm, op), a in agg.iterrows()]
+
+
+def _wait_of(rows: pd.DataFrame, skew: pd.DataFrame) -> pd.Series:
+    """Each collective's wait_ns from `skew` (0 where not matched): by kernel_id, and rows
+    without a kernel (gloo's, host-timed) by (rank, comm, seq, start_ns)."""
+    known = skew[skew["kernel_id"].notna()].drop_duplicates("kernel_id")
+    wait = rows["kernel_id"].map(known.set_index("kernel_id")["wait_ns"])
+    bare = rows["kernel_id"].isna().to_numpy(bool)
+    if bare.any():
+        keys = ["rank", "comm", "seq", "start_ns"]
+        host = skew[skew["kernel_id"].isna()].drop_duplicates(keys)
+        mine = rows.loc[bare, keys].assign(comm=rows.loc[bare, "comm"].astype("string")
+                                           .fillna(""))
+        found = mine.merge(host[[*keys, "wait_ns"]], on=keys, how="left")["wait_ns"]
+        wait[bare] = found.to_numpy()
+    return wait.fillna(0).astype("int64")
+
+
+def _sites(trace: Trace, rows: pd.DataFrame) -> pd.Series:
+    """Call site of each collective's launch: user Python frame, else torch op or annotation
+    (callsites.where_at); None where the trace has no launch call for it."""
+    out = pd.Series(None, index=rows.index, dtype=object)
+    k = trace.kernels
+    if k.empty or trace.api.empty:
+        return out
+    ids = rows["kernel_id"].fillna(-1).astype("int64")
+    pos = pd.Index(k["kernel_id"]).get_indexer(ids)
+    found = pos >= 0
+    launched = k.iloc[pos[found]].set_axis(rows.index[found])
+    api = callsites.launch_calls(trace, launched)
+    ok = api["tid"].notna() & api["api_start_ns"].notna()
+    if ok.any():
+        out[ok[ok].index] = callsites.where_at(
+            trace, launched["pid"][ok], api["tid"][ok], api["api_start_ns"][ok].astype("int64"),
+            launched["rank"][ok])
+    return out.where(~out.isin(BARE_SITES), None)
+
+
+def _top(rows: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
+    """Per key, the most frequent value of `col` and its count `n`."""
+    counts = rows.groupby([*keys, col], sort=False, dropna=True).size().rename("n").reset_index()
+    counts = counts.sort_values("n", ascending=False, kind="stable").drop_duplicates(keys)
+    return counts.set_index(keys)
+
+
+def _at(site: object) -> str:
+    return f" at {site}" if isinstance(site, str) and site else ""
+
+
+def _comm(name: object) -> str:
+    """Process-group names are numbers ('0'); say what they are."""
+    return f"process group {name}" if str(name).isdigit() else str(name)
+
+
+def _calls(n: object) -> str:
+    return f"{n} call" if n == 1 else f"{n} calls"
+
+
+def _ms(ns: float) -> str:
+    return format_ns(ns)  # the one duration formatter: 4.6 µs, not 0.00 ms

@@ -1,0 +1,484 @@
+"""Two or more runs side by side: the data behind `gpudiag compare A B [C...]`.
+
+    cmp = compare([gpudiag.load("fp32/"), gpudiag.load("bf16/")], ["fp32", "bf16"])
+    cmp.summary                       # wall/step time, samples/s, peak memory, per run
+    regressions(cmp, parse_fail_on("step_time>+5%,sync_stall>+2pp"))
+
+The first run is the baseline. Every table has one column per run (named by its label)
+followed, for each other run, by its change against the baseline: `delta:<label>` (same
+unit as the values), `rel:<label>` (fraction of the baseline: 0.1 = +10%; inf when the
+baseline is 0 and the run is not) and, for shares, `pp:<label>` (percentage points).
+NaN means "not available in that run" (no step markers, no memory events, no timeline).
+
+Definitions, per run:
+- wall time: the GPU window, first kernel/copy start to last end (`Trace.gpu_window_ns`);
+- process time: the wall time of the longest-lived profiled process (a `gpudiag profile`
+  run records each process's start and end), else the span of the trace's host events:
+  what a run without GPU activity is measured by;
+- step time: the median step of `analyzers.steps.training_steps` (step markers or, without
+  them, the detected steps: optimizer steps, jitted-step executions, a repeating op
+  sequence; a step runs to the next step's start), over every rank, warm-up steps left
+  out; NaN when no steps are found. `steps` counts them all, `warmup_steps` the warm-up;
+- samples/s: `step_size` / step time, when the caller gives the samples per step;
+- peak memory (reserved) and peak allocated: the highest value any one device reached in
+  `analyzers.memory.allocator`, i.e. the profiler's running totals (Kineto `[memory]`
+  events) or the snapshot and its replayed history. Running sums of bare tensor deltas are
+  left out: they start at 0 when recording starts, so they are not the device's memory.
+  The highest single device, not the sum, because that is the one that runs out;
+- peak CPU memory: the highest running total of host allocations (Kineto `[memory]` events
+  on device -1, `analyzers.host_steps.host_memory`) of any one process;
+- losses: the waterfall summed over devices; a share is a cause's time over the summed
+  windows, the same numbers `gpudiag analyze` and its `--fail-on` use;
+- kernels: GPU time and launches per kernel (NCCL kernels by op, algorithm, protocol and
+  type, so a renamed NCCL kernel keeps one row); a kernel absent from a run took 0 ns there
+  (a PyTorch and a JAX run share few names: compare `kernel_time_ns` and the waterfall);
+- collectives: calls and time per op (`collective_stats`); syncs: count and host wait per
+  kind (`sync_points`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.analyzers.diagnosis import Diagnosis, diagnose
+from gpudiag.analyzers.findings import LOSS_CAUSES, format_ns
+from gpudiag.analyzers.memory.allocator import fragmentation
+from gpudiag.analyzers.steps.training import summary as step_summary
+from gpudiag.analyzers.steps.training import training_steps
+from gpudiag.errors import InputError
+from gpudiag.names import short_names
+from gpudiag.trace import Trace
+
+#: rows of `Comparison.summary`, in display order (units in the names)
+SUMMARY_ROWS = ("wall_time_ns", "process_time_ns", "step_time_ns", "steps", "warmup_steps",
+                "samples_per_s", "peak_reserved_bytes", "peak_allocated_bytes",
+                "peak_cpu_bytes", "kernel_time_ns", "kernels")
+
+#: `--fail-on` metric -> summary row (loss causes are metrics too: `pp` or `%`)
+BUDGET_METRICS = {"step_time": "step_time_ns", "wall_time": "wall_time_ns",
+                  "samples_per_s": "samples_per_s", "peak_memory": "peak_reserved_bytes",
+                  "peak_allocated": "peak_allocated_bytes", "process_time": "process_time_ns",
+                  "cpu_memory": "peak_cpu_bytes"}
+
+#: why a metric can be missing from a run, said when a budget cannot be checked
+_MISSING = {"step_time": "no steps were found in it (no step markers, optimizer steps, jitted "
+                         "step or repeating ops)",
+            "wall_time": "it has no kernels or copies on a timeline (compare process_time)",
+            "process_time": "it has no process times and no host events",
+            "cpu_memory": "it has no CPU memory events (torch.profiler profile_memory=True)",
+            "samples_per_s": "it needs steps and --step-size N (samples per step)",
+            "peak_memory": "it has no memory totals or snapshot "
+                           "(profile with profile_memory=True or dump a snapshot)",
+            "peak_allocated": "it has no memory totals or snapshot "
+                              "(profile with profile_memory=True or dump a snapshot)"}
+
+
+@dataclass
+class Comparison:
+    """The runs' numbers side by side; see the module docstring for every definition."""
+
+    labels: list[str]
+    summary: pd.DataFrame      # index `metric`: SUMMARY_ROWS
+    losses: pd.DataFrame       # index: cause; lost ns summed over devices
+    shares: pd.DataFrame       # index: cause; share of the summed windows (0-1), pp deltas
+    kernels: pd.DataFrame      # index: kernel name; short_name, ns per run, count:<label>
+    collectives: pd.DataFrame  # index: (op, quantity) with quantity count | total_ns
+    syncs: pd.DataFrame        # index: (kind, quantity) with quantity count | host_wait_ns
+    step_size: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def baseline(self) -> str:
+        return self.labels[0]
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """Every table by name, in display order."""
+        return {"summary": self.summary, "losses": self.losses, "shares": self.shares,
+                "kernels": self.kernels, "collectives": self.collectives,
+                "syncs": self.syncs}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (what `gpudiag compare --json` prints): tables as lists of
+        records with their index as columns; NaN and inf become None (JSON has neither)."""
+        return {"labels": list(self.labels), "baseline": self.baseline,
+                "step_size": self.step_size, "notes": list(self.notes),
+                **{name: _records(frame) for name, frame in self.tables().items()}}
+
+
+def compare(traces: Sequence[Trace], labels: Sequence[str], *, step_size: int | None = None,
+            top: int = 20, diagnoses: Sequence[Diagnosis] | None = None) -> Comparison:
+    """Compare runs against the first (the baseline).
+
+        cmp = compare([before, after], ["before", "after"], step_size=32)
+        cmp.summary.loc["step_time_ns", "rel:after"]      # +0.1 = 10% slower steps
+        cmp.shares["pp:after"]                             # waterfall change, in points
+
+    `top`: kernels kept, by the largest time change against the baseline. `diagnoses`:
+    the runs' `diagnose()` results when the caller already has them (else computed).
+    """
+    labels = _check(traces, labels, step_size)
+    dxs = list(diagnoses) if diagnoses is not None else [diagnose(t) for t in traces]
+    if len(dxs) != len(labels):
+        raise ValueError("compare: one diagnosis per trace, in the same order")
+    notes: list[str] = []
+    summary = pd.DataFrame({label: _summary(t, dx, step_size, label, notes)
+                            for label, t, dx in zip(labels, traces, dxs, strict=True)})
+    summary.index.name = "metric"
+    lost = pd.DataFrame({label: _lost(dx) for label, dx in zip(labels, dxs, strict=True)})
+    shares = lost / lost.sum(min_count=1)
+    return Comparison(
+        labels=labels, summary=versus(summary.loc[list(SUMMARY_ROWS)], labels),
+        losses=versus(lost, labels), shares=versus(shares, labels, points=True),
+        kernels=_kernels(traces, labels, top, notes),
+        collectives=_per_key(labels, [_collectives(dx) for dx in dxs], "op"),
+        syncs=_per_key(labels, [_syncs(dx) for dx in dxs], "kind"),
+        step_size=step_size, notes=notes)
+
+
+def versus(values: pd.DataFrame, labels: Sequence[str], *, points: bool = False) -> pd.DataFrame:
+    """`values` (one float column per label) with each later run's change vs the first.
+
+        versus(pd.DataFrame({"a": [100.0], "b": [110.0]}), ["a", "b"])
+        # -> a, b, delta:b = 10.0, rel:b = 0.1
+        versus(shares, ["a", "b"], points=True)   # -> a, b, pp:b
+
+    `points`: the values are shares (0-1), so the change is in percentage points.
+    """
+    out = values.loc[:, list(labels)].astype("float64")
+    base = out[labels[0]]
+    for label in labels[1:]:
+        diff = out[label] - base
+        if points:
+            out[f"pp:{label}"] = 100 * diff
+            continue
+        out[f"delta:{label}"] = diff
+        rel = diff / base.where(base != 0)
+        zero = base == 0
+        out[f"rel:{label}"] = rel.mask(zero, np.sign(diff) * np.inf).mask(zero & (diff == 0),
+                                                                          0.0)
+    return out
+
+
+# -- per run --------------------------------------------------------------------------------
+
+
+def _check(traces: Sequence[Trace], labels: Sequence[str], step_size: int | None) -> list[str]:
+    """Caller mistakes are ValueErrors (the CLI derives labels and checks --step-size)."""
+    if len(traces) < 2 or len(traces) != len(labels):
+        raise ValueError("compare: two or more traces, one label each")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"compare: labels must be distinct, got {list(labels)}")
+    if step_size is not None and step_size <= 0:
+        raise ValueError("compare: step_size is samples per step, a positive integer")
+    return [str(label) for label in labels]
+
+
+def _summary(trace: Trace, dx: Diagnosis, step_size: int | None, label: str,
+             notes: list[str]) -> pd.Series:
+    """One run's SUMMARY_ROWS (NaN where not available, with a note saying why)."""
+    window = trace.gpu_window_ns()
+    if window is None:
+        notes.append(f"{label}: no kernels or copies on a timeline, so no wall time or "
+                     "waterfall (process time, steps and CPU memory still compare)")
+    steps = dx.steps if dx.steps is not None else training_steps(trace)
+    info = step_summary(steps)
+    step = math.nan if info["median_ns"] is None else float(info["median_ns"])
+    if not info["count"]:
+        notes.append(f"{label}: no steps found (no step markers, optimizer steps, jitted "
+                     "step or repeating ops), so no step time or samples/s")
+    elif info["method"] != "markers":
+        notes.append(f"{label}: steps are {info['method_text']} ({info['detail']})")
+    reserved, allocated = _peaks(trace, dx)
+    cpu = _cpu_peak(trace, dx)
+    if math.isnan(reserved) and math.isnan(allocated) and math.isnan(cpu):
+        notes.append(f"{label}: no memory totals or snapshot, so no peak memory")
+    dur = trace.kernels["end_ns"] - trace.kernels["start_ns"]
+    return pd.Series({
+        "wall_time_ns": math.nan if window is None else float(window[1] - window[0]),
+        "process_time_ns": _process_time(trace),
+        "step_time_ns": step,
+        "steps": float(info["count"]) if info["count"] else math.nan,
+        "warmup_steps": float(info["warmup"]) if info["count"] else math.nan,
+        "samples_per_s": step_size / step * 1e9 if step_size and step > 0 else math.nan,
+        "peak_reserved_bytes": reserved, "peak_allocated_bytes": allocated,
+        "peak_cpu_bytes": cpu,
+        "kernel_time_ns": float(dur.sum()), "kernels": float(len(dur)),
+    }, dtype="float64")
+
+
+def _process_time(trace: Trace) -> float:
+    """The longest profiled process's wall time (run metadata), else the span of the host
+    events; NaN without either."""
+    spans = [p.get("end_ns", 0) - p.get("start_ns", 0)
+             for p in trace.meta.get("processes", []) or []
+             if isinstance(p, dict) and isinstance(p.get("start_ns"), int)
+             and isinstance(p.get("end_ns"), int)]
+    if spans and max(spans) > 0:
+        return float(max(spans))
+    host = trace.ranges[trace.ranges["tid"].notna()]
+    if host.empty:
+        return math.nan
+    return float(host["end_ns"].max() - host["start_ns"].min())
+
+
+def _cpu_peak(trace: Trace, dx: Diagnosis) -> float:
+    """The highest CPU allocation total of any one process; NaN when unknown."""
+    memory = dx.tables.get("host_memory")
+    if memory is None:
+        from gpudiag.analyzers.host.steps import host_memory
+
+        memory = host_memory(trace)
+    peak = memory["peak_bytes"].dropna() if len(memory) else memory
+    return float(peak.max()) if len(peak) else math.nan
+
+
+def _peaks(trace: Trace, dx: Diagnosis) -> tuple[float, float]:
+    """(reserved, allocated) peaks of the busiest device; NaN when unknown."""
+    if trace.memory.empty and trace.memory_blocks.empty:
+        return math.nan, math.nan
+    frag = dx.tables.get("fragmentation")
+    if frag is None:
+        frag = fragmentation(trace)
+    frag = frag[frag["source"] != "deltas"]
+    peak = [frag[c].max() if len(frag) else pd.NA
+            for c in ("reserved_bytes", "allocated_bytes")]
+    return tuple(math.nan if pd.isna(v) else float(v) for v in peak)  # type: ignore[return-value]
+
+
+def _lost(dx: Diagnosis) -> pd.Series:
+    """Lost ns per cause summed over devices; NaN for every cause without a timeline."""
+    if dx.losses.empty:
+        return pd.Series(math.nan, index=list(LOSS_CAUSES), dtype="float64")
+    by_cause = dx.losses.groupby("cause")["lost_ns"].sum()
+    return by_cause.reindex(list(LOSS_CAUSES), fill_value=0).astype("float64")
+
+
+def _collectives(dx: Diagnosis) -> pd.DataFrame:
+    stats = dx.tables.get("collective_stats")
+    if stats is None or stats.empty:
+        return pd.DataFrame({"count": [], "total_ns": []})
+    return stats.groupby("op", observed=True)[["count", "total_ns"]].sum()
+
+
+def _syncs(dx: Diagnosis) -> pd.DataFrame:
+    points = dx.tables.get("sync_points")
+    if points is None or points.empty:
+        return pd.DataFrame({"count": [], "host_wait_ns": []})
+    return points.groupby("kind", observed=True)[["count", "host_wait_ns"]].sum()
+
+
+# -- across runs ----------------------------------------------------------------------------
+
+
+def _per_key(labels: list[str], frames: list[pd.DataFrame], key: str) -> pd.DataFrame:
+    """Per-run `key x quantity` tables as one `(key, quantity)` x run table with deltas; a
+    key a run lacks counts 0 there (it made no such call)."""
+    long = {label: f.rename_axis(key).reset_index().melt(id_vars=key, var_name="quantity")
+            .set_index([key, "quantity"])["value"]
+            for label, f in zip(labels, frames, strict=True)}
+    return versus(pd.DataFrame(long).astype("float64").fillna(0.0).sort_index(), labels)
+
+
+def _kernels(traces: Sequence[Trace], labels: list[str], top: int,
+             notes: list[str]) -> pd.DataFrame:
+    """GPU ns per kernel per run (0 where a run lacks it), the `top` largest changes first;
+    `count:<label>` launches per run; `short_name` for display. Kernels are matched by name,
+    NCCL's by what they do (`kernel_key`), which stays when their signature changes."""
+    time, count = {}, {}
+    for label, t in zip(labels, traces, strict=True):
+        grouped = (t.kernels["end_ns"] - t.kernels["start_ns"]).groupby(
+            kernel_key(t.kernels["name"])).agg(["sum", "size"])
+        time[label], count[label] = grouped["sum"], grouped["size"]
+    times = pd.DataFrame(time).astype("float64").fillna(0.0)
+    names = [set(s.index) for s in time.values()]
+    if all(names) and not set.intersection(*names):
+        notes.append("the runs share no kernel names (another framework or compiler?): "
+                     "compare kernel_time_ns and the waterfall instead")
+    table = versus(times, labels)
+    change = table[[f"delta:{label}" for label in labels[1:]]].abs().max(axis=1)
+    order = pd.DataFrame({"change": change, "base": times[labels[0]]})
+    table = table.loc[order.sort_values(["change", "base"], ascending=False).index[:top]]
+    table.index.name = "name"
+    table.insert(0, "short_name", short_names(pd.Series(table.index, index=table.index))
+                 .astype(str))
+    counts = pd.DataFrame(count).reindex(table.index).fillna(0).astype("int64")
+    return table.join(counts.add_prefix("count:"))
+
+
+#: NCCL kernel names: ncclKernel_<op>_<algo>_<proto>[_<redop>_<type>] (NCCL < 2.19) and
+#: ncclDevKernel_<op>[_<redop>_<type>]_<algo>_<proto> (2.19 on), with the parameter list cut
+_NCCL_ALGO = r"(?P<algo>RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)"
+_NCCL_PROTO = r"(?P<proto>LL128|LL|SIMPLE)"
+_NCCL_NAMES = [re.compile(p) for p in (
+    rf"nccl(?:Dev)?Kernel_(?P<op>[A-Za-z]+)_{_NCCL_ALGO}_{_NCCL_PROTO}"
+    r"(?:_(?P<redop>[A-Za-z]+)_(?P<type>\w+))?",
+    rf"nccl(?:Dev)?Kernel_(?P<op>[A-Za-z]+)(?:_(?P<redop>[A-Za-z]+)_(?P<type>\w+?))?"
+    rf"_{_NCCL_ALGO}_{_NCCL_PROTO}",
+    r"nccl(?:Dev)?Kernel_(?P<op>SendRecv|Send|Recv)(?:_\w+)?",
+)]
+#: NCCL < 2.19 element types -> the newer names
+_NCCL_TYPES = {"int8_t": "i8", "uint8_t": "u8", "int32_t": "i32", "uint32_t": "u32",
+               "int64_t": "i64", "uint64_t": "u64", "half": "f16", "float": "f32",
+               "double": "f64", "__nv_bfloat16": "bf16", "__nv_fp8_e4m3": "f8e4m3",
+               "__nv_fp8_e5m2": "f8e5m2"}
+#: ops whose kernel does not depend on a reduction or element type (older NCCL still named
+#: them, as Sum_int8_t), and the point-to-point ops, whose newer kernel names no algorithm
+_NCCL_COPY_OPS = ("AllGather", "Broadcast")
+_NCCL_P2P_OPS = ("SendRecv", "Send", "Recv")
+
+
+def kernel_key(names: pd.Series) -> pd.Series:
+    """The name kernels are matched by across runs: the name itself, except NCCL kernels,
+    keyed by op, algorithm, protocol, reduction and element type so that one collective
+    keeps one row across NCCL versions, e.g. `ncclKernel_AllReduce_RING_LL_Sum_float
+    (ncclWorkElem)` and `ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, ...)` are
+    both 'nccl AllReduce RING LL Sum f32'. Computed once per distinct name."""
+    cat = names.astype(str).astype("category")
+    keys = [_nccl_key(str(c)) or str(c) for c in cat.cat.categories]
+    return pd.Series(np.asarray(keys, dtype=object)[cat.cat.codes.to_numpy()],
+                     index=names.index, dtype=object)
+
+
+def _nccl_key(name: str) -> str | None:
+    head = name.strip().removeprefix("void ").split("(", 1)[0].strip()
+    m = next((m for p in _NCCL_NAMES if (m := p.fullmatch(head))), None)
+    if m is None:
+        return None
+    parts = m.groupdict()
+    if parts["op"] in _NCCL_P2P_OPS:
+        return f"nccl {parts['op']}"
+    words = [parts["op"], parts.get("algo"), parts.get("proto")]
+    if parts["op"] not in _NCCL_COPY_OPS:
+        words += [parts.get("redop"), _NCCL_TYPES.get(parts.get("type") or "", parts.get("type"))]
+    return " ".join(["nccl", *(w for w in words if w)])
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    flat = frame.reset_index()
+    return [{str(k): _plain(v) for k, v in row.items()}
+            for row in flat.to_dict(orient="records")]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return None if value is pd.NA else value
+
+
+# -- relative budgets -----------------------------------------------------------------------
+
+_SPEC = re.compile(r"^(?P<metric>[a-z_]+)(?P<op>[<>])(?P<sign>[+-]?)"
+                   r"(?P<value>\d+(?:\.\d+)?)(?P<unit>%|pp)$")
+_GRAMMAR = ("write METRIC>+N% (an increase) or METRIC<-N% (a drop), comma-separated; "
+            "METRIC is one of " + ", ".join(BUDGET_METRICS) + " or a loss cause ("
+            + ", ".join(LOSS_CAUSES) + ") with Npp for its share or N% for its time")
+
+
+@dataclass(frozen=True)
+class RelativeBudget:
+    """How far a run may move from the baseline: `metric op limit unit`."""
+
+    metric: str
+    op: str         # '>': fails on an increase beyond limit; '<': on a drop beyond it
+    limit: float    # percent or percentage points, not negative
+    unit: str       # '%' (relative change) or 'pp' (share change, loss causes only)
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{'+' if self.op == '>' else '-'}{self.limit:g}{self.unit}"
+
+
+def parse_fail_on(spec: str) -> list[RelativeBudget]:
+    """Relative budgets from `--fail-on`; an InputError names the first bad part.
+
+        parse_fail_on("step_time>+5%,peak_memory>+10%,sync_stall>+2pp")
+        parse_fail_on("samples_per_s<-5%")     # fails when throughput drops 5%
+        parse_fail_on("host_bound>+20%")       # host_bound time (not share) up 20%
+    """
+    budgets = []
+    for part in filter(None, (p.replace(" ", "") for p in spec.split(","))):
+        m = _SPEC.match(part)
+        problem = _spec_problem(m)
+        if problem:
+            raise InputError("--fail-on", f"cannot read budget '{part}': {problem}", _GRAMMAR)
+        assert m is not None  # _spec_problem said so
+        budgets.append(RelativeBudget(m["metric"], m["op"], float(m["value"]), m["unit"]))
+    return budgets
+
+
+def _spec_problem(m: re.Match[str] | None) -> str:
+    if m is None:
+        return "not of the form METRIC>+N% or METRIC<-N%"
+    if m["metric"] not in BUDGET_METRICS and m["metric"] not in LOSS_CAUSES:
+        return f"unknown metric '{m['metric']}'"
+    if m["unit"] == "pp" and m["metric"] not in LOSS_CAUSES:
+        return "pp (percentage points) applies to loss-cause shares only"
+    if (m["op"], m["sign"]) in ((">", "-"), ("<", "+")):
+        return f"'{m['op']}{m['sign']}' cannot happen: use >+N for a rise, <-N for a drop"
+    return ""
+
+
+def regressions(comparison: Comparison, budgets: Sequence[RelativeBudget]) -> list[str]:
+    """One line per (budget, run) where a run moved past the budget vs the baseline.
+
+        cmp = compare([base, new], ["base", "new"])
+        for line in regressions(cmp, parse_fail_on("step_time>+5%")):
+            print(line)                         # and exit 1 in CI
+
+    A budget whose metric a run lacks raises InputError: a check that cannot run must
+    not pass silently.
+    """
+    lines = []
+    for budget in budgets:
+        table, row, change, unit = _budget_source(comparison, budget)
+        values = table.loc[row]
+        for label in comparison.labels:
+            if pd.isna(values[label]):
+                raise InputError("--fail-on", f"cannot check {budget} for run '{label}'",
+                                 _MISSING.get(budget.metric, "it has no GPU timeline"))
+        for label in comparison.labels[1:]:
+            moved = _moved(values, comparison.baseline, label, change)
+            if (moved > budget.limit) if budget.op == ">" else (moved < -budget.limit):
+                lines.append(
+                    f"{label}: {budget} broken, {budget.metric} "
+                    f"{_show(unit, values[comparison.baseline])} -> {_show(unit, values[label])}"
+                    f" ({moved:+.2f}{budget.unit}) vs baseline '{comparison.baseline}'")
+    return lines
+
+
+def _moved(values: pd.Series, base: str, label: str, change: str) -> float:
+    """The change in the budget's unit: % from the exact delta (10% stays 10.0, not
+    10.000000000000002 as 100 * 0.1 gives), pp as stored."""
+    if change == "pp" or values[base] == 0:
+        return float(values[f"{change}:{label}"]) * (100 if change == "rel" else 1)
+    return 100 * float(values[f"delta:{label}"]) / float(values[base])
+
+
+def _budget_source(comparison: Comparison,
+                   budget: RelativeBudget) -> tuple[pd.DataFrame, str, str, str]:
+    """(table, row, change column prefix, unit of the values) a budget reads."""
+    if budget.metric in BUDGET_METRICS:
+        row = BUDGET_METRICS[budget.metric]
+        return comparison.summary, row, "rel", row.rsplit("_", 1)[-1]
+    if budget.unit == "pp":
+        return comparison.shares, budget.metric, "pp", "share"
+    return comparison.losses, budget.metric, "rel", "ns"
+
+
+def _show(unit: str, value: float) -> str:
+    """A value for a one-line message."""
+    if unit == "ns":
+        return format_ns(value)
+    if unit == "bytes":
+        return f"{value / 2**20:.1f} MiB"
+    if unit == "share":
+        return f"{100 * value:.2f}%"
+    return f"{value:.1f}/s"

@@ -1,0 +1,156 @@
+"""Findings for idle time the host caused without a sync: launch-bound and host-bound gaps.
+
+The gaps come attributed from `gaps.idle_gaps`; this module says *where*: for a
+launch_bound piece, the call site that issued the next launch (the op the host was slowly
+launching); for a host_bound piece, the innermost user frame the launching thread was in at
+the middle of the piece (what the host was busy with while the GPU waited: a DataLoader
+`__next__`, a logging call, a Python loop).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from gpudiag.analyzers import callsites
+from gpudiag.analyzers.findings import ADVICE, format_ns, frame
+from gpudiag.analyzers.losses.gaps import idle_gaps
+from gpudiag.names import short_names
+from gpudiag.trace import Trace
+
+
+def host_gaps(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any
+              ) -> pd.DataFrame:
+    """launch_bound and host_bound gap pieces with `where` (call site, else the next
+    kernel's short name).
+
+        pieces = host_gaps(trace)
+        pieces.groupby(["cause", "where"]).size()
+    """
+    gaps = idle_gaps(trace, **gap_options) if gaps is None else gaps
+    pieces = gaps[gaps["cause"].isin(["launch_bound", "host_bound"])].copy()
+    if pieces.empty:
+        return pieces.assign(where=pd.Series(dtype="string"))
+    # a host wait: what the host ran mid-piece; otherwise: the op that launched the work
+    host_wait = (pieces["rule"] == "host_wait").to_numpy(bool)
+    launch = pieces["launch_ns"].to_numpy(np.int64, na_value=-1)
+    at = np.where(host_wait, (pieces["start_ns"] + pieces["end_ns"]) // 2,
+                  np.where(launch >= 0, launch, pieces["start_ns"])).astype(np.int64)
+    where = callsites.where_at(trace, pieces["pid"], pieces["tid"], at, pieces["rank"])
+    pieces["where"] = pd.array(np.where(pd.isna(where), _next_names(trace, pieces), where),
+                               dtype="string")
+    pieces["site_known"] = ~pd.isna(where)
+    pieces["next_short"] = _next_short(trace, pieces)
+    return pieces
+
+
+def _next_short(trace: Trace, pieces: pd.DataFrame) -> npt.NDArray[np.bool_]:
+    """Whether the kernel after each piece ran shorter than its launch call (HTA's short
+    GPU kernel: the call took at most 50 µs and longer than the kernel): such kernels
+    cannot keep the GPU busy however fast the host loop is."""
+    out = np.zeros(len(pieces), dtype=bool)
+    mine = (pieces["next_table"] == "kernels").to_numpy(bool)
+    if not mine.any():
+        return out
+    rows = pieces["next_row"].to_numpy()[mine].astype(np.int64)
+    k = trace.kernels
+    calls = callsites.launch_calls(trace, k.loc[rows])
+    api = (calls["api_end_ns"] - calls["api_start_ns"]).to_numpy("float64", na_value=np.nan)
+    gpu = (k["end_ns"].loc[rows] - k["start_ns"].loc[rows]).to_numpy(np.float64)
+    out[mine] = (api <= SHORT_KERNEL_API_NS) & (gpu < api)
+    return out
+
+
+#: HTA's runtime cutoff for "short GPU kernels" (cuda_kernel_analysis.py)
+SHORT_KERNEL_API_NS = 50_000
+
+
+def _next_names(trace: Trace, pieces: pd.DataFrame) -> np.ndarray:
+    """The short name of the GPU event after each piece ('(end of window)' if none)."""
+    out = np.full(len(pieces), "(unknown launch)", dtype=object)
+    for table in ("kernels", "copies"):
+        mine = (pieces["next_table"] == table).to_numpy()
+        if not mine.any():
+            continue
+        rows = getattr(trace, table).loc[pieces["next_row"].to_numpy()[mine].astype(np.int64)]
+        label = (short_names(rows["name"]) if table == "kernels"
+                 else "copy " + rows["kind"].astype(str))
+        out[mine] = np.asarray(label, dtype=object)
+    return out
+
+
+def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
+             python_gap_ns: int = 1_000_000, **gap_options: Any) -> pd.DataFrame:
+    """launch_bound and host_bound findings, one per (cause, where), the `top` largest of
+    each cause.
+
+        findings(trace).head()
+
+    Host-bound advice depends on what the host was doing: data loading when the frame says
+    so (DATA_FRAMES), Python between launches when the median gap is below `python_gap_ns`
+    (1 ms: eager per-op overhead), else host work in the step in general.
+    """
+    pieces = host_gaps(trace, gaps, **gap_options)
+    if pieces.empty:
+        return frame()
+    pieces["length"] = pieces["end_ns"] - pieces["start_ns"]
+    pieces["queued"] = pieces["rule"] == "queued"
+    pieces["no_launch"] = pieces["rule"] == "no_launch"
+    by = ["cause", "queued", "where"]
+    grouped = pieces.groupby(by, observed=True).agg(
+        lost=("length", "sum"), site_known=("site_known", "any"), short=("next_short", "sum"),
+        no_launch=("no_launch", "all"),
+        # one gap may be split in pieces: count and measure whole gaps
+        gaps=("gap_start_ns", "nunique")).reset_index()
+    sizes = pieces.drop_duplicates(["rank", "device", "gap_start_ns", *by]).assign(
+        size=lambda d: d["gap_end_ns"] - d["gap_start_ns"]).groupby(by, observed=True)[
+        "size"].median().rename("median")
+    grouped = grouped.join(sizes, on=by)
+    grouped = grouped.sort_values("lost", ascending=False).groupby("cause").head(top)
+    rows = [{
+        "cause": g.cause, "lost_ns": g.lost, "where": g.where, "count": g.gaps,
+        "evidence": _evidence(g), "advice": ADVICE[_advice_key(g, python_gap_ns)],
+    } for g in grouped.itertuples()]  # one per call site, bounded by `top`
+    return frame(rows)
+
+
+def _evidence(g: Any) -> str:
+    gaps = f"{g.gaps} idle gap{'s' if g.gaps != 1 else ''} (median {format_ns(g.median)})"
+    tiny = (f"; {g.short} of the kernels after them ran shorter than their launch call"
+            if g.short else "")
+    if g.no_launch:
+        return (f"GPU idle {format_ns(g.lost)} in {gaps} before this work; the trace has no "
+                "launch calls, so the gaps are attributed by their length alone")
+    if g.queued and g.cause == "host_bound":
+        return (f"GPU idle {format_ns(g.lost)} in {gaps} although this work was already "
+                "queued: it waited on a dependency (an event, another stream or rank)")
+    if g.queued:
+        return (f"{gaps} between queued launches, {format_ns(g.lost)} in all: launch and "
+                f"dispatch latency of work issued ahead of the GPU{tiny}")
+    if g.cause == "launch_bound":
+        return (f"{gaps} before launches from here, {format_ns(g.lost)} in all: the host "
+                f"issued the next launch after the GPU ran out of work{tiny}")
+    ran = "while the host ran this" if g.site_known else "before this kernel was launched"
+    return f"GPU idle {format_ns(g.lost)} in {gaps} {ran}, with no CUDA work queued"
+
+
+#: frames that load data: a host-bound gap spent there wants a faster input pipeline
+DATA_FRAMES = re.compile(r"data_?load|dataset|__next__|collate|fetch|prefetch|decode|"
+                         r"load_batch|get_batch|next_batch|\bread_", re.IGNORECASE)
+
+
+def _advice_key(g: Any, python_gap_ns: int) -> str:
+    """Which advice fits: a dependency for queued work; data loading by the frame's name;
+    Python between launches when the typical gap is short (eager per-op overhead, not one
+    long host task)."""
+    if g.queued and g.cause == "host_bound":
+        return "dependency"
+    if g.cause != "host_bound" or g.no_launch:
+        return str(g.cause)
+    if DATA_FRAMES.search(str(g.where)):
+        return "host_data"
+    return "host_python" if g.median < python_gap_ns else "host_bound"

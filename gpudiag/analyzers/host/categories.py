@@ -1,0 +1,166 @@
+"""What a process's training thread did, as disjoint time spans per category.
+
+The host side of a step is cut into categories, each taking only the time no category
+before it in `CATEGORIES` already took (so they never overlap and, with `python`, sum to
+the step's time):
+
+- `data_loading`: DataLoader `__next__` (the `enumerate(DataLoader)#...__next__`
+  annotation, or its Python frame) on the step's thread;
+- `optimizer`: `Optimizer.step#...` and `Optimizer.zero_grad#...`;
+- `backward`: autograd's `autograd::engine::evaluate_function: ...` ops (older traces:
+  the bare `...Backward` node names) on any thread of the process (on a GPU they run on
+  autograd's own thread while the training thread waits), and the training thread's
+  `backward` / `run_backward` frames;
+- `compile`: compiler work on the step's thread (XLA `...Compile...` events; torch's
+  `Torch-Compiled Region` is running compiled code, not compiling);
+- `forward`: the other outermost torch ops on the step's thread that start before the
+  step's first backward op (all of them in a step without backward);
+- `other_ops`: outermost torch ops after the step's backward (gradient clipping, `.item()`
+  of the loss, metrics);
+- `ops`: the outermost events of other frameworks (jax: the jitted calls and the runtime
+  around them);
+- `python`: the rest of the step: Python between ops (and whatever the profiler does not
+  record).
+
+Self time of an op is its duration minus that of the ops directly inside it (torch ops
+and framework events only; annotations and Python frames do not count as ops).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from gpudiag import intervals as iv
+from gpudiag.analyzers import keys
+from gpudiag.analyzers.steps.detection import BACKWARD_OP, STEP_NAME
+from gpudiag.intervals import nesting_depth
+
+CATEGORIES = ("data_loading", "optimizer", "backward", "compile", "forward", "other_ops",
+              "ops", "python")
+
+DATA = re.compile(r"DataLoader.*__next__|utils/data/dataloader\.py\(\d+\): __next__")
+OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
+BACKWARD_FRAME = re.compile(r"run_backward|_engine_run_backward|"
+                            r"(autograd/__init__|_tensor)\.py\(\d+\): backward$")
+COMPILE = re.compile(r"Compile(?!d Region)|compile_fx|backend_compile")
+#: range sources that count as ops: self time, forward / other_ops / ops
+OP_SOURCES = ("torch_op", "host")
+
+IntArray = npt.NDArray[np.int64]
+
+
+def category_spans(ranges: pd.DataFrame, lane_tid: int | None, step_start: npt.ArrayLike,
+                   step_end: npt.ArrayLike) -> dict[str, iv.Spans]:
+    """Disjoint spans per category (not `python`, the remainder) for one process's
+    `ranges` (host ranges of that process only), with `lane_tid` its training thread
+    (None: the thread with the most op time) and its steps' windows (sorted, disjoint:
+    they decide forward vs other_ops)."""
+    ranges = ranges[~keys.matches(ranges["name"], STEP_NAME)]  # a step is not an op
+    if ranges.empty:
+        return {c: _empty() for c in CATEGORIES if c != "python"}
+    tid = ranges["tid"].to_numpy("float64", na_value=np.nan)
+    if lane_tid is None:
+        lane_tid = _busiest_thread(ranges)
+    main = ranges[tid == lane_tid]
+    names = main["name"]
+    picked = {
+        "data_loading": keys.matches(names, DATA),
+        "optimizer": keys.matches(names, OPTIMIZER),
+        "compile": keys.matches(names, COMPILE) & (main["source"] == "host").to_numpy(bool),
+    }
+    backward_all = ranges[keys.matches(ranges["name"], BACKWARD_OP)
+                          & (ranges["source"] == "torch_op").to_numpy(bool)]
+    frames = main[keys.matches(names, BACKWARD_FRAME)
+                  & (main["source"] == "python").to_numpy(bool)]
+    raw = {c: _spans(main[hit]) for c, hit in picked.items()}
+    raw["backward"] = iv.union(np.concatenate([backward_all["start_ns"], frames["start_ns"]]),
+                               np.concatenate([backward_all["end_ns"], frames["end_ns"]]))
+    ops = _outermost_ops(main)
+    torch = (ops["source"] == "torch_op").to_numpy(bool)
+    op_start = ops["start_ns"].to_numpy(np.int64)
+    before = op_start < _first_backward(raw["backward"], iv.as_ns(step_start),
+                                        iv.as_ns(step_end), op_start)
+    raw["forward"] = _spans(ops[torch & before])
+    raw["other_ops"] = _spans(ops[torch & ~before])
+    raw["ops"] = _spans(ops[~torch])
+    out: dict[str, iv.Spans] = {}
+    taken = _empty()
+    for category in CATEGORIES[:-1]:
+        mine = iv.subtract(raw[category], taken) if len(taken[0]) else raw[category]
+        out[category] = mine
+        taken = iv.union(np.concatenate([taken[0], mine[0]]),
+                         np.concatenate([taken[1], mine[1]]))
+    return out
+
+
+def _first_backward(backward: iv.Spans, start: IntArray, end: IntArray,
+                    at: IntArray) -> IntArray:
+    """For each time in `at`, when backward first runs in the step containing it (int64
+    max outside steps or in a step without backward)."""
+    never = np.iinfo(np.int64).max
+    b_start, b_end = backward
+    if len(b_start) == 0 or len(start) == 0:
+        return np.full(len(at), never, dtype=np.int64)
+    i = np.minimum(np.searchsorted(b_end, start, side="right"), len(b_start) - 1)
+    first = np.maximum(b_start[i], start)
+    first = np.where((b_end[i] > start) & (first < end), first, never)
+    step = np.searchsorted(start, at, side="right") - 1
+    inside = (step >= 0) & (at < end[np.maximum(step, 0)])
+    return np.where(inside, first[np.maximum(step, 0)], never).astype(np.int64)
+
+
+def amounts(spans: iv.Spans, start: npt.ArrayLike, end: npt.ArrayLike) -> IntArray:
+    """Time of a disjoint set inside each `[start, end)`."""
+    s, e = iv.as_ns(start), iv.as_ns(end)
+    return (iv.covered_before(spans, e) - iv.covered_before(spans, s)).astype(np.int64)
+
+
+def self_times(ops: pd.DataFrame) -> IntArray:
+    """Each op's duration minus its direct children's (ops of `OP_SOURCES` on one process,
+    any threads), int64 ns, aligned with `ops`' rows."""
+    n = len(ops)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    lane = keys.codes(ops["tid"])
+    start = ops["start_ns"].to_numpy(np.int64)
+    end = np.maximum(ops["end_ns"].to_numpy(np.int64), start)
+    level = nesting_depth(lane, start, end)
+    (key,), _ = keys.time_keys([lane], [start])
+    children = np.zeros(n, dtype=np.int64)
+    for depth in range(1, int(level.max()) + 1 if n else 1):
+        kids = np.flatnonzero(level == depth)
+        parents = np.flatnonzero(level == depth - 1)
+        if len(kids) == 0 or len(parents) == 0:
+            continue
+        order = parents[np.argsort(key[parents], kind="stable")]
+        at = np.searchsorted(key[order], key[kids], side="right") - 1
+        ok = (at >= 0) & (lane[order[np.maximum(at, 0)]] == lane[kids])
+        np.add.at(children, order[at[ok]], (end - start)[kids[ok]])
+    return np.maximum((end - start) - children, 0)
+
+
+def _outermost_ops(main: pd.DataFrame) -> pd.DataFrame:
+    ops = main[main["source"].isin(OP_SOURCES)]
+    if ops.empty:
+        return ops
+    depth = nesting_depth(np.zeros(len(ops), dtype=np.int64), ops["start_ns"], ops["end_ns"])
+    return ops[depth == 0]
+
+
+def _busiest_thread(ranges: pd.DataFrame) -> int | None:
+    ops = ranges[ranges["source"].isin(OP_SOURCES) & ranges["tid"].notna()]
+    if ops.empty:
+        return None
+    return int((ops["end_ns"] - ops["start_ns"]).groupby(ops["tid"]).sum().idxmax())
+
+
+def _spans(rows: pd.DataFrame) -> iv.Spans:
+    return iv.union(rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64))
+
+
+def _empty() -> iv.Spans:
+    return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)

@@ -1,0 +1,356 @@
+"""Where the host's step time goes, on any trace with host events (CPU-only runs too).
+
+    host_breakdown(trace)       # per process and category: time in the steady steps, share
+    host_by_step(trace)         # one row per step: ns per category, CPU memory peak
+    host_top_ops(trace)         # ops by self time in the steady steps
+    findings(trace)             # host_data_loading, host_python_overhead, ... with advice
+
+The steps are `steps.training_steps` (markers or detected); each step's host time is cut
+into the categories of `host_categories` (data loading, optimizer, backward, compile,
+forward, other ops, framework ops, Python between ops), which sum to the step's time.
+Only *profiled* steps count: a `gpudiag profile` run keeps its step markers for the whole
+run but framework events for a bounded window, so a step counts when at least half of it
+lies inside the span of its process's recorded ops. Without steps, each process's
+profiled span is one step named `(whole trace)`. Totals and shares are over the profiled
+steps that are not warm-up; the warm-up steps' time is reported apart (`warmup_ns`).
+
+CPU memory: the profiler's running total of host allocations (Kineto `[memory]` events on
+device -1, `total_allocated_bytes`), its peak per step and per process.
+
+Findings, each `lost_ns` = the category's time in the steady steps and `share` = of their
+summed time: `host_data_loading`, `host_python_overhead`, `host_optimizer`,
+`host_compile` (at least `min_share`, 10%) and `host_op` (one op's self time, at least
+`min_op_share`, 20%). They are host time, not GPU time: on a trace with a GPU timeline
+`diagnose` ranks them after the GPU findings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpudiag import intervals as iv
+from gpudiag.analyzers import callsites, keys
+from gpudiag.analyzers.findings import frame
+from gpudiag.analyzers.host.advice import advice, evidence
+from gpudiag.analyzers.host.categories import (
+    CATEGORIES,
+    DATA,
+    OP_SOURCES,
+    OPTIMIZER,
+    amounts,
+    category_spans,
+    self_times,
+)
+from gpudiag.analyzers.steps.detection import STEP_NAME
+from gpudiag.analyzers.steps.training import training_steps
+from gpudiag.intervals import nesting_depth
+from gpudiag.trace import Trace
+
+WHOLE = "(whole trace)"
+BY_STEP = ("rank", "pid", "tid", "step", "index", "start_ns", "end_ns", "dur_ns", "warmup",
+           "profiled", *(f"{c}_ns" for c in CATEGORIES), "cpu_peak_bytes")
+
+#: cause -> category it measures
+CAUSES = {"host_data_loading": "data_loading", "host_python_overhead": "python",
+          "host_optimizer": "optimizer", "host_compile": "compile"}
+
+
+def framework(trace: Trace) -> str | None:
+    """'torch', 'jax' or None: which framework's profiler recorded the trace."""
+    formats = {str(s.get("format")) for s in trace.meta.get("sources", []) or []}
+    formats.add(str(trace.meta.get("format")))
+    if formats & {"xplane", "jax-perfetto"} or trace.meta.get("backend") == "jax":
+        return "jax"
+    if "kineto" in formats or (trace.ranges["source"] == "torch_op").any():
+        return "torch"
+    return None
+
+
+def has_host_events(trace: Trace) -> bool:
+    """Whether the trace has framework ops or annotations on a host thread (what the host
+    step breakdown reads)."""
+    r = trace.ranges
+    return bool((r["source"].isin((*OP_SOURCES, "annotation")) & r["tid"].notna()).any())
+
+
+def host_by_step(trace: Trace) -> pd.DataFrame:
+    """One row per step of every process: `rank` (-1: none), `pid`, `tid`, `step`, `index`,
+    `start_ns`, `end_ns`, `dur_ns`, `warmup`, `profiled`, `<category>_ns` for each category
+    (they sum to `dur_ns`; 0 in steps that were not profiled) and `cpu_peak_bytes` (NA
+    without CPU memory events).
+
+        host_by_step(trace).set_index("step")[["data_loading_ns", "python_ns"]]
+    """
+    return _analysis(trace)["by_step"]
+
+
+def host_breakdown(trace: Trace) -> pd.DataFrame:
+    """Per process and category: `rank, pid, category, time_ns` (in the profiled steps
+    that are not warm-up), `share` (of those steps' time), `per_step_ns` (mean per step),
+    `warmup_ns` (in the warm-up steps), `steps`.
+
+        host_breakdown(trace).sort_values("share", ascending=False).head()
+    """
+    by_step = host_by_step(trace)
+    if by_step.empty:
+        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in (
+            ("rank", "Int64"), ("pid", "Int64"), ("category", "object"), ("time_ns", "int64"),
+            ("share", "float64"), ("per_step_ns", "float64"), ("warmup_ns", "int64"),
+            ("steps", "int64"))})
+    rows = []
+    for (rank, pid), mine in by_step[by_step["profiled"]].groupby(["rank", "pid"],
+                                                                  dropna=False, sort=True):
+        steady, warm = mine[~mine["warmup"]], mine[mine["warmup"]]
+        total = int(steady["dur_ns"].sum())
+        for c in CATEGORIES:
+            ns = int(steady[f"{c}_ns"].sum())
+            rows.append({"rank": rank, "pid": pid, "category": c, "time_ns": ns,
+                         "share": ns / total if total else np.nan,
+                         "per_step_ns": ns / len(steady) if len(steady) else np.nan,
+                         "warmup_ns": int(warm[f"{c}_ns"].sum()), "steps": len(steady)})
+    return pd.DataFrame(rows).astype({"rank": "Int64", "pid": "Int64"})
+
+
+def host_top_ops(trace: Trace, top: int = 15) -> pd.DataFrame:
+    """Ops (torch ops, framework events) by self time in the steady profiled steps, all
+    threads: `name, calls, self_ns, share` (of the steady steps' summed time), `top` rows.
+
+        host_top_ops(trace).head()
+    """
+    return _analysis(trace)["top_ops"].head(top).reset_index(drop=True)
+
+
+def host_memory(trace: Trace) -> pd.DataFrame:
+    """CPU memory per process: `rank, pid, peak_bytes` (the highest running total),
+    `peak_step` (the step it happened in, NA outside steps), `steady_peak_bytes` (highest
+    in a step that is not warm-up)."""
+    return _analysis(trace)["memory"]
+
+
+def _analysis(trace: Trace) -> dict[str, pd.DataFrame]:
+    return trace.derived("host_steps", lambda: _compute(trace))
+
+
+def _compute(trace: Trace) -> dict[str, pd.DataFrame]:
+    ranges = trace.ranges
+    host = ranges[ranges["tid"].notna() & (ranges["source"] != "step")]
+    host = host.assign(_rank=host["rank"].astype("Int64").fillna(-1),
+                       _pid=host["pid"].astype("Int64").fillna(-1))
+    steps = training_steps(trace)
+    steps = steps.assign(_pid=steps["pid"].astype("Int64").fillna(-1))
+    memory = _cpu_memory(trace)
+    by_step, top_ops, mem_rows, gaps = [], [], [], []
+    for (rank, pid), mine in host.groupby(["_rank", "_pid"], sort=True):
+        ops = mine[mine["source"].isin((*OP_SOURCES, "annotation"))]
+        if ops.empty:
+            continue
+        windows = _windows(steps[(steps["rank"] == rank) & (steps["_pid"] == pid)], ops,
+                           int(rank), int(pid))
+        tid = int(windows["tid"].dropna().iloc[0]) if windows["tid"].notna().any() else None
+        spans = category_spans(mine, tid, windows["start_ns"], windows["end_ns"])
+        table = _per_step(windows, spans)
+        mem = memory[(memory["_rank"] == rank) & (memory["_pid"] == pid)]
+        table["cpu_peak_bytes"] = _peaks(mem, table)
+        by_step.append(table)
+        steady = table[table["profiled"] & ~table["warmup"]]
+        top_ops.append(_self_time(mine, steady))
+        mem_rows.append(_memory_row(int(rank), int(pid), mem, table))
+        gaps.append(_python_gaps(trace, mine, tid, spans, steady))
+    out = pd.concat(by_step, ignore_index=True) if by_step else _empty_by_step()
+    out = out.astype({"rank": "Int64", "pid": "Int64", "tid": "Int64"})
+    out["pid"] = out["pid"].mask(out["pid"] == -1)
+    return {"by_step": out,
+            "top_ops": _top(top_ops, out), "memory": pd.DataFrame(
+                mem_rows, columns=["rank", "pid", "peak_bytes", "peak_step",
+                                   "steady_peak_bytes"]),
+            "python_where": pd.concat(gaps, ignore_index=True) if gaps
+            else pd.DataFrame({"where": [], "ns": []})}
+
+
+def _windows(steps: pd.DataFrame, ops: pd.DataFrame, rank: int, pid: int) -> pd.DataFrame:
+    """The process's steps, with `profiled`; its profiled span as one step without any."""
+    lo, hi = int(ops["start_ns"].min()), int(ops["end_ns"].max())
+    if steps.empty:
+        return pd.DataFrame({"rank": [rank], "pid": [pid], "tid": [pd.NA], "step": [WHOLE],
+                             "index": [0], "start_ns": [lo], "end_ns": [hi],
+                             "dur_ns": [hi - lo], "warmup": [False], "profiled": [True]})
+    inside = np.minimum(steps["end_ns"], hi) - np.maximum(steps["start_ns"], lo)
+    return steps.drop(columns=["_pid", "method", "detail"]).assign(
+        pid=pid, profiled=(2 * inside >= steps["dur_ns"]).to_numpy(bool)).reset_index(drop=True)
+
+
+def _per_step(windows: pd.DataFrame, spans: dict[str, iv.Spans]) -> pd.DataFrame:
+    out = windows.copy()
+    start, end = out["start_ns"].to_numpy(np.int64), out["end_ns"].to_numpy(np.int64)
+    profiled = out["profiled"].to_numpy(bool)
+    covered = np.zeros(len(out), dtype=np.int64)
+    for c in CATEGORIES[:-1]:
+        ns = np.where(profiled, amounts(spans[c], start, end), 0)
+        out[f"{c}_ns"] = ns
+        covered += ns
+    out["python_ns"] = np.where(profiled, np.maximum(end - start - covered, 0), 0)
+    return out
+
+
+def _cpu_memory(trace: Trace) -> pd.DataFrame:
+    mem = trace.memory
+    mem = mem[(mem["device"] == -1).fillna(False).to_numpy(bool)
+              & mem["total_allocated_bytes"].notna().to_numpy(bool)]
+    return mem.assign(_rank=mem["rank"].astype("Int64").fillna(-1),
+                      _pid=mem["pid"].astype("Int64").fillna(-1)).sort_values("ts_ns")
+
+
+def _peaks(mem: pd.DataFrame, table: pd.DataFrame) -> pd.Series:
+    """The highest running total of CPU allocations inside each step (NA without any)."""
+    out = pd.Series(pd.NA, index=table.index, dtype="Int64")
+    if mem.empty:
+        return out
+    ts = mem["ts_ns"].to_numpy(np.int64)
+    total = mem["total_allocated_bytes"].to_numpy(np.int64)
+    at = np.searchsorted(table["start_ns"].to_numpy(np.int64), ts, side="right") - 1
+    inside = (at >= 0) & (ts < table["end_ns"].to_numpy(np.int64)[np.maximum(at, 0)])
+    peak = pd.Series(total[inside]).groupby(at[inside]).max()
+    out.iloc[peak.index.to_numpy()] = peak.to_numpy()
+    return out
+
+
+def _memory_row(rank: int, pid: int, mem: pd.DataFrame, table: pd.DataFrame
+                ) -> dict[str, Any]:
+    if mem.empty:
+        return {"rank": rank, "pid": pid, "peak_bytes": pd.NA, "peak_step": pd.NA,
+                "steady_peak_bytes": pd.NA}
+    best = mem["total_allocated_bytes"].astype("int64").idxmax()
+    ts = int(mem.at[best, "ts_ns"])
+    hit = table[(table["start_ns"] <= ts) & (table["end_ns"] > ts)]
+    steady = table.loc[~table["warmup"], "cpu_peak_bytes"].dropna()
+    return {"rank": rank, "pid": pid, "peak_bytes": int(mem.at[best, "total_allocated_bytes"]),
+            "peak_step": str(hit["step"].iloc[0]) if len(hit) else pd.NA,
+            "steady_peak_bytes": int(steady.max()) if len(steady) else pd.NA}
+
+
+def _self_time(ranges: pd.DataFrame, steady: pd.DataFrame) -> pd.DataFrame:
+    """Self ns per op name, counting ops that start inside the steady steps."""
+    ops = ranges[ranges["source"].isin(OP_SOURCES).to_numpy(bool)
+                 & ~keys.matches(ranges["name"], STEP_NAME)]
+    if ops.empty or steady.empty:
+        return pd.DataFrame({"name": [], "calls": [], "self_ns": []})
+    own = self_times(ops)
+    start = ops["start_ns"].to_numpy(np.int64)
+    at = np.searchsorted(steady["start_ns"].to_numpy(np.int64), start, side="right") - 1
+    inside = (at >= 0) & (start < steady["end_ns"].to_numpy(np.int64)[np.maximum(at, 0)])
+    # a call recorded twice (jax's nested PjitFunction) is one call
+    same = keys.codes(ops["tid"], ops["name"].astype(str))
+    call = nesting_depth(same, start, ops["end_ns"].to_numpy(np.int64)) == 0
+    kept = pd.DataFrame({"name": ops["name"].astype(str).to_numpy()[inside],
+                         "self_ns": own[inside], "call": call[inside].astype(np.int64)})
+    return kept.groupby("name").agg(calls=("call", "sum"), self_ns=("self_ns", "sum")
+                                    ).reset_index()
+
+
+def _top(parts: list[pd.DataFrame], by_step: pd.DataFrame) -> pd.DataFrame:
+    steady = by_step[by_step["profiled"] & ~by_step["warmup"]] if len(by_step) else by_step
+    total = int(steady["dur_ns"].sum()) if len(steady) else 0
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame({"name": pd.Series(dtype=str), "calls": pd.Series(dtype="int64"),
+                             "self_ns": pd.Series(dtype="int64"),
+                             "share": pd.Series(dtype="float64")})
+    ops = pd.concat(parts).groupby("name").sum().reset_index()
+    ops = ops.sort_values(["self_ns", "name"], ascending=[False, True], ignore_index=True)
+    ops["share"] = ops["self_ns"] / total if total else np.nan
+    return ops.astype({"calls": "int64", "self_ns": "int64"})
+
+
+def _python_gaps(trace: Trace, ranges: pd.DataFrame, tid: int | None,
+                 spans: dict[str, iv.Spans], steady: pd.DataFrame, *,
+                 limit: int = 2000) -> pd.DataFrame:
+    """Python time by the innermost user frame open mid-gap (the `limit` longest gaps), when
+    the trace has Python frames."""
+    python = ranges[ranges["source"] == "python"]
+    if python.empty or steady.empty or tid is None:
+        return pd.DataFrame({"where": [], "ns": []})
+    taken = iv.union(np.concatenate([s[0] for s in spans.values()]),
+                     np.concatenate([s[1] for s in spans.values()]))
+    free = iv.subtract(iv.union(steady["start_ns"], steady["end_ns"]), taken)
+    length = free[1] - free[0]
+    keep = np.argsort(length, kind="stable")[::-1][:limit]
+    mid = (free[0][keep] + free[1][keep]) // 2
+    pid = ranges["pid"].iloc[0]
+    rank = ranges["rank"].iloc[0]
+    where = callsites.where_at(trace, [pid] * len(mid), [tid] * len(mid), mid,
+                               [rank] * len(mid))
+    found = pd.DataFrame({"where": where, "ns": length[keep]}).dropna()
+    return found[found["where"].astype(str).str.contains(r"\.py:\d")]
+
+
+def _empty_by_step() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="int64" if c.endswith("_ns") or c == "index"
+                                      else "bool" if c in ("warmup", "profiled")
+                                      else "Int64" if c in ("rank", "pid", "tid",
+                                                            "cpu_peak_bytes")
+                                      else "object") for c in BY_STEP})
+
+
+# -- findings -------------------------------------------------------------------------------
+
+
+def findings(trace: Trace, *, min_share: float = 0.1, min_op_share: float = 0.2,
+             top_ops: int = 3) -> pd.DataFrame:
+    """Host-side findings over the steady profiled steps (see the module docstring).
+
+        findings(trace)[["cause", "share", "where", "advice"]]
+
+    `min_share`: least share of step time a category needs to be reported (10%);
+    `min_op_share`: the same for one op's self time (20%), of which the `top_ops` largest.
+    """
+    by_step = host_by_step(trace)
+    steady = by_step[by_step["profiled"] & ~by_step["warmup"]] if len(by_step) else by_step
+    total = int(steady["dur_ns"].sum()) if len(steady) else 0
+    if total <= 0:
+        return frame()
+    kind = framework(trace)
+    warm = int(by_step["warmup"].sum())
+    context = {"steps": len(steady), "warmup": warm, "total": total,
+               "whole": bool((steady["step"] == WHOLE).all())}
+    rows = []
+    for cause, category in CAUSES.items():
+        ns = int(steady[f"{category}_ns"].sum())
+        if ns < min_share * total:
+            continue
+        rows.append({"cause": cause, "lost_ns": ns, "share": ns / total,
+                     "where": _where(trace, cause), "count": len(steady),
+                     "evidence": evidence(cause, ns, context),
+                     "advice": advice(cause, kind)})
+    ops = _analysis(trace)["top_ops"]
+    named = pd.Series(ops["name"], dtype="category")  # loader / optimizer ranges: said above
+    ops = ops[~(keys.matches(named, DATA) | keys.matches(named, OPTIMIZER))]
+    for op in ops[ops["self_ns"] >= min_op_share * total].head(top_ops).itertuples():
+        rows.append({"cause": "host_op", "lost_ns": int(op.self_ns), "share": op.self_ns / total,
+                     "where": op.name, "count": int(op.calls),
+                     "evidence": evidence("host_op", int(op.self_ns), {**context,
+                                                                        "calls": op.calls}),
+                     "advice": advice("host_op", kind)})
+    return frame(rows)
+
+
+def _where(trace: Trace, cause: str) -> str:
+    """Where a host finding happens: the DataLoader or optimizer range name, the user frame
+    that most of the Python time ran under."""
+    if cause == "host_python_overhead":
+        found = _analysis(trace)["python_where"]
+        if len(found):
+            return str(found.groupby("where")["ns"].sum().idxmax())
+        return "(between framework ops)"
+    pattern = {"host_data_loading": DATA, "host_optimizer": OPTIMIZER}.get(cause)
+    if pattern is None:
+        return "(compiler)"
+    named = keys.matches(trace.ranges["name"], pattern)
+    hit = trace.ranges[named & (trace.ranges["source"] != "python").to_numpy(bool)]
+    if hit.empty:
+        hit = trace.ranges[named]
+    if hit.empty:
+        return "-"
+    return str((hit["end_ns"] - hit["start_ns"]).groupby(hit["name"].astype(str)).sum().idxmax())

@@ -1,0 +1,449 @@
+"""Launch analyzer: grids too small for the GPU, partial last waves, and launch overhead.
+
+Nsight Compute's Small Grid, Tail Effect and Block Size rules (REFERENCE B3) judge one
+profiled kernel each; here they are evaluated on *every* launch of a trace from its launch
+configuration and the device's limits (`occupancy.py`), and weighted by the launches' real
+durations, which ncu leaves as a TODO. The time a grid leaves SMs idle is
+`duration x (1 - tail_efficiency)`: the device's block slots stand empty for that share of
+the kernel's time, assuming its blocks take equal time. It is split into `small_grid_ns`
+(the whole grid is under one wave) and `tail_ns` (the last of several waves is partial).
+
+`launch_overhead` and `launch_rate` measure the host side of launching, as HTA's
+`get_cuda_kernel_launch_stats` does: the launch call, the delay until the kernel starts,
+and how much of a thread's time goes into launch calls.
+
+For Nsight Compute reports (`meta["timeline"]` False) durations are ncu's serialized
+replays of each kernel: real kernel times, but not a timeline; findings say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from gpudiag.analyzers import callsites, keys
+from gpudiag.analyzers.findings import ADVICE, format_ns, frame
+from gpudiag.analyzers.kernels import occupancy as occ
+from gpudiag.analyzers.losses.waterfall import COMM_KERNEL
+from gpudiag.names import short_names
+from gpudiag.trace import Trace
+
+#: ncu's warp size for the Block Size rule (every NVIDIA GPU)
+WARP = 32
+NO_TIMELINE_NOTE = "durations are Nsight Compute replay times, not a timeline"
+
+SMALL_GRID_COLUMNS = {
+    "name": "string", "full_name": "string", "count": "int64", "dur_ns": "int64",
+    "small_grid_ns": "int64", "tail_ns": "int64", "lost_ns": "int64",
+    "ncu_small_grid_speedup": "float64", "ncu_tail_speedup": "float64",
+    "odd_block_launches": "int64", "ncu_block_size_speedup": "float64",
+    "unknown_launches": "int64", "grid_blocks": "Int64", "block_threads": "Int64",
+    "blocks_per_sm": "Int64", "sm_count": "Int64", "waves": "float64",
+    "theoretical_occupancy": "float64", "limiter": "string",
+}
+OVERHEAD_COLUMNS = {
+    "kernel_id": "int64", "name": "string", "full_name": "string", "pid": "Int64",
+    "tid": "Int64", "api_name": "string", "api_start_ns": "int64", "api_dur_ns": "int64",
+    "gpu_dur_ns": "int64", "launch_delay_ns": "int64", "short": "bool", "long_delay": "bool",
+}
+RATE_COLUMNS = {
+    "pid": "Int64", "tid": "Int64", "launches": "int64", "kernels": "int64",
+    "window_ns": "int64", "launches_per_s": "float64", "launch_ns": "int64",
+    "launch_share": "float64",
+}
+
+
+def occupancy(trace: Trace) -> pd.DataFrame:
+    """Theoretical occupancy, waves and tail efficiency of every kernel launch.
+
+        occ = launch.occupancy(trace)
+        trace.kernels.join(occ)[["name", "theoretical_occupancy", "limiter", "waves"]]
+        occ["unavailable"].value_counts()     # why some launches have no numbers
+
+    One row per `trace.kernels` row (same index and order): `theoretical_occupancy` (0-1,
+    resident warps / the SM's warp slots), `blocks_per_sm` (resident blocks per SM),
+    `limiter` (`warps`, `blocks`, `registers` or `shared_memory`; ties go to the hardware
+    limits `warps` then `blocks`, since such a launch is as occupied as its block size
+    allows), `waves` (grid blocks / (blocks_per_sm x SMs)), `tail_efficiency`
+    (waves / ceil(waves): the time-averaged share of the device's block slots the grid
+    fills, assuming equal block durations; it covers grids under one wave and the last
+    partial wave alike) and `unavailable` (NA when everything is computed, else the first
+    reason something is not: no device properties, no registers recorded, no SM count...).
+    Computed as the CUDA occupancy calculator does (see `occupancy.py`), never read from
+    ncu's own occupancy metrics.
+    """
+    return _occupancy(trace).loc[:, list(occ.COLUMNS)]
+
+
+def _occupancy(trace: Trace) -> pd.DataFrame:
+    """The calculation once per trace (the waterfall, `small_grid` and `findings` share it)."""
+    return trace.derived("occupancy", lambda: occ.for_kernels(trace.kernels, trace.devices))
+
+
+def per_launch(trace: Trace, *, tail_min_speedup: float = 0.2) -> pd.DataFrame:
+    """Every kernel launch with its occupancy and what its grid costs, index aligned with
+    `trace.kernels`.
+
+        pl = launch.per_launch(trace)
+        pl[pl.small_grid_ns > 0][["name", "grid_blocks", "waves", "small_grid_ns"]]
+        pl.groupby("limiter")["dur_ns"].sum()
+
+    Adds to `occupancy`'s columns: `name` (short) and `full_name`, `dur_ns`,
+    `small_grid_ns` and `tail_ns` (SM-time left idle, ns), the per-launch ncu rule
+    speedups `ncu_small_grid_speedup` ((SMs - grid) / SMs when grid < SMs),
+    `ncu_tail_speedup` (1 / (1 + whole waves) when the last wave is partial and that is at
+    least `tail_min_speedup`, ncu's 20 % reporting bar) and `ncu_block_size_speedup`
+    (the idle share of a block's last warp when its size is not a multiple of 32), and
+    `collective` (an NCCL/RCCL kernel, which `small_grid` and `findings` leave out: its few
+    blocks are by design and its time is communication, the collectives analyzer's part).
+    """
+    return _per_launch(trace, tail_min_speedup, None)
+
+
+def _per_launch(trace: Trace, tail_min_speedup: float,
+                keep: Callable[[pd.DataFrame], npt.NDArray[np.bool_]] | None,
+                timed_only: bool = False) -> pd.DataFrame:
+    """`per_launch`, built only for the non-collective launches `keep(occupancy)` selects
+    (and only those with a duration when `timed_only`): findings and `small_grid` need a
+    part of a 10-million-launch trace, whose full table is over a GB."""
+    k, occupancy_ = trace.kernels, _occupancy(trace)
+    dur = (k["end_ns"] - k["start_ns"]).clip(lower=0).to_numpy(np.int64)
+    collective = (keys.matches(k["name"], COMM_KERNEL)
+                  | k["kernel_id"].isin(trace.collectives["kernel_id"].dropna()).to_numpy(bool))
+    if keep is not None:
+        chosen = keep(occupancy_) & ~collective & ((dur > 0) | (not timed_only))
+        k, occupancy_ = k[chosen], occupancy_[chosen]
+        dur, collective = dur[chosen], collective[chosen]
+    out = occupancy_.copy()
+    out.insert(0, "full_name", k["name"])
+    out.insert(0, "name", short_names(k["name"]))
+    idle = np.nan_to_num(dur * (1 - out["tail_efficiency"].to_numpy(np.float64)))
+    waves = out["waves"].to_numpy(np.float64)
+    out["dur_ns"] = dur
+    out["collective"] = collective
+    out["small_grid_ns"] = np.where(waves < 1, idle, 0.0)
+    out["tail_ns"] = np.where(waves >= 1, idle, 0.0)
+    return _ncu_rules(out, tail_min_speedup)
+
+
+def _ncu_rules(out: pd.DataFrame, tail_min_speedup: float) -> pd.DataFrame:
+    """ncu's LaunchStatistics speedups (REFERENCE B3) per launch, 0 where a rule does not
+    fire and NaN where its inputs are unknown."""
+    grid, sms = out["grid_blocks"].to_numpy(), out["sm_count"].to_numpy()
+    waves = out["waves"].to_numpy(np.float64)
+    threads = out["block_threads"].to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        small = np.where(grid < sms, (sms - grid) / sms, 0.0)
+        whole, partial = np.floor(waves), waves - np.floor(waves)
+        tail = np.where((partial > 0) & (whole >= 1), 1 / (1 + whole), 0.0)
+        odd = threads % WARP
+        block = np.where(odd > 0, (1 - odd / WARP) / np.ceil(threads / WARP), 0.0)
+    out["ncu_small_grid_speedup"] = np.where(np.isnan(grid * sms), np.nan, small)
+    out["ncu_tail_speedup"] = np.where(np.isnan(waves), np.nan,
+                                       np.where(tail >= tail_min_speedup, tail, 0.0))
+    out["ncu_block_size_speedup"] = np.where(np.isnan(threads), np.nan, block)
+    return out
+
+
+def small_grid(trace: Trace, *, tail_min_speedup: float = 0.2) -> pd.DataFrame:
+    """Per kernel name: how much SM-time its grids leave idle, and ncu's rules on every launch.
+
+        sg = launch.small_grid(trace)
+        sg[["name", "count", "dur_ns", "small_grid_ns", "tail_ns", "waves", "limiter"]].head()
+        sg["lost_ns"].sum() / sg["dur_ns"].sum()    # share of kernel time with idle SMs
+
+    One row per compute-kernel name (collectives left out, see `per_launch`), most SM-time
+    lost first: `name` (short) and `full_name`,
+    `count`, `dur_ns`, `small_grid_ns` (launches under one wave), `tail_ns` (the partial
+    last wave of longer grids), `lost_ns` (their sum); ncu's rule speedups evaluated on
+    every launch and weighted by duration (`ncu_small_grid_speedup`, `ncu_tail_speedup`,
+    reported only where a launch reaches `tail_min_speedup`, and
+    `ncu_block_size_speedup`), `odd_block_launches` (block size not a multiple of 32),
+    `unknown_launches` (no waves: see `occupancy(trace)["unavailable"]`), and the launch
+    configuration of the launch that lost the most (`grid_blocks`, `block_threads`,
+    `blocks_per_sm`, `sm_count`) with duration-weighted `waves` and
+    `theoretical_occupancy` and that launch's `limiter`.
+    """
+    g = _launch_groups(trace, tail_min_speedup, timed_only=False)
+    if g.empty:
+        return _typed(pd.DataFrame(), SMALL_GRID_COLUMNS)
+    g["odd_block_launches"] = np.where(g["ncu_block_size_speedup"] > 0, g["count"], 0)
+    g["unknown_launches"] = np.where(g["waves"].isna(), g["count"], 0)
+    by = ["full_name"]
+    out = g.groupby(by, observed=True, dropna=False, sort=False).agg(
+        name=("name", "first"), count=("count", "sum"), dur_ns=("dur_ns", "sum"),
+        small_grid_ns=("small_grid_ns", "sum"), tail_ns=("tail_ns", "sum"),
+        lost_ns=("lost_ns", "sum"), odd_block_launches=("odd_block_launches", "sum"),
+        unknown_launches=("unknown_launches", "sum"))
+    for col in ("ncu_small_grid_speedup", "ncu_tail_speedup", "ncu_block_size_speedup",
+                "waves", "theoretical_occupancy"):
+        out[col] = _weighted(g, col, by)
+    worst = _worst(g, by).set_index("full_name")
+    for col in ("grid_blocks", "block_threads", "blocks_per_sm", "sm_count", "limiter"):
+        out[col] = worst[col].reindex(out.index)
+    out = out.reset_index().sort_values(["lost_ns", "dur_ns"], ascending=False,
+                                        kind="stable", ignore_index=True)
+    return _typed(out, SMALL_GRID_COLUMNS)
+
+
+def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
+                   idle_only: bool = False, sites: bool = False) -> pd.DataFrame:
+    """Non-collective launches aggregated by (launch configuration, kernel name[, call
+    site]): `count`, `dur_ns` (sum), `max_dur_ns`, the configuration's occupancy columns and
+    ncu rule speedups, and the SM time its grids leave idle (`small_grid_ns`, `tail_ns`,
+    `lost_ns`).
+
+    Every quantity of `small_grid` and `findings` is either fixed by the configuration or
+    a sum of durations, so millions of launches reduce to a few thousand groups before any
+    column is computed (a per-launch table of a 10-million-kernel trace is over a GB). The
+    worst launch of a group is its longest: its idle share is the configuration's."""
+    k, occupancy_ = trace.kernels, _occupancy(trace)
+    dur = (k["end_ns"] - k["start_ns"]).clip(lower=0).to_numpy(np.int64)
+    keep = ~(keys.matches(k["name"], COMM_KERNEL)
+             | k["kernel_id"].isin(trace.collectives["kernel_id"].dropna()).to_numpy(bool))
+    if timed_only:
+        keep &= dur > 0
+    if idle_only:
+        keep &= (occupancy_["tail_efficiency"] < 1).to_numpy(bool)
+    chosen = np.flatnonzero(keep)
+    columns = [occupancy_["config"].to_numpy()[chosen], k["name"].cat.codes.to_numpy()[chosen]]
+    where = _sites(trace, k.index[chosen]) if sites else None
+    if where is not None:
+        columns.append(where)
+    code = keys.codes(*columns)
+    frame_ = pd.DataFrame({"code": code, "dur": dur[chosen], "pos": chosen})
+    agg = frame_.groupby("code", sort=False).agg(count=("dur", "size"), dur_ns=("dur", "sum"),
+                                                 max_dur_ns=("dur", "max"), pos=("pos", "first"))
+    rep = agg["pos"].to_numpy()
+    out = occupancy_.iloc[rep].reset_index(drop=True)
+    out.insert(0, "full_name", k["name"].iloc[rep].to_numpy())
+    out.insert(0, "name", short_names(k["name"].iloc[rep]).to_numpy())
+    if where is not None:
+        first = pd.Series(np.arange(len(chosen))).groupby(code, sort=False).first()
+        out["where"] = where[first.reindex(agg.index).to_numpy()]
+    for col in ("count", "dur_ns", "max_dur_ns"):
+        out[col] = agg[col].to_numpy()
+    idle_share = np.nan_to_num(1 - out["tail_efficiency"].to_numpy(np.float64))
+    waves = out["waves"].to_numpy(np.float64)
+    for col, dur_col in (("", "dur_ns"), ("max_", "max_dur_ns")):
+        idle = out[dur_col].to_numpy(np.float64) * idle_share
+        out[f"{col}small_grid_ns"] = np.where(waves < 1, idle, 0.0)
+        out[f"{col}tail_ns"] = np.where(waves >= 1, idle, 0.0)
+    out["lost_ns"] = out["small_grid_ns"] + out["tail_ns"]
+    return _ncu_rules(out, tail_min_speedup)
+
+
+def _worst(g: pd.DataFrame, by: list[str], part: str = "lost_ns") -> pd.DataFrame:
+    """Per group of `by`, the row holding the launch that lost the most `part` (its
+    longest launch times the configuration's idle share; ties: the longer launch)."""
+    lost = g[f"max_{part}"] if f"max_{part}" in g else (g["max_small_grid_ns"]
+                                                        + g["max_tail_ns"])
+    ordered = g.assign(_lost=lost).sort_values(["_lost", "max_dur_ns"], kind="stable")
+    return ordered.groupby(by, observed=True, dropna=False, sort=False).tail(1)
+
+
+def _weighted(pl: pd.DataFrame, col: str, by: list[str]) -> pd.Series:
+    """Duration-weighted mean of `col` per group, over launches where it is known (NaN when
+    those launches have no duration)."""
+    value = pl[col].astype("float64")
+    weight = pl["dur_ns"].where(value.notna(), 0).astype("float64")
+    parts = pl[by].assign(num=value.fillna(0) * weight, den=weight)
+    sums = parts.groupby(by, observed=True, dropna=False, sort=False)[["num", "den"]].sum()
+    return sums["num"] / sums["den"].where(sums["den"] > 0)
+
+
+def _typed(data: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """`data` with exactly `columns`, in order and typed (ns columns rounded to int64)."""
+    out = pd.DataFrame(index=data.index)
+    for col, dtype in columns.items():
+        values = data[col] if col in data else pd.Series(pd.NA, index=data.index, dtype=object)
+        if dtype == "int64":
+            values = pd.to_numeric(values, errors="coerce").fillna(0).round()
+        elif dtype == "Int64":
+            values = pd.to_numeric(values, errors="coerce").round()
+        elif dtype == "bool":
+            values = values.fillna(False)
+        out[col] = values.astype(dtype)
+    return out.reset_index(drop=True)
+
+
+def launch_overhead(trace: Trace, *, runtime_cutoff_ns: int = 50_000,
+                    delay_cutoff_ns: int = 100_000) -> pd.DataFrame:
+    """Per kernel launch: the launch call, the kernel, and the delay between them (HTA).
+
+        lo = launch.launch_overhead(trace)
+        lo[lo["short"]].groupby("name")["gpu_dur_ns"].agg(["count", "sum"])
+        lo["launch_delay_ns"].describe()
+
+    One row per kernel whose launching API call the trace has (same pid and correlation
+    id), in kernel order: `kernel_id`, `name` (short), `full_name`, `pid`, `tid`,
+    `api_name`, `api_start_ns`, `api_dur_ns`, `gpu_dur_ns`, `launch_delay_ns`
+    (HTA: `max(0, gpu start - api start - api duration)`, the time from the call's return
+    to the kernel's start), `short` (HTA's short kernel: the call took at most
+    `runtime_cutoff_ns` and the kernel ran shorter than its own launch call, so launching
+    costs more than the work) and `long_delay` (delay over `delay_cutoff_ns`, HTA's
+    default outlier bar).
+    """
+    k = trace.kernels
+    calls = callsites.kernel_launches(trace)
+    known = calls["api_start_ns"].notna().to_numpy(bool)
+    k, calls = k[known], calls[known]
+    api_dur = (calls["api_end_ns"] - calls["api_start_ns"]).astype("int64")
+    gpu_dur = (k["end_ns"] - k["start_ns"]).astype("int64")
+    delay = (k["start_ns"] - calls["api_end_ns"]).astype("int64").clip(lower=0)
+    out = pd.DataFrame({
+        "kernel_id": k["kernel_id"], "name": short_names(k["name"]),
+        "full_name": k["name"].astype("string"), "pid": k["pid"], "tid": calls["tid"],
+        "api_name": calls["api_name"], "api_start_ns": calls["api_start_ns"],
+        "api_dur_ns": api_dur, "gpu_dur_ns": gpu_dur, "launch_delay_ns": delay,
+        "short": (api_dur <= runtime_cutoff_ns) & (gpu_dur < api_dur),
+        "long_delay": delay > delay_cutoff_ns,
+    })
+    return _typed(out, OVERHEAD_COLUMNS)
+
+
+def launch_rate(trace: Trace) -> pd.DataFrame:
+    """Per host thread: how many launches it made, how fast, and its time spent launching.
+
+        lr = launch.launch_rate(trace)
+        lr[["pid", "tid", "launches", "launches_per_s", "launch_share"]]
+        lr["launch_share"].max()       # near 1: the thread does little but launch
+
+    One row per (pid, tid) that issued a kernel launch, most launches first: `launches`
+    (API calls that launched at least one kernel, matched by correlation id), `kernels`
+    (kernels they launched; a graph launch starts many), `window_ns` (the thread's span:
+    its first to last API call or range), `launches_per_s`, `launch_ns` (time inside
+    launch calls, overlaps counted once) and `launch_share` (= launch_ns / window_ns).
+    """
+    api, k = trace.api, trace.kernels
+    launched = [k["pid"], k["correlation"]]
+    is_launch = (keys.isin([api["pid"], api["correlation"]], launched)
+                 & api["correlation"].notna().to_numpy(bool))
+    calls = api.loc[is_launch, ["pid", "tid", "start_ns", "end_ns", "correlation"]]
+    calls = calls.drop_duplicates(["pid", "correlation"]).dropna(subset=["pid", "tid"])
+    if calls.empty:
+        return _typed(pd.DataFrame(), RATE_COLUMNS)
+    thread = ["pid", "tid"]
+    # kernels per launch call (a graph launch starts many): count kernels by their call
+    pos = keys.join(launched, [calls["pid"], calls["correlation"]])
+    calls["kernels"] = np.bincount(pos[pos >= 0], minlength=len(calls)).astype(np.int64)
+    calls = calls.sort_values([*thread, "start_ns"], kind="stable")
+    reach = calls.groupby(thread)["end_ns"].cummax()
+    before = reach.groupby([calls["pid"], calls["tid"]]).shift(1)
+    begin = np.maximum(calls["start_ns"], before.fillna(calls["start_ns"]))
+    calls["busy"] = (calls["end_ns"] - begin).clip(lower=0)
+    out = calls.groupby(thread).agg(launches=("start_ns", "size"),
+                                    kernels=("kernels", "sum"), launch_ns=("busy", "sum"))
+    window = _thread_windows(trace).reindex(out.index)
+    out["window_ns"] = window
+    out["launches_per_s"] = out["launches"] / (window / 1e9).where(window > 0)
+    out["launch_share"] = out["launch_ns"] / window.where(window > 0)
+    out = out.reset_index().sort_values(["launches", "pid", "tid"], ascending=[False, True, True],
+                                        kind="stable")
+    return _typed(out, RATE_COLUMNS)
+
+
+def _thread_windows(trace: Trace) -> pd.Series:
+    """Per (pid, tid): last end - first start over its API calls and host ranges."""
+    cols = ["pid", "tid", "start_ns", "end_ns"]
+    spans = pd.concat([trace.api[cols], trace.ranges[cols]], ignore_index=True)
+    spans = spans.dropna(subset=["pid", "tid"])
+    g = spans.groupby(["pid", "tid"])
+    return (g["end_ns"].max() - g["start_ns"].min()).astype("int64")
+
+
+def findings(trace: Trace, *, tail_min_speedup: float = 0.2,
+             min_share: float = 0.01) -> pd.DataFrame:
+    """Grids that leave SMs idle, as findings: one per (kernel, call site) and kind.
+
+        f = launch.findings(trace)
+        f[["cause", "lost_ns", "where", "count", "evidence"]]
+        f[f["advice"] == ADVICE["tail"]]       # the partial-last-wave part
+
+    Cause `small_grid` with `ADVICE["small_grid"]` for launches under one wave (lost_ns =
+    their `small_grid_ns`) and with `ADVICE["tail"]` for the partial last wave of longer
+    grids (`tail_ns`). `where` is the call site of the launches (the user's Python line,
+    torch op or NVTX range open at the launch call) when the trace has one, else the
+    kernel's short name. `evidence` gives the launch count and time, and the grid,
+    blocks/SM, SMs, waves, occupancy and limiter of the launch that lost the most, and the
+    estimated speedup of ncu's rule (named after ncu only when the trace holds Nsight
+    Compute data: elsewhere the rule is gpudiag's evaluation of the launch). A
+    finding is kept when its lost time is at least `min_share` of its launches' duration
+    (a tail of 1 % of a kernel is noise). Only launches with a duration count; collective
+    kernels are left out (see `per_launch`).
+    """
+    g = _launch_groups(trace, tail_min_speedup, timed_only=True, idle_only=True, sites=True)
+    if g.empty:
+        return frame()
+    note = "" if trace.meta.get("timeline", True) else "; " + NO_TIMELINE_NOTE
+    ncu = len(trace.metrics) > 0
+    rows = []
+    for part, advice in (("small_grid_ns", "small_grid"), ("tail_ns", "tail")):
+        for f in _groups(g, part, min_share).to_dict("records"):  # one per kernel x site
+            rows.append({"cause": "small_grid", "lost_ns": round(f["lost"]), "where": f["where"],
+                         "count": f["count"], "evidence": _evidence(f, part, ncu) + note,
+                         "advice": ADVICE[advice]})
+    return frame(rows)
+
+
+def _sites(trace: Trace, index: pd.Index) -> npt.NDArray[np.object_]:
+    """Per launch (kernels index labels): the call site at its launch call, else the
+    kernel's short name."""
+    k = trace.kernels
+    pid, rank = k["pid"].loc[index], k["rank"].loc[index]  # not the whole rows: 20 columns
+    calls = callsites.kernel_launches(trace).loc[index]
+    known = calls["api_start_ns"].notna().to_numpy(bool)
+    where = np.array(short_names(k["name"].loc[index]).astype(object).to_numpy(), dtype=object)
+    if known.any():
+        c = calls[known]
+        site = callsites.where_at(trace, pid[known], c["tid"], c["api_start_ns"], rank[known])
+        where[known] = np.where(pd.isna(site), where[known], site)
+    return where
+
+
+def _groups(g: pd.DataFrame, part: str, min_share: float) -> pd.DataFrame:
+    """Launch groups with `part` > 0 per (kernel, site): totals and the worst launch."""
+    hit = g[g[part] > 0]
+    by = ["full_name", "where"]
+    rule = RULE_OF[part]
+    weight = np.where(hit[rule].notna(), hit["dur_ns"], 0.0)
+    sums = hit.assign(lost=hit[part], dur=hit["dur_ns"], num=np.nan_to_num(hit[rule]) * weight,
+                      den=weight).groupby(by, observed=True, dropna=False, sort=False)[
+        ["lost", "count", "dur", "num", "den"]].sum()
+    sums["speedup"] = sums["num"] / sums["den"].where(sums["den"] > 0)
+    worst = _worst(hit, by, part).drop(columns=["count"]).set_index(by)
+    out = worst.join(sums[["lost", "count", "dur", "speedup"]]).reset_index()
+    out = out[out["lost"] >= min_share * out["dur"]]
+    return out.sort_values("lost", ascending=False, kind="stable")
+
+
+RULE_OF = {"small_grid_ns": "ncu_small_grid_speedup", "tail_ns": "ncu_tail_speedup"}
+
+
+#: the estimated speedup of each part's rule, in words: after ncu's rule name when the trace
+#: holds Nsight Compute data, else what the estimate assumes (no tool named that did not run)
+_ESTIMATE = {("small_grid_ns", True): "ncu Small Grid estimate {:.0%}",
+             ("tail_ns", True): "ncu Tail Effect estimate {:.0%}",
+             ("small_grid_ns", False): "estimated speedup {:.0%} with a grid filling the GPU",
+             ("tail_ns", False): "estimated speedup {:.0%} without the partial last wave"}
+
+
+def _evidence(g: dict[str, Any], part: str, ncu: bool) -> str:
+    """The numbers behind a finding: the totals, and the launch that lost the most."""
+    slots = int(g["blocks_per_sm"]) * int(g["sm_count"])
+    waves, tail, count = float(g["waves"]), float(g["tail_efficiency"]), int(g["count"])
+    head = f"{g['name']}: " if g["where"] != g["name"] else ""
+    shape = (f"{count} launch{'es' if count != 1 else ''}, {format_ns(g['dur'])}; grid of "
+             f"{int(g['grid_blocks'])} blocks for {slots} block slots "
+             f"({g['blocks_per_sm']} blocks/SM x {int(g['sm_count'])} SMs) = {waves:.3g} waves")
+    if part == "tail_ns":
+        shape += f", last wave {waves - np.floor(waves):.0%} full"
+    speedup = float(g["speedup"])
+    estimate = "; " + _ESTIMATE[part, ncu].format(speedup) if speedup > 0 else ""
+    return (f"{head}{shape}; SM slots idle {1 - tail:.0%} of the kernel time; theoretical "
+            f"occupancy {float(g['theoretical_occupancy']):.0%} (limited by {g['limiter']})"
+            f"{estimate}")

@@ -1,0 +1,210 @@
+"""The loss waterfall: every nanosecond of each device's window attributed to one cause.
+
+Per device (a `(rank, device)` pair) the window runs from its first to its last GPU event.
+Idle time is cut into gaps and attributed by `gaps.py`. Busy time (the union of kernels,
+copies and memsets on all streams) is cut at every event boundary into segments, and each
+segment is attributed by what ran in it:
+
+- only copies or memsets ran: **copy** (exposed transfer time);
+- only collective kernels ran: **comm_wait** for the part inside a rank's wait for its
+  peers (cross-rank arrival skew, from `collectives.wait_intervals`), **useful** for the
+  rest (the transfer itself; exposed communication is reported as a finding, not a loss);
+- compute kernels ran: **small_grid** for the fraction `max(0, 1 - sum(e))` of the
+  segment, where `e` is each running compute kernel's SM efficiency (`tail_efficiency`
+  from `launch.occupancy`: waves / ceil(waves), the share of block slots its grid fills)
+  — concurrent kernels fill each other's empty SMs, so a small grid beside a big one loses
+  nothing; kernels whose efficiency is unknown count as 1 (no claim without evidence);
+  **useful** for the rest.
+
+`useful` is the window minus every other cause, so the rows of a device sum to its window
+exactly. The same layers answer the question for any sub-window (a step, a heatmap bin)
+through cumulative sums, without re-running the analysis.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from gpudiag import intervals
+from gpudiag.analyzers import keys
+from gpudiag.analyzers.findings import LOSS_CAUSES
+from gpudiag.analyzers.losses.gaps import device_events, idle_gaps
+from gpudiag.trace import Trace
+
+#: collective kernels by name, as HTA classifies COMMUNICATION (plus RCCL)
+COMM_KERNEL = re.compile(r"^nccl|ncclKernel|ncclDev|^hccl|^rccl", re.IGNORECASE)
+
+Layer = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]
+DeviceKey = tuple[int, int]
+
+
+@dataclass
+class LossTimeline:
+    """Per device, the window and one layer of weighted disjoint intervals per cause."""
+
+    windows: dict[DeviceKey, tuple[int, int]] = field(default_factory=dict)
+    layers: dict[DeviceKey, dict[str, Layer]] = field(default_factory=dict)
+
+    def amounts(self, key: DeviceKey, edges: npt.ArrayLike) -> dict[str, npt.NDArray[np.float64]]:
+        """Time of each cause between consecutive `edges` (clipped to the window); `useful`
+        is the residual, so each bin's causes sum to its in-window length."""
+        lo, hi = self.windows[key]
+        t = np.clip(np.asarray(edges, dtype=np.int64), lo, hi)
+        out = {cause: np.diff(_weighted_before(layer, t))
+               for cause, layer in self.layers[key].items()}
+        out["useful"] = np.diff(t).astype(np.float64) - sum(out.values(), np.zeros(len(t) - 1))
+        return out
+
+    def totals(self, window: tuple[int, int] | None = None) -> pd.DataFrame:
+        """`rank, device, cause, lost_ns, share` over each device's window (or `window`)."""
+        rows = []
+        for key, (first, last) in self.windows.items():
+            lo, hi = (first, last) if window is None else (max(first, window[0]),
+                                                          min(last, window[1]))
+            length = max(hi - lo, 0)
+            if window is not None and length == 0:
+                continue  # the device ran nothing in the window
+            amounts = self.amounts(key, [lo, max(lo, hi)])
+            lost = {c: round(float(amounts.get(c, [0.0])[0])) for c in LOSS_CAUSES
+                    if c != "useful"}
+            lost["useful"] = length - sum(lost.values())
+            rows += [{"rank": key[0], "device": key[1], "cause": c, "lost_ns": lost[c],
+                      "share": lost[c] / length if length else np.nan} for c in LOSS_CAUSES]
+        return losses_frame(rows)
+
+
+def losses_frame(rows: list[dict[str, object]] | None = None) -> pd.DataFrame:
+    out = pd.DataFrame(rows or [], columns=["rank", "device", "cause", "lost_ns", "share"])
+    out["rank"] = pd.array(out["rank"], dtype="Int64")
+    out.loc[out["rank"] == -1, "rank"] = pd.NA
+    return out.astype({"device": "int64", "cause": "string", "lost_ns": "int64",
+                       "share": "float64"})
+
+
+def loss_timeline(trace: Trace, *, efficiency: pd.Series | None = None,
+                  comm_waits: pd.DataFrame | None = None, launch_gap_ns: int = 50_000,
+                  sync_tolerance_ns: int = 2_000,
+                  window: tuple[int, int] | None = None) -> LossTimeline:
+    """The attribution of every device's window, as layers (see the module docstring).
+
+        tl = loss_timeline(trace)
+        tl.totals()                              # the waterfall
+        tl.amounts((-1, 0), range(t0, t1, 10**6))  # per-ms causes of device 0
+
+    `efficiency` (aligned with `trace.kernels`) and `comm_waits` come from the launch and
+    collectives analyzers; without them small_grid and comm_wait are 0.
+    """
+    timeline = LossTimeline()
+    if not trace.meta.get("timeline", True):  # e.g. Nsight Compute's serialized replays
+        return timeline
+    ev = device_events(trace)
+    weight, comm = _kernel_weights(trace, efficiency)
+    gaps = idle_gaps(trace, launch_gap_ns=launch_gap_ns, sync_tolerance_ns=sync_tolerance_ns,
+                     window=window)
+    waits = comm_waits if comm_waits is not None else pd.DataFrame(
+        columns=["rank", "device", "start_ns", "end_ns"])
+    for key, idx in ev.by_device.items():
+        lo, hi = int(ev.start[idx].min()), int(ev.end[idx].max())
+        if window is not None:
+            lo, hi = max(lo, window[0]), min(hi, window[1])
+        if hi <= lo:
+            continue
+        timeline.windows[key] = (lo, hi)
+        is_kernel = ev.table[idx] == 0
+        rows = ev.row[idx]
+        w = np.full(len(idx), np.nan)  # NaN marks copies
+        w[is_kernel] = weight.reindex(rows[is_kernel]).to_numpy(np.float64)
+        c = np.zeros(len(idx), dtype=bool)
+        c[is_kernel] = comm.reindex(rows[is_kernel]).to_numpy(bool)
+        layers = _busy_layers(ev.start[idx], ev.end[idx], w=w, is_comm=c,
+                              waits=_device_rows(waits, key), lo=lo, hi=hi)
+        for cause, layer in _idle_layers(_device_rows(gaps, key)).items():
+            old = layers.get(cause)
+            layers[cause] = layer if old is None else (  # disjoint: busy vs idle copy time
+                np.concatenate([old[0], layer[0]]), np.concatenate([old[1], layer[1]]),
+                np.concatenate([old[2], layer[2]]))
+        timeline.layers[key] = layers
+    return timeline
+
+
+def losses(trace: Trace, **options: object) -> pd.DataFrame:
+    """The waterfall: `rank, device, cause, lost_ns, share`, one row per cause per device.
+
+        dx = losses(trace)
+        dx.pivot_table(index="cause", columns="device", values="share")
+        dx.groupby("device").lost_ns.sum()   # == each device's window
+
+    Options are those of `loss_timeline`.
+    """
+    return loss_timeline(trace, **options).totals()  # type: ignore[arg-type]
+
+
+def _kernel_weights(trace: Trace, efficiency: pd.Series | None
+                    ) -> tuple[pd.Series, pd.Series]:
+    """Per kernel (index of `trace.kernels`): the SM efficiency used by the small-grid
+    rule (1 when unknown, 0 for collective kernels) and whether it is a collective."""
+    kernels = trace.kernels
+    eff = pd.Series(1.0, index=kernels.index)
+    if efficiency is not None and len(kernels):
+        eff = efficiency.reindex(kernels.index).fillna(1.0).clip(0.0, 1.0).astype("float64")
+    comm = (keys.matches(kernels["name"], COMM_KERNEL)
+            | kernels["kernel_id"].isin(trace.collectives["kernel_id"].dropna()).to_numpy(bool))
+    return eff.where(~comm, 0.0), pd.Series(comm, index=kernels.index)
+
+
+def _busy_layers(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], *,
+                 w: npt.NDArray[np.float64], is_comm: npt.NDArray[np.bool_],
+                 waits: pd.DataFrame, lo: int, hi: int) -> dict[str, Layer]:
+    start, end = np.clip(start, lo, hi), np.clip(end, lo, hi)
+    is_copy = np.isnan(w)
+    compute = ~is_copy & ~is_comm
+    sweep = intervals.Sweep(start, end)  # each column reduced before the next is summed
+    s, e = sweep.start, sweep.end
+    has_compute = sweep.sum(compute) > 0.5
+    small = np.where(has_compute, np.clip(1.0 - sweep.sum(np.where(compute, w, 0.0)), 0.0,
+                                          1.0), 0.0)
+    small[small < 1e-9] = 0.0
+    has_comm = sweep.sum(is_comm) > 0.5
+    copy_only = ~has_compute & ~has_comm & (sweep.sum(is_copy) > 0.5)
+    comm_only = ~has_compute & has_comm
+    keep = small > 0
+    waiting = intervals.union(waits["start_ns"], waits["end_ns"])
+    comm_wait = intervals.intersect(intervals.union(s[comm_only], e[comm_only]), waiting)
+    return {"small_grid": (s[keep], e[keep], small[keep]),
+            "copy": (s[copy_only], e[copy_only], np.ones(int(copy_only.sum()))),
+            "comm_wait": (*comm_wait, np.ones(len(comm_wait[0])))}
+
+
+def _idle_layers(gaps: pd.DataFrame) -> dict[str, Layer]:
+    layers: dict[str, Layer] = {}
+    for cause in ("sync_stall", "launch_bound", "host_bound", "copy"):
+        part = gaps[gaps["cause"] == cause]
+        layers[cause] = (part["start_ns"].to_numpy(np.int64), part["end_ns"].to_numpy(np.int64),
+                         np.ones(len(part)))
+    return layers
+
+
+def _device_rows(frame: pd.DataFrame, key: DeviceKey) -> pd.DataFrame:
+    rank = frame["rank"].fillna(-1).to_numpy() if len(frame) else np.zeros(0)
+    device = frame["device"].fillna(-1).to_numpy() if len(frame) else np.zeros(0)
+    return frame[(rank == key[0]) & (device == key[1])]
+
+
+def _weighted_before(layer: Layer, t: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """For each time t, the weighted length of the layer before t (layers are disjoint)."""
+    s, e, w = layer
+    if len(s) == 0:
+        return np.zeros(len(t))
+    order = np.argsort(s, kind="stable")
+    s, e, w = s[order], e[order], w[order]
+    weighted = (e - s) * w
+    before = np.concatenate([[0.0], np.cumsum(weighted)[:-1]])
+    idx = np.searchsorted(s, t, side="right") - 1
+    safe = np.maximum(idx, 0)
+    partial = np.clip(t - s[safe], 0, e[safe] - s[safe]) * w[safe]
+    return np.where(idx >= 0, before[safe] + partial, 0.0)

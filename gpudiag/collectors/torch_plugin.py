@@ -1,0 +1,419 @@
+"""The torch backend of `gpudiag profile`: torch.profiler (Kineto) inside the program.
+
+Started by the bootstrap when the program first imports torch, so the profile begins at the
+program's first tensor. On a CPU-only machine it records the host side (torch ops with
+Python stacks, CPU memory); with CUDA, Kineto's own CUPTI session adds kernels, copies, syncs
+and runtime calls. The allocator snapshot is the separate `torch_snapshot` plugin, which
+also runs beside the CUPTI backend.
+
+torch.profiler keeps its events in memory until it is stopped, so the trace is written as
+*segments* (`segment-NNNN.pt.trace.json`): one per collection window, plus a new one
+whenever the process grew by `segment_bytes` since the open one began (memory stays
+bounded however long the window). Kineto must be started and stopped on one thread: edges
+crossed elsewhere (timers, the flush thread) are applied on the program's main thread at its
+next bytecode (`inproc.main_thread_call`), else at its next step. A SIGKILL loses the open
+segment; the host markers and NVML samples of the same run survive.
+
+Two hooks serve the rest of the session: the end of every optimizer step is a step boundary
+for a program that marks none (`bootstrap.optimizer_stepped`), and the open segment is
+written before `torch.distributed.destroy_process_group` (a gloo process group torn down
+while the profiler runs can deadlock on the GIL in its worker threads' teardown).
+
+    plugin = create(out_dir, {"memory": True})
+    plugin.start(); plugin.resume(); ...; plugin.flush(final=True)      # the bootstrap
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import gc
+import importlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpudiag.optional import require
+from gpudiag.readers.kineto import repair as kineto_repair
+
+#: a new segment begins once the process grew by this much since the open one began, and
+#: segments hold as many steps as stopping them costs in memory within this much
+DEFAULT_SEGMENT_BYTES = 256 * 2**20
+#: ... or once the open one is this old (a SIGKILL or a crash loses at most the open one)
+DEFAULT_SEGMENT_S = 30.0
+#: ... or once it holds this many steps, before the first stop measured what a step costs
+DEFAULT_STEPS_PER_SEGMENT = 10
+
+
+def create(out_dir: Path, settings: dict[str, Any]) -> TorchCollector:
+    """The collector for one process (called by the bootstrap when torch was imported)."""
+    return TorchCollector(out_dir, memory=bool(settings.get("memory", True)),
+                          segment_bytes=int(settings.get("segment_bytes")
+                                            or DEFAULT_SEGMENT_BYTES),
+                          segment_s=float(settings.get("segment_s") or DEFAULT_SEGMENT_S))
+
+
+class TorchCollector:
+    """torch.profiler around the program, written as bounded segments."""
+
+    def __init__(self, out_dir: Path, *, memory: bool = True,
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                 segment_s: float = DEFAULT_SEGMENT_S) -> None:
+        self.out_dir = out_dir
+        self.memory = memory
+        self.segment_bytes = segment_bytes
+        self.segment_s = segment_s
+        self.torch = require("torch", "The torch backend of gpudiag profile")
+        self.cuda = bool(self.torch.cuda.is_available())
+        self._profiler: Any = None
+        self._segments = 0
+        self._finished = False
+        self._lock = threading.Lock()  # never re-entered: see flush()
+        self._owner = threading.get_ident()  # the thread that imported torch: the program's
+        self._pending: list[str] = []  # edges waiting for the owner thread (_deferred)
+        self._scheduled = False  # a main-thread call to apply them is queued
+        self._in_hook = False  # inside the optimizer-step hook (inside Optimizer.step#)
+        self._segment_rss = 0  # the process's resident bytes when the open segment began
+        self._segment_start_s = 0.0
+        self._segment_steps = 0  # steps opened while the open segment records
+        self._steps_per_segment = DEFAULT_STEPS_PER_SEGMENT  # until a stop measured it
+        self._optimizer: int | None = None  # id() of the optimizer whose steps are counted
+
+    def start(self) -> None:
+        """Get ready; the first segment begins at `resume()`, when the window is open.
+
+        The final export is registered with atexit now, after torch's own hooks, so it runs
+        before them (atexit is last-in, first-out); then the two hooks of the docstring.
+        """
+        atexit.register(self._at_exit)  # before torch's atexit hooks (registered earlier)
+        try:  # the package deletes its `optimizer` attribute: import the module by name
+            hooks = importlib.import_module("torch.optim.optimizer")
+        except ImportError:
+            hooks = None
+        if hooks is not None and hasattr(hooks, "register_optimizer_step_post_hook"):
+            hooks.register_optimizer_step_post_hook(self._optimizer_stepped)
+        self._wrap_process_group_teardown()
+
+    def _at_exit(self) -> None:
+        """The process's whole final flush, now (this segment with it): so a SIGTERM that
+        arrives while it runs (a Pool terminating its workers) sees the flush under way and
+        lets it end, instead of flushing again and dying in the middle of the export."""
+        boot = _bootstrap()
+        if boot is not None and boot.is_active():
+            boot.final_flush()
+        self.flush(True)  # outside a session (capture()), or already done: a no-op then
+
+    def _optimizer_stepped(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        """Every optimizer's step ends here; one optimizer's (the first seen) count as steps,
+        so two optimizers per iteration (a GAN) or accumulation still give one per step."""
+        if self._optimizer is None:
+            self._optimizer = id(optimizer)
+        if id(optimizer) != self._optimizer:
+            return
+        boot = _bootstrap()
+        if boot is not None:
+            self._in_hook = threading.get_ident() == self._owner
+            try:
+                boot.optimizer_stepped(time.time_ns())
+            finally:
+                self._in_hook = False
+        self._wrap_step_outside(type(optimizer))
+
+    def _wrap_step_outside(self, cls: type) -> None:
+        """Wrap the class's `step` around torch's own wrapper (its `Optimizer.step#...`
+        record_function), so the edges the hook crossed run right after that range closed.
+
+        torch wraps a class's step once and marks it `hooked`; the outer wrapper keeps the
+        mark (functools.wraps copies it), so torch does not wrap it again. The step that
+        installs it applies its edges at the next step's end (or a main-thread call).
+        """
+        inner = cls.__dict__.get("step")
+        if inner is None or getattr(inner, "_gpudiag_outer", False):
+            return
+
+        @functools.wraps(inner)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            result = inner(*args, **kwargs)
+            if self._pending and threading.get_ident() == self._owner:
+                self._apply_pending()
+            return result
+
+        step._gpudiag_outer = True  # type: ignore[attr-defined]
+        cls.step = step  # type: ignore[attr-defined]
+
+    def _wrap_process_group_teardown(self) -> None:
+        """Write the last segment before `destroy_process_group`.
+
+        Collection ends there: a profiler started again after the teardown crashed the
+        process at exit (SIGSEGV, torch 2.13, gloo), and programs end soon after it anyway.
+        """
+        dist: Any = getattr(self.torch, "distributed", None)
+        c10d: Any = getattr(dist, "distributed_c10d", None)
+        original = getattr(c10d, "destroy_process_group", None)
+        if original is None or getattr(original, "_gpudiag_wrapped", False):
+            return
+
+        @functools.wraps(original)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == self._owner:
+                self.flush(True)  # the last segment: a profiler restarted after it crashes
+            return original(*args, **kwargs)
+
+        destroy_process_group._gpudiag_wrapped = True  # type: ignore[attr-defined]
+        c10d.destroy_process_group = destroy_process_group
+        if getattr(dist, "destroy_process_group", None) is original:
+            dist.destroy_process_group = destroy_process_group
+
+    def resume(self) -> None:
+        if self._deferred("resume"):
+            return
+        with self._lock:
+            self._start_segment()
+
+    def _start_segment(self) -> None:
+        """Start a profiler unless one runs or collection ended (the caller holds the lock)."""
+        if self._profiler is None and not self._finished:
+            profiler = self.torch.profiler
+            activities = [profiler.ProfilerActivity.CPU]
+            if self.cuda:
+                activities.append(profiler.ProfilerActivity.CUDA)
+            # the segment's bounds first: the flush thread reads them once _profiler is set
+            self._segment_rss = _resident_bytes()
+            self._segment_start_s = time.monotonic()
+            self._segment_steps = 0
+            self._profiler = profiler.profile(
+                activities=activities, record_shapes=True, with_stack=True,
+                profile_memory=self.memory,
+            )
+            self._profiler.start()
+
+    def pause(self) -> None:
+        """Close the open segment and write it (the window closed)."""
+        if self._deferred("pause"):
+            return
+        with self._lock:
+            self._export_segment()
+
+    def discard(self) -> None:
+        """Drop what was recorded so far (the provisional start-up and warm-up): stop the
+        open segment without writing it and remove the segments already written."""
+        if self._deferred("discard"):
+            return
+        with self._lock:
+            profiler, self._profiler = self._profiler, None
+            if profiler is not None:
+                started, before = time.time_ns(), _resident_bytes()
+                profiler.stop()
+                self._learn_segment_size(_resident_bytes() - before)
+                _note_pause("gpudiag: profiler stopped (warm-up dropped)", started)
+            for old in self.out_dir.glob("segment-*.pt.trace.json"):
+                old.unlink(missing_ok=True)
+
+    def rotate(self) -> None:
+        """Write the open segment and go on in a new one (bounded memory)."""
+        with self._lock:
+            if self._profiler is None or self._finished:
+                return
+            self._export_segment()
+            self._start_segment()
+
+    def _deferred(self, action: str) -> bool:
+        """Kineto must be started and stopped on one thread (else it aborts the process),
+        and never inside a torch `record_function` (the optimizer hook runs inside
+        `Optimizer.step#...`: a profiler stopped there crashes the process later, when that
+        range's handle is collected).
+
+        An edge from the hook is applied by the outer step wrapper as soon as
+        `Optimizer.step` returned. One from another thread is queued for the program's main
+        thread when that is the owner, at its next bytecode (`inproc.main_thread_call`; if
+        that falls inside `Optimizer.step`, the outer wrapper applies it); otherwise it waits
+        for `on_step` at the program's next `gpudiag.step()`, or for exit.
+        """
+        if threading.get_ident() == self._owner and not self._in_hook:
+            return False
+        self._pending.append(action)
+        if not self._in_hook:  # in the hook, the outer step wrapper applies it (no queue)
+            self._schedule()
+        return True
+
+    def _schedule(self) -> None:
+        if self._owner == threading.main_thread().ident and not self._scheduled:
+            self._scheduled = _main_thread_call(self._apply_pending)
+
+    def _apply_pending(self) -> None:
+        self._scheduled = False
+        if threading.get_ident() != self._owner or self._in_hook or _inside_optimizer_step():
+            return  # the outer step wrapper applies them once Optimizer.step# closed
+        actions, self._pending = self._pending, []
+        for action in actions:
+            getattr(self, action)()
+
+    def on_step(self) -> None:
+        """A step opened: apply waiting edges, or rotate when the open segment grew past
+        its bound (a step edge is the cheapest place to cut)."""
+        if threading.get_ident() != self._owner:
+            return
+        self._segment_steps += 1
+        too_many = self._profiler is not None and self._segment_steps > self._steps_per_segment
+        if (too_many or self._too_big()) and "rotate" not in self._pending:
+            self._pending.append("rotate")
+        if self._pending and not self._in_hook:  # in the hook: the outer wrapper applies
+            self._apply_pending()
+
+    def _learn_segment_size(self, grown_bytes: int) -> None:
+        """Size the next segments from what stopping this one cost: torch.profiler keeps
+        its events compactly while it records, but turning them into results at stop takes
+        several times that (about 15 MB per step of a 4-layer transformer with stacks and
+        shapes), so segments are cut by steps, as many as fit in `segment_bytes` at stop."""
+        steps = max(self._segment_steps, 1)
+        if grown_bytes > 0:
+            per_step = grown_bytes / steps
+            self._steps_per_segment = int(min(max(self.segment_bytes // per_step, 1), 1000))
+        self._segment_steps = 0
+
+    def _too_big(self) -> bool:
+        """Whether the open segment should be written now: the process grew past its bound,
+        or it is older than `segment_s` (a later kill then loses at most that much)."""
+        if self._profiler is None:
+            return False
+        if time.monotonic() - self._segment_start_s > self.segment_s:
+            return True
+        return (self._segment_rss > 0
+                and _resident_bytes() - self._segment_rss > self.segment_bytes)
+
+    def flush(self, final: bool) -> None:
+        """At exit: write the open segment. Periodically (the flush thread): rotate when the
+        open segment grew past its bound, on the owner's thread.
+
+        A periodic flush cannot take events out of a running torch.profiler without stopping
+        it. The final flush runs on the main thread (atexit, SIGTERM); from another thread
+        it is left to them.
+        """
+        if not final:
+            if self._too_big() and "rotate" not in self._pending:
+                self._pending.append("rotate")
+                self._schedule()
+            return
+        if threading.get_ident() != self._owner:
+            return
+        # Never wait here: from a SIGTERM handler the interrupted code may be this very
+        # thread in the middle of writing a segment (the lock is not re-entrant on purpose).
+        if not self._lock.acquire(blocking=False):
+            _note_error("torch: the open segment was lost: the process was stopped while "
+                        "gpudiag was writing a segment")
+            return
+        try:
+            if self._finished:
+                return
+            self._finished = True
+            self._export_segment()
+        finally:
+            self._lock.release()
+
+    def after_fork(self, out_dir: Path) -> None:
+        """A forked child: the parent's profiler state is not ours; start afresh if on CPU.
+
+        CUDA cannot be used in a forked child anyway (torch refuses), so only the host
+        profile restarts there.
+        """
+        self.out_dir = out_dir
+        self._profiler = None
+        self._segments = 0
+        self._finished = False
+        self._lock = threading.Lock()  # never re-entered: see flush()
+        self._owner = threading.get_ident()
+        self._pending = []
+        self._scheduled = False
+        self.cuda = False
+        self.resume()
+
+    def _export_segment(self) -> None:
+        profiler, self._profiler = self._profiler, None
+        if profiler is None:
+            return
+        started, before = time.time_ns(), _resident_bytes()
+        profiler.stop()
+        self._learn_segment_size(_resident_bytes() - before)
+        self._segments += 1
+        final = self.out_dir / f"segment-{self._segments:04d}.pt.trace.json"
+        tmp = final.with_name(f".{final.name}.tmp")
+        profiler.export_chrome_trace(str(tmp))
+        escape_bare_quotes(tmp)
+        os.replace(tmp, final)
+        del profiler
+        _release_memory()
+        _note_pause("gpudiag: profiler segment written", started)
+
+
+def _note_pause(name: str, started_ns: int) -> None:
+    """Mark the time the program's thread spent in gpudiag (stopping, writing a segment),
+    so step times can be read with it in view."""
+    boot = _bootstrap()
+    if boot is not None:
+        boot.record_range(name, started_ns, time.time_ns(), "annotation")
+
+
+def _release_memory() -> None:
+    """Give a written segment's memory back: torch.profiler's results sit in reference
+    cycles (freed only by a full collection) and glibc keeps freed arenas unless trimmed;
+    without both, each segment's gigabyte stays and the process grows segment by segment."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the collection alone
+        pass
+
+
+def _resident_bytes() -> int:
+    """This process's resident set (Linux /proc; 0 elsewhere: segments then follow the window
+    edges only)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _inside_optimizer_step() -> bool:
+    """Whether this thread is inside torch's `Optimizer.step` wrapper (its record_function)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(os.path.join("torch", "optim", "optimizer.py")):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _bootstrap() -> Any:
+    """The bootstrap module of this process (loaded by path under its package name)."""
+    return sys.modules.get("gpudiag.profiler.bootstrap")
+
+
+def _note_error(message: str) -> None:
+    boot = _bootstrap()
+    if boot is not None:
+        boot.report_problem(message)
+
+
+def _main_thread_call(function: Callable[[], None]) -> bool:
+    from gpudiag.profiler import inproc  # the bootstrap's instance when it loaded one
+
+    return inproc.main_thread_call(function)
+
+
+def escape_bare_quotes(path: Path) -> int:
+    """Escape the bare quotes Kineto leaves in event names in place; the lines repaired.
+
+    Done at export, so the segment gpudiag merges is valid JSON for every other tool too
+    (`readers/kineto/repair.py` says why it happens).
+    """
+    fixed, repaired = kineto_repair.escape_bare_quotes(path.read_bytes())
+    if repaired:
+        path.write_bytes(fixed)
+    return repaired

@@ -1,0 +1,430 @@
+"""Collectives in Kineto traces: which op, how many bytes, which communicator, in what order.
+
+NCCL: one row per NCCL kernel. Newer PyTorch writes the collective's arguments on the kernel
+itself ('Collective name', 'In msg nelems', 'dtype', 'Process Group Name', ...). Older traces
+do not; there the kernel's launch call is found inside an `nccl:<op>` annotation (same
+thread, enclosing in time) whose 'Input Dims' and 'Input type' give the size, and failing
+that the op and element type are read from the kernel name
+(`ncclKernel_AllReduce_RING_LL_Sum_float`).
+
+Other backends (gloo, on CPU or GPU) launch no kernel: their rows come from host events, one
+per torch.distributed call (`host_collectives`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from gpudiag.intervals import nesting_depth
+from gpudiag.readers.chrome.structs import integers, take
+
+if TYPE_CHECKING:
+    from gpudiag.readers.kineto.events import Events
+    from gpudiag.readers.kineto.reader import Calls
+
+#: normalized collective name fragment -> op, tried in this order
+OPS = (
+    ("allreduce", "all_reduce"), ("allgather", "all_gather"),
+    ("reducescatter", "reduce_scatter"), ("alltoall", "all_to_all"),
+    ("broadcast", "broadcast"), ("sendrecv", "send_recv"), ("barrier", "barrier"),
+    ("reduce", "reduce"), ("send", "send"), ("recv", "recv"),
+)
+_NOT_ALNUM = re.compile(r"[^a-z0-9]")
+#: element sizes of torch dtype names (as Kineto writes them: torch names, C++ type names in
+#: 'Input type') and NCCL kernel-name suffixes
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "bf16": 2,
+    "double": 8, "float64": 8, "int": 4, "int32": 4, "int32t": 4, "uint32t": 4,
+    "long": 8, "int64": 8, "int64t": 8, "uint64t": 8, "short": 2, "int16": 2,
+    "byte": 1, "uint8": 1, "uint8t": 1, "char": 1, "int8": 1, "int8t": 1, "bool": 1,
+    "unsignedchar": 1, "signedchar": 1, "c10bfloat16": 2, "c10half": 2, "float8e4m3fn": 1,
+    "float8e5m2": 1, "fp8e4m3": 1, "fp8e5m2": 1, "complexfloat": 8, "complexdouble": 16,
+    "longint": 8, "shortint": 2, "unsignedint": 4, "unsignedshort": 2, "unsignedshortint": 2,
+    "unsignedlong": 8, "unsignedlongint": 8, "c10float8e4m3fn": 1, "c10float8e5m2": 1,
+    "c10complexfloat": 8, "c10complexdouble": 16, "c10complexc10half": 4,
+}
+
+
+def normalize(text: object) -> str:
+    """'_allgather_base' -> 'allgatherbase': lower case, letters and digits only."""
+    return _NOT_ALNUM.sub("", str(text).lower())
+
+
+def op_of(text: pd.Series) -> pd.Series:
+    """Map collective names ('_allgather_base', 'nccl:all_reduce', kernel names) to ops,
+    matching each distinct name once (a handful per trace: plain Python is fastest)."""
+    codes, uniques = pd.factorize(text.astype(object), use_na_sentinel=True)
+    ops = [_op(normalize(u)) for u in uniques]
+    return pd.Series(take(np.array(ops, dtype=object), codes), index=text.index, dtype=object)
+
+
+def _op(norm: str) -> str | None:
+    return next((name for fragment, name in OPS if fragment in norm), None)
+
+
+def element_bytes(dtype: pd.Series) -> pd.Series:
+    """Bytes per element of each dtype name ('Float', 'long int', 'c10::BFloat16'); NA: unknown."""
+    return dtype.astype(object).map(lambda d: DTYPE_BYTES.get(normalize(d)), na_action="ignore")
+
+
+def collectives(
+    ev: Events, kernels: pd.DataFrame, kernel_idx: np.ndarray, calls: Calls
+) -> pd.DataFrame | None:
+    """The collectives table: one row per NCCL kernel of `kernels` and one per host-side
+    collective call that launched none (`host_collectives`). `kernel_idx` are the event
+    rows of `kernels`, in the same order; `calls` finds each kernel's launch call.
+
+    `seq` counts each (pid, comm)'s rows in start order. When both kinds are present, it
+    counts them in the order the host issued them (a kernel's launch call, a host call's
+    start): a gloo call and an NCCL kernel of one process group do not run in program order.
+    """
+    nccl = _nccl_rows(ev, kernels, kernel_idx, calls)
+    launches = (pd.DataFrame() if nccl is None else
+                pd.DataFrame({c: calls.lookup(nccl["_correlation"], c)
+                              for c in ("pid", "tid", "start_ns")}))
+    host = host_collectives(ev, launches)
+    if nccl is None and host is None:
+        return None  # an empty collectives table
+    if host is None:
+        out = nccl.drop(columns=["_correlation", "_issue_ns"])  # type: ignore[union-attr]
+        out = out.sort_values("start_ns", kind="stable").reset_index(drop=True)
+        return with_seq(out)
+    parts = [f.drop(columns="_correlation") for f in (nccl,) if f is not None] + [host]
+    out = pd.concat(parts, ignore_index=True).sort_values("_issue_ns", kind="stable")
+    out = with_seq(out.drop(columns="_issue_ns"))
+    return out.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def with_seq(rows: pd.DataFrame) -> pd.DataFrame:
+    """`seq`: the rows of each (pid, comm) counted in their present order."""
+    rows["seq"] = rows.groupby(["pid", "comm"], dropna=False, sort=False).cumcount().astype(
+        "Int64")
+    return rows
+
+
+def _nccl_rows(
+    ev: Events, kernels: pd.DataFrame, kernel_idx: np.ndarray, calls: Calls
+) -> pd.DataFrame | None:
+    """One row per NCCL kernel (no seq yet), with `_correlation` and `_issue_ns` (the launch
+    call's start, else the kernel's) for `collectives`."""
+    is_nccl = on_categories(kernels["name"], lambda c: c.str.contains("nccl", case=False))
+    if not is_nccl.any():
+        return None
+    k = kernels[is_nccl].reset_index(drop=True)
+    k["name"] = k["name"].cat.remove_unused_categories()
+    args = ev.args(kernel_idx[is_nccl])
+    info = pd.DataFrame({
+        "collective": pd.Series(args.values("collective"), dtype=object),
+        "in_nelems": args.num("in_nelems"),
+        "out_nelems": args.num("out_nelems"),
+        "group_size": args.num("group_size"),
+        "dtype": pd.Series(args.values("dtype"), dtype=object),
+        "comm": pd.Series(args.values("pg_name"), dtype=object),
+    })
+    info = _fill_from_annotation(info, k, ev, calls)
+    kernel_name = pd.Series(on_categories(
+        k["name"], lambda c: c.str.extract(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")[0]), dtype=object)
+    op = op_of(info["collective"].astype(object)).fillna(op_of(kernel_name.astype(object)))
+    dtype = info["dtype"].fillna(_dtype_from_kernel_name(k["name"]))
+    size = element_bytes(dtype)
+    nelems = info["in_nelems"].where(op != "all_gather", info["out_nelems"])
+    comm = info["comm"].astype(object).fillna("stream " + k["stream"].astype("string"))
+    issue = calls.lookup(k["correlation"], "start_ns")
+    return pd.DataFrame({
+        "pid": k["pid"], "device": k["device"], "stream": k["stream"],
+        "start_ns": k["start_ns"], "end_ns": k["end_ns"],
+        "op": op.fillna("other").to_numpy(),
+        "bytes": (nelems.astype("Float64") * size.astype("Float64")).round().astype("Int64"),
+        "dtype": dtype.to_numpy(),
+        "group_size": info["group_size"],
+        "comm": comm.to_numpy(),
+        "kernel_id": k["kernel_id"].astype("Int64"),
+        "name": k["name"].to_numpy(),
+        "_correlation": k["correlation"],
+        "_issue_ns": np.where(np.isfinite(issue), issue, k["start_ns"]).astype(np.int64),
+    })
+
+
+def on_categories(names: pd.Series, func: Callable[[pd.Series], pd.Series]) -> np.ndarray:
+    """Apply a string function to each distinct category once, then spread to the rows."""
+    cats = pd.Series(names.cat.categories, dtype=object)
+    result = func(cats).to_numpy(dtype=object)
+    out = take(result, names.cat.codes.to_numpy())
+    if all(isinstance(v, bool | np.bool_) for v in result):
+        return np.where(pd.isna(out), False, out).astype(bool)
+    return out
+
+
+def _dtype_from_kernel_name(names: pd.Series) -> pd.Series:
+    """'ncclKernel_AllReduce_RING_LL_Sum_float(...)' -> 'float'."""
+    pattern = r"_(?:Sum|Prod|Min|Max|Avg|PreMulSum|SumPostDiv)_(\w+)$"
+    return pd.Series(on_categories(
+        names, lambda c: c.str.split("(", n=1).str[0].str.extract(pattern)[0]), dtype=object)
+
+
+def _fill_from_annotation(
+    info: pd.DataFrame, k: pd.DataFrame, ev: Events, calls: Calls
+) -> pd.DataFrame:
+    """Fill missing args from the `nccl:*` annotation around each kernel's launch call: the
+    last such annotation that started on the launching thread before the launch and had not
+    ended yet."""
+    missing = (info["collective"].isna() & info["in_nelems"].isna()).to_numpy()
+    ann_idx = ev.where("annotation")
+    names = pd.Series(ev.name_values(ann_idx), dtype=object).astype(str)
+    nccl = names.str.startswith("nccl:").to_numpy()
+    if not missing.any() or not nccl.any():
+        return info
+    ann_idx = ann_idx[nccl]
+    ann_names = names[nccl].to_numpy()
+    args = ev.args(ann_idx)
+    launch = {col: calls.lookup(k["correlation"], col) for col in ("pid", "tid", "start_ns")}
+    hit = Spans(ev, ann_idx).enclosing(launch["pid"], launch["tid"], launch["start_ns"])
+    fill = missing & (hit >= 0)
+    if fill.any():
+        rows = hit[fill]
+        elements = first_input_elements(args.values("input_dims"))
+        info.loc[fill, "collective"] = ann_names[rows]
+        info.loc[fill, "in_nelems"] = integers(
+            elements.to_numpy(dtype=np.float64, na_value=np.nan)[rows]).to_numpy()
+        # the annotation gives the input only: an all_gather's output (its nccl-tests size)
+        # is input x ranks, and the ranks are not recorded here, so it stays unknown
+        gather = (op_of(pd.Series(ann_names[rows])) == "all_gather").to_numpy()
+        info.loc[fill, "out_nelems"] = info.loc[fill, "in_nelems"].where(~gather)
+        info.loc[fill, "dtype"] = pd.Series(
+            args.values("input_type"), dtype=object).str[0].to_numpy()[rows]
+    return info
+
+
+class Spans:
+    """Events `idx` of one group, searchable by (thread, time): which one is open there."""
+
+    def __init__(self, ev: Events, idx: np.ndarray) -> None:
+        thread = thread_key(ev.pid[idx], ev.tid[idx])
+        start = ev.start[idx]
+        self.order = np.lexsort((start, thread))
+        self.thread, self.start = thread[self.order], start[self.order]
+        self.end = (start + ev.dur[idx])[self.order]
+
+    def enclosing(self, pid: np.ndarray, tid: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """Position in `idx` of the last event that started on thread (pid, tid) at or before
+        `at` and had not ended by then, or -1."""
+        thread = thread_key(pid, tid)
+        at = np.asarray(at, dtype=np.float64)
+        out = np.full(len(at), -1, dtype=np.int64)
+        for t in np.unique(thread[np.isfinite(thread)]):  # a few launching threads
+            lo = np.searchsorted(self.thread, t, side="left")
+            hi = np.searchsorted(self.thread, t, side="right")
+            rows = np.flatnonzero((thread == t) & np.isfinite(at))
+            last = np.searchsorted(self.start[lo:hi], at[rows], side="right") - 1 + lo
+            ok = (last >= lo) & (self.end[np.maximum(last, 0)] >= at[rows])
+            out[rows[ok]] = self.order[last[ok]]
+        return out
+
+
+def thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """One float per (pid, tid): what `Spans` searches by."""
+    return np.asarray(pid, dtype=np.float64) * 2.0**32 + np.asarray(tid, dtype=np.float64)
+
+
+def first_input_elements(dims: list[Any]) -> pd.Series:
+    """Element count of the first input of each event ('Input Dims': [[n, m], ...])."""
+    first = pd.Series(dims, dtype=object).str[0]
+    valid = first.map(lambda d: isinstance(d, list) and len(d) > 0, na_action="ignore")
+    prod = first[valid.fillna(False).astype(bool)].map(lambda d: float(np.prod(d)))
+    return prod.reindex(first.index).astype("Float64")
+
+
+# -- calls that launch no kernel (gloo) --------------------------------------------------------
+
+#: torch ops of one torch.distributed call; the outermost on its thread stands for the call.
+#: Not `record_param_comms`: inside a call it adds nothing, alone it is a Work's wait.
+CALL_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::",
+                 "_c10d_functional_autograd::")
+#: backend annotations that are a call's own work (on a worker thread, or nested in the call)
+WORK_PREFIXES = ("gloo:",)
+
+
+def host_collectives(ev: Events, nccl_launches: pd.DataFrame) -> pd.DataFrame | None:
+    """One row per torch.distributed call that launched no NCCL kernel, with `_issue_ns`
+    (the call's start) for `collectives`; None when the trace has none.
+
+    A call is the outermost `c10d::*` / `_c10d_functional::*` op on its thread (one call,
+    however many ops and `record_param_comms` it nests). Its time is that of its backend
+    work, the `gloo:*` annotations: nested in the call (send/recv, monitored_barrier) or, for
+    asynchronous ops, run later on a gloo worker thread. Nothing ties such a work to its
+    call, so the works of a process serve its calls first in first out (`fifo`); works
+    before the first call (enqueued before the profiler started) are rows of their own.
+    - op: from the call's name (gloo runs a reduce_scatter as `gloo:all_reduce`), else
+      the work's; name: the work's, or the call's when it ran several or none;
+    - bytes: Σ elements x element size of the work's tensor inputs, all_gather's times the
+      group size (nccl-tests' S), none for a barrier;
+    - comm and group_size: from the header's process groups (`_process_group`).
+    Calls that enclose an `nccl:*` annotation or an NCCL kernel's launch are NCCL's: their
+    kernels are the rows. A call without a work keeps its own (host) time, unless its
+    process ran NCCL, whose calls may lack their kernel in the window.
+    """
+    call_idx, work_idx = _call_events(ev), _events(ev, "annotation", WORK_PREFIXES)
+    if not len(call_idx) and not len(work_idx):
+        return None
+    nccl_pids, nccl_call = _nccl_marks(ev, call_idx, nccl_launches)
+    call_idx = call_idx[~nccl_call]
+    if not len(call_idx) and not len(work_idx):
+        return None  # NCCL's calls only: the kernels are the rows
+    owner = _owners(ev, call_idx, work_idx)
+    rows = _rows(ev, call_idx, work_idx, owner)
+    rows = rows[rows["has_work"] | ~rows["pid"].isin(nccl_pids)]
+    if rows.empty:
+        return None
+    comm, group_size = _process_group(ev.header.distributedInfo or {})
+    nbytes = rows["elements_bytes"].where(rows["op"] != "barrier")
+    ranks = np.nan if group_size is None else group_size
+    nbytes = nbytes.where(rows["op"] != "all_gather", nbytes * ranks)
+    return pd.DataFrame({
+        "pid": integers(rows["pid"].to_numpy()), "device": pd.NA, "stream": pd.NA,
+        "start_ns": rows["start_ns"].to_numpy(np.int64),
+        "end_ns": rows["end_ns"].to_numpy(np.int64), "op": rows["op"].to_numpy(),
+        "bytes": integers(nbytes.to_numpy(np.float64)), "dtype": rows["dtype"].to_numpy(),
+        "group_size": pd.array([group_size] * len(rows), dtype="Int64"),
+        "comm": comm, "kernel_id": pd.NA, "name": rows["name"].to_numpy(),
+        "_issue_ns": rows["issue_ns"].to_numpy(np.int64),
+    }).astype({"device": "Int64", "stream": "Int64", "kernel_id": "Int64"})
+
+
+def _events(ev: Events, group: str, prefixes: tuple[str, ...]) -> np.ndarray:
+    """Rows of `group` whose name starts with one of `prefixes`, in start order."""
+    idx = ev.where(group)
+    return idx[on_categories(ev.names(idx), lambda c: c.str.startswith(prefixes))]
+
+
+def _call_events(ev: Events) -> np.ndarray:
+    """The outermost collective op of each call (waits are not calls), in start order."""
+    idx = _events(ev, "op", CALL_PREFIXES)
+    waits = on_categories(ev.names(idx), lambda c: c.str.contains("wait"))
+    idx = idx[~waits]
+    end = ev.start[idx] + ev.dur[idx]
+    return idx[nesting_depth(thread_key(ev.pid[idx], ev.tid[idx]), ev.start[idx], end) == 0]
+
+
+def _nccl_marks(ev: Events, call_idx: np.ndarray,
+                launches: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Pids that ran NCCL, and which calls are NCCL's (enclose an `nccl:*` annotation or an
+    NCCL kernel's launch)."""
+    ann = _events(ev, "annotation", ("nccl:",))
+    marked = np.zeros(len(call_idx), dtype=bool)
+    pids = ev.pid[ann]
+    if len(call_idx):
+        spans = Spans(ev, call_idx)
+        hits = [spans.enclosing(ev.pid[ann], ev.tid[ann], ev.start[ann])]
+        if len(launches):
+            hits.append(spans.enclosing(*(launches[c].to_numpy() for c in
+                                          ("pid", "tid", "start_ns"))))
+        for hit in hits:
+            marked[hit[hit >= 0]] = True
+    if len(launches):
+        pids = np.concatenate([pids, launches["pid"].to_numpy(np.float64)])
+    return np.unique(pids[np.isfinite(pids)]), marked
+
+
+def _owners(ev: Events, call_idx: np.ndarray, work_idx: np.ndarray) -> np.ndarray:
+    """Position in `call_idx` of each work's call (-1: none); see `host_collectives`."""
+    owner = np.full(len(work_idx), -1, dtype=np.int64)
+    if not len(call_idx) or not len(work_idx):
+        return owner
+    owner = Spans(ev, call_idx).enclosing(ev.pid[work_idx], ev.tid[work_idx],
+                                          ev.start[work_idx])
+    free = np.ones(len(call_idx), dtype=bool)
+    free[owner[owner >= 0]] = False  # calls with nested works run no asynchronous one
+    for pid in np.unique(ev.pid[call_idx]):
+        calls = np.flatnonzero(free & (ev.pid[call_idx] == pid))
+        works = np.flatnonzero((owner < 0) & (ev.pid[work_idx] == pid))
+        if len(calls) and len(works):
+            served = fifo(ev.start[call_idx[calls]], ev.start[work_idx[works]])
+            owner[works[served >= 0]] = calls[served[served >= 0]]
+    return owner
+
+
+def fifo(call_start: np.ndarray, work_start: np.ndarray) -> np.ndarray:
+    """For works (in start order), the call (position, calls in start order) each serves:
+    the first call not yet served that started at or before the work, else the last call
+    served; -1 before any call. Vectorized: work j serves call p_j - 1 with
+    p_j = min(p_{j-1} + 1, calls started by then), i.e. j + 1 + min(0, cummin(n_k - k - 1)).
+
+        fifo(np.array([10, 20]), np.array([5, 12, 13, 25]))   # [-1, 0, 0, 1]
+    """
+    started = np.searchsorted(call_start, work_start, side="right")
+    j = np.arange(1, len(work_start) + 1)
+    return j + np.minimum.accumulate(np.minimum(0, started - j)) - 1
+
+
+def _rows(ev: Events, call_idx: np.ndarray, work_idx: np.ndarray,
+          owner: np.ndarray) -> pd.DataFrame:
+    """One row per call and per work without one: pid, issue and own times, op, name,
+    elements_bytes, dtype, has_work."""
+    n = len(call_idx)
+    key = np.where(owner >= 0, owner, n + np.arange(len(work_idx)))  # orphans: own rows
+    args = ev.args(work_idx)
+    work = pd.DataFrame({
+        "key": key, "work_start": ev.start[work_idx],
+        "work_end": ev.start[work_idx] + ev.dur[work_idx], "name": ev.name_values(work_idx),
+        "elements_bytes": tensor_bytes(args.values("input_dims"), args.values("input_type")),
+        "dtype": pd.Series(args.values("input_type"), dtype=object).map(_first_tensor_type),
+    }).groupby("key", sort=True).agg(
+        work_start=("work_start", "min"), work_end=("work_end", "max"), name=("name", "first"),
+        works=("name", "size"), elements_bytes=("elements_bytes", "sum"),
+        sized=("elements_bytes", "count"), dtype=("dtype", "first"))
+    head = np.concatenate([call_idx, work_idx[key[key >= n] - n]])  # the call, or the work
+    rows = pd.DataFrame({
+        "pid": ev.pid[head], "issue_ns": ev.start[head], "start_ns": ev.start[head],
+        "end_ns": ev.start[head] + ev.dur[head],
+        "call": np.concatenate([ev.name_values(call_idx), np.full(len(head) - n, None)]),
+    }, index=np.concatenate([np.arange(n), key[key >= n]])).join(work)
+    rows["has_work"] = rows["works"].notna()
+    rows["start_ns"] = rows["work_start"].fillna(rows["start_ns"])
+    rows["end_ns"] = rows["work_end"].fillna(rows["end_ns"])
+    rows["elements_bytes"] = rows["elements_bytes"].where(rows["sized"] > 0)
+    rows["name"] = rows["name"].where(rows["works"] == 1, rows["call"]).fillna(rows["name"])
+    rows["op"] = op_of(rows["call"]).fillna(op_of(rows["name"])).fillna("other")
+    return rows.reset_index(drop=True)
+
+
+def tensor_bytes(dims: list[Any], types: list[Any]) -> pd.Series:
+    """Σ elements x element size over each event's tensor inputs ('Input Dims' with an
+    'Input type' that is an element type; 'Scalar', '' and lists are not); NaN if none.
+    One Python step per event: these are the collectives' few, not every op."""
+    return pd.Series([_input_bytes(d, t) for d, t in zip(dims, types, strict=True)],
+                     dtype="float64")
+
+
+def _input_bytes(dims: Any, types: Any) -> float:
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return math.nan
+    sized = [(shape, DTYPE_BYTES.get(normalize(t))) for shape, t in zip(dims, types, strict=False)]
+    total = [math.prod(shape) * size for shape, size in sized if size and isinstance(shape, list)]
+    return float(sum(total)) if total else math.nan
+
+
+def _first_tensor_type(types: Any) -> Any:
+    if not isinstance(types, list):
+        return None
+    return next((t for t in types if DTYPE_BYTES.get(normalize(t))), None)
+
+
+def _process_group(info: dict[str, Any]) -> tuple[str, int | None]:
+    """The communicator name and size of the trace's gloo calls, from the header's
+    'distributedInfo': its one gloo process group when it has one (else the backend's name,
+    calls of several groups counted together), and the size all its gloo groups share."""
+    groups = [g for g in info.get("pg_config") or [] if isinstance(g, dict)]
+    gloo = [g for g in groups if "gloo" in str(g.get("backend_config", "gloo"))]
+    sizes = {g.get("pg_size") for g in gloo}
+    size = sizes.pop() if len(sizes) == 1 else None
+    name = gloo[0].get("pg_name") if len(gloo) == 1 else None
+    backend = info.get("backend")
+    fallback = backend if isinstance(backend, str) else "c10d"
+    return (str(name) if name is not None else fallback,
+            size if isinstance(size, int) and not isinstance(size, bool) else None)

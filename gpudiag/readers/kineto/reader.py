@@ -1,0 +1,419 @@
+"""PyTorch profiler (Kineto) Chrome traces: `.json`, `.json.gz`, current and 2021 schemas.
+
+    trace = gpudiag.readers.kineto.reader.read(Path("rank0.pt.trace.json.gz"))
+
+Times: Kineto writes `ts`/`dur` in microseconds, as floats relative to `baseTimeNanoseconds`
+when the trace has that key; we add the base back and keep integer nanoseconds (HTA instead
+rounds to whole microseconds). GPU events carry the device as `pid` and the stream as `tid`;
+their host process is found through the CUPTI correlation id of the launching API call.
+A Chrome trace written by `jax.profiler` (process names like `/device:GPU:0`) is handed to
+the JAX reader.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from gpudiag.devices import fill_from_compute_capability, vendor_of
+from gpudiag.errors import InputError
+from gpudiag.intervals import nesting_depth
+from gpudiag.readers.chrome.structs import Document, decode, integers, take, too_deep, triple
+from gpudiag.readers.files import read_bytes
+from gpudiag.readers.kineto import collectives as kineto_collectives
+from gpudiag.readers.kineto import repair as kineto_repair
+from gpudiag.readers.kineto.events import (
+    GROUP_IDS,
+    GROUPS,
+    ArgColumns,
+    Events,
+    device_of,
+    external_id,
+    stream_of,
+)
+from gpudiag.trace import Trace
+
+SYNC_KINDS = {
+    "Event Sync": "event", "Stream Sync": "stream", "Context Sync": "context",
+    "Stream Wait Event": "stream_wait", "Device Sync": "device",
+}
+MEM_WORDS = {
+    "Pageable": "pageable", "Pinned": "pinned", "Device": "device", "Managed": "managed",
+    "Array": "array", "Host": "unknown", "Unknown": "unknown",
+}
+COPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
+COPY_PATTERN = r"Memcpy (?P<kind>\w+) \((?P<src>[\w ]+) -> (?P<dst>[\w ]+)\)"
+MEMSET_PATTERN = r"Memset \((?P<dst>[\w ]+)\)"
+RANGE_SOURCES = {"op": "torch_op", "annotation": "annotation", "python": "python",
+                 "gpu_annotation": "gpu_annotation"}
+KINETO_GROUPS = tuple(dict.fromkeys(GROUPS.values()))
+#: the largest rank or world size believed (a header value past it is ignored and counted)
+MAX_RANK = 2**31 - 1
+RANGE_SOURCE_BY_ID = np.array(
+    [RANGE_SOURCES.get(g) for g in GROUP_IDS], dtype=object)
+
+
+def read(path: Path) -> Trace:
+    """Read a Kineto (or JAX Perfetto) Chrome trace into a Trace.
+
+    A trace that is invalid JSON only because Kineto left bare quotes in event names
+    (`kineto_repair`) is read from a repaired copy, and the repair is counted.
+    """
+    with gc_paused():
+        try:
+            return _read(path)
+        except RecursionError:  # msgspec (or pandas on the values) recursing into a nesting
+            raise too_deep(path) from None
+        except InputError as exc:
+            if "is not valid JSON" not in str(exc):
+                raise
+            fixed, lines = kineto_repair.escape_bare_quotes(read_bytes(path))
+            if not lines:
+                raise
+            original = exc
+        with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
+            copy = Path(tmp) / path.name.removesuffix(".gz")
+            copy.write_bytes(fixed)
+            try:
+                trace = _read(copy)
+            except InputError:  # broken in other ways too: the error names the user's file
+                raise original from None
+        trace.warn("event names with unescaped quotes repaired (Kineto writes them so)", lines)
+        return trace
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a trace is read: the reader builds hundreds of
+    thousands of short-lived objects without cycles, and the collector's passes over them
+    cost a few percent of the load for nothing."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _read(path: Path) -> Trace:
+    ev = Events(path)
+    if _is_jax_trace(ev):
+        from gpudiag.readers.xplane.reader import from_perfetto
+
+        return from_perfetto(path, decode(path))
+    doc = ev.header
+    api = _api(ev)
+    calls = Calls(api)
+    host_pid = _host_pid_fallback(ev)
+    trace = Trace(
+        meta=_meta(doc, ev),
+        devices=_devices(doc),
+        copies=_join_host(_copies(ev), calls, host_pid),
+        api=api,
+        syncs=_join_host(_syncs(ev), calls, host_pid),
+        ranges=_ranges(ev),
+        memory=_memory(ev),
+    )
+    kernel_idx = ev.where("kernel")
+    trace.kernels = _join_host(_kernels(ev, kernel_idx, ev.args(kernel_idx)), calls, host_pid)
+    trace.collectives = kineto_collectives.collectives(ev, trace.kernels, kernel_idx, calls)
+    trace.warn("events with negative duration clipped to 0", ev.negative_dur)
+    trace.warn("events without a timestamp skipped", int((~ev.valid_ts).sum()))
+    trace.warn("implausible baseTimeNanoseconds ignored", int(ev.bad_base))
+    trace.warn("events with an implausible duration (not a number, or over "
+               "GPUDIAG_MAX_EVENT_SECONDS, 1 day) dropped", int(ev.bad_dur.sum()))
+    trace.warn("pid or tid values too large for an id (over 2**53) ignored", ev.huge_ids)
+    dist = doc.distributedInfo or {}
+    trace.warn("implausible distributedInfo rank or world_size ignored", sum(
+        dist.get(k) is not None and trace.meta[k] is None for k in ("rank", "world_size")))
+    return trace
+
+
+def _is_jax_trace(ev: Events) -> bool:
+    """A Chrome trace from jax.profiler: no Kineto categories, XLA plane process names."""
+    if len(ev.where(*KINETO_GROUPS)):
+        return False
+    return any(v.startswith(("/device:", "/host:")) for v in ev.labels())
+
+
+def _host_pid_fallback(ev: Events) -> int | None:
+    """The host pid, when the trace has exactly one process with host (CPU) events."""
+    host = ev.where("runtime", "driver", "op", "annotation", "python")
+    pids = np.unique(ev.pid[host][np.isfinite(ev.pid[host])])
+    return int(pids[0]) if len(pids) == 1 else None
+
+
+class Calls:
+    """The API calls of a trace, looked up by CUPTI correlation id (one sort, then searches)."""
+
+    def __init__(self, api: pd.DataFrame) -> None:
+        calls = api.dropna(subset=["correlation"]).drop_duplicates("correlation")
+        keys = calls["correlation"].to_numpy(dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]
+        self.columns = {
+            col: calls[col].to_numpy(dtype=np.float64, na_value=np.nan)[order]
+            for col in ("pid", "tid", "start_ns")
+        }
+
+    def lookup(self, correlation: pd.Series, col: str) -> np.ndarray:
+        """`col` (pid, tid or start_ns) of the call with each correlation id; NaN if none."""
+        wanted = correlation.to_numpy(dtype=np.float64, na_value=np.nan)
+        if not len(self.keys):
+            return np.full(len(wanted), np.nan)
+        known = np.isfinite(wanted)
+        pos = np.minimum(np.searchsorted(self.keys, np.where(known, wanted, 0).astype(np.int64)),
+                         len(self.keys) - 1)
+        found = known & (self.keys[pos] == wanted)
+        return np.where(found, self.columns[col][pos], np.nan)
+
+
+def _join_host(frame: pd.DataFrame | None, calls: Calls,
+               fallback: int | None) -> pd.DataFrame | None:
+    """Fill `pid` (and `tid` when present) from the API call with the same correlation id."""
+    if frame is None:
+        return None
+    for col in ("pid", "tid") if "tid" in frame.columns else ("pid",):
+        frame[col] = integers(calls.lookup(frame["correlation"], col))
+    if fallback is not None:
+        frame["pid"] = frame["pid"].fillna(fallback)
+    return frame
+
+
+def _kernels(ev: Events, idx: np.ndarray, args: ArgColumns) -> pd.DataFrame | None:
+    if not len(idx):
+        return None
+    grid = triple(args.values("grid"))
+    block = triple(args.values("block"))
+    return pd.DataFrame({
+        **ev.times(idx),
+        "name": ev.names(idx),
+        "device": device_of(ev, idx, args),
+        "stream": stream_of(ev, idx, args),
+        "correlation": args.num("correlation"),
+        "external_id": external_id(args),
+        "kernel_id": np.arange(len(idx), dtype=np.int64),
+        "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
+        "block_x": block[0], "block_y": block[1], "block_z": block[2],
+        "regs_per_thread": args.num("regs"),
+        "smem_bytes": args.num("smem"),
+    })
+
+
+def _copies(ev: Events) -> pd.DataFrame | None:
+    idx = ev.where("memcpy", "memset")
+    if not len(idx):
+        return None
+    args = ev.args(idx)
+    names = ev.names(idx)
+    is_set = ev.is_group(idx, "memset")
+    copy = _parse_names(names, COPY_PATTERN)
+    memset = _parse_names(names, MEMSET_PATTERN)
+    kind = copy["kind"].fillna(pd.Series(args.values("kind"), dtype=object))
+    kind = kind.where(kind.isin(COPY_KINDS), "other").mask(is_set, "memset")
+    frame = pd.DataFrame({
+        **ev.times(idx),
+        "device": device_of(ev, idx, args),
+        "stream": stream_of(ev, idx, args),
+        "kind": pd.Categorical(kind.to_numpy()),
+        "bytes": args.num("bytes"),
+        "src_mem": pd.Categorical(copy["src"].map(MEM_WORDS).mask(is_set).to_numpy()),
+        "dst_mem": pd.Categorical(copy["dst"].fillna(memset["dst"]).map(MEM_WORDS).to_numpy()),
+        "correlation": args.num("correlation"),
+        "external_id": external_id(args),
+    })
+    frame["host_mem"] = host_memory(frame)
+    return frame
+
+
+def host_memory(copies: pd.DataFrame) -> pd.Series:
+    """Pageable or pinned: the host side of each HtoD / DtoH copy (NA otherwise)."""
+    src = copies["src_mem"].astype(object)
+    dst = copies["dst_mem"].astype(object)
+    host = pd.Series(None, index=copies.index, dtype=object)
+    host = host.mask(copies["kind"] == "HtoD", src).mask(copies["kind"] == "DtoH", dst)
+    return pd.Series(pd.Categorical(host.where(host.isin(["pageable", "pinned"])).to_numpy()))
+
+
+def _parse_names(names: pd.Series, pattern: str) -> pd.DataFrame:
+    """Regex fields of each name, computed once per distinct name."""
+    cats = pd.Series(names.cat.categories, dtype=object)
+    fields = cats.str.extract(pattern).astype(object)
+    fields.loc[len(fields)] = None  # row for code -1 (no name)
+    return fields.iloc[names.cat.codes.to_numpy()].reset_index(drop=True)
+
+
+def _api(ev: Events) -> pd.DataFrame:
+    idx = ev.where("runtime", "driver")
+    args = ev.args(idx)
+    return pd.DataFrame({
+        **ev.times(idx),
+        **ev.host(idx),
+        "name": ev.names(idx),
+        "kind": pd.Categorical.from_codes(ev.is_group(idx, "driver").astype(np.int8),
+                                          categories=["runtime", "driver"]),
+        "correlation": args.num("correlation"),
+        "external_id": external_id(args),
+    })
+
+
+def _syncs(ev: Events) -> pd.DataFrame | None:
+    idx = ev.where("sync")
+    if not len(idx):
+        return None
+    args = ev.args(idx)
+    labels = pd.Series(args.values("sync_kind"), dtype=object).fillna(
+        pd.Series(ev.name_values(idx), dtype=object)
+    )
+    stream = args.num("stream")
+    event_id = args.num("wait_event")
+    return pd.DataFrame({
+        **ev.times(idx),
+        "device": device_of(ev, idx, args),
+        "stream": stream.where(stream >= 0),
+        "kind": pd.Categorical(labels.map(SYNC_KINDS).fillna("unknown").to_numpy()),
+        "correlation": args.num("correlation"),
+        "event_id": event_id.where(event_id >= 0),
+        "tid": pd.array([pd.NA] * len(idx), dtype="Int64"),
+    })
+
+
+def _ranges(ev: Events) -> pd.DataFrame | None:
+    idx = ev.where(*RANGE_SOURCES)
+    if not len(idx):
+        return None
+    on_gpu = ev.is_group(idx, "gpu_annotation")
+    args = ev.args(idx)
+    names = ev.names(idx)
+    source = pd.Series(RANGE_SOURCE_BY_ID[ev.group_code[idx]], dtype=object)
+    step_names = pd.Series(names.cat.categories, dtype=object).str.startswith("ProfilerStep#")
+    is_step = take(step_names.to_numpy(dtype=bool), names.cat.codes.to_numpy(), False)
+    source = source.mask(ev.is_group(idx, "annotation") & is_step, "step")
+    pid, tid = ev.pids(idx), ev.tids(idx)
+    frame = pd.DataFrame({
+        "pid": pid.mask(on_gpu), "tid": tid.mask(on_gpu),
+        "device": device_of(ev, idx, args).where(on_gpu), "stream": tid.where(on_gpu),
+        **ev.times(idx),
+        "name": names, "source": pd.Categorical(source.to_numpy()),
+        "external_id": external_id(args),
+    })
+    frame["depth"] = nesting_depth(_lanes(ev.pid[idx], ev.tid[idx], on_gpu),
+                                   frame["start_ns"], frame["end_ns"])
+    return frame
+
+
+def _lanes(pid: np.ndarray, tid: np.ndarray, on_gpu: np.ndarray) -> np.ndarray:
+    """One int64 id per (pid, tid, on GPU) lane (a thread or a stream), NaN ids equal; from two
+    hash factorizations (a DataFrame groupby cost 2 ms even on one row)."""
+    pid_code, _ = pd.factorize(pid, use_na_sentinel=False)
+    tid_code, tids = pd.factorize(tid, use_na_sentinel=False)
+    return (pid_code.astype(np.int64) * len(tids) + tid_code) * 2 + np.asarray(on_gpu, bool)
+
+
+def _memory(ev: Events) -> pd.DataFrame | None:
+    idx = ev.where("memory")
+    if not len(idx):
+        return None
+    args = ev.args(idx)
+    signed = args.num("mem_bytes")
+    device_type = args.num("device_type")
+    return pd.DataFrame({
+        "pid": ev.pids(idx),
+        "device": args.num("device_id").where(device_type != 0, -1),
+        "ts_ns": ev.start[idx],
+        "action": pd.Categorical.from_codes((signed < 0).fillna(False).to_numpy().astype(np.int8),
+                                            categories=["alloc", "free"]),
+        "addr": args.num("addr"),
+        "bytes": signed.abs(),
+        "delta_bytes": signed,
+        "total_allocated_bytes": args.num("total_allocated"),
+        "total_reserved_bytes": args.num("total_reserved"),
+    })
+
+
+_DEVICE_KEYS = {
+    "device": "id", "name": "name", "sm_count": "numSms", "cc_major": "computeMajor",
+    "cc_minor": "computeMinor", "max_threads_per_sm": "maxThreadsPerMultiprocessor",
+    "max_threads_per_block": "maxThreadsPerBlock", "regs_per_sm": "regsPerMultiprocessor",
+    "regs_per_block": "regsPerBlock", "smem_per_sm_bytes": "sharedMemPerMultiprocessor",
+    "smem_per_block_bytes": "sharedMemPerBlock",
+    "smem_per_block_optin_bytes": "sharedMemPerBlockOptin", "warp_size": "warpSize",
+    "mem_bytes": "totalGlobalMem",
+}
+
+
+def _devices(doc: Document) -> pd.DataFrame | None:
+    """The devices table; the ranks of one job share their deviceProperties, so a folder of
+    them builds it once (building it cost 12 ms, a quarter of reading a tiny trace)."""
+    props = [p for p in (doc.deviceProperties or []) if isinstance(p, dict)]
+    if not props:
+        return None
+    try:
+        key = msgspec.json.encode(props)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        return _build_devices(props)
+    return _devices_of(key).copy()
+
+
+@functools.lru_cache(maxsize=16)
+def _devices_of(key: bytes) -> pd.DataFrame:
+    return _build_devices(msgspec.json.decode(key))
+
+
+def _build_devices(props: list[dict[str, Any]]) -> pd.DataFrame:
+    columns = {col: [p.get(key) for p in props] for col, key in _DEVICE_KEYS.items()}
+    amd_smem = [p.get("maxSharedMemoryPerMultiProcessor") for p in props]
+    nvidia_smem = columns["smem_per_sm_bytes"]
+    columns["smem_per_sm_bytes"] = [
+        a if a is not None else b for a, b in zip(nvidia_smem, amd_smem, strict=True)
+    ]
+    columns["name"] = [None if v is None else str(v) for v in columns["name"]]
+    frame = pd.DataFrame({
+        col: values if col == "name" else integers(values) for col, values in columns.items()
+    })
+    frame["vendor"] = [vendor_of(v) for v in columns["name"]]
+    frame = frame.dropna(subset=["device"])
+    return fill_from_compute_capability(frame)
+
+
+def _meta(doc: Document, ev: Events) -> dict[str, Any]:
+    dist = doc.distributedInfo or {}
+    versions = {
+        "kineto_schema": doc.schemaVersion, "cupti": doc.cupti_version,
+        "cuda_runtime": doc.cuda_runtime_version, "cuda_driver": doc.cuda_driver_version,
+    }
+    api_names = pd.Series(ev.name_values(ev.where("runtime")[:50]), dtype=object)
+    vendors = {vendor_of(str(p.get("name", ""))) for p in (doc.deviceProperties or [])}
+    hip = bool(api_names.astype(str).str.startswith("hip").any())
+    return {
+        "format": "kineto",
+        "rank": _whole(dist.get("rank")),
+        "world_size": _whole(dist.get("world_size")),
+        "backend": dist.get("backend") if isinstance(dist.get("backend"), str) else None,
+        "tool_versions": {k: v for k, v in versions.items() if v is not None},
+        "vendor": "amd" if hip or vendors == {"amd"} else "nvidia" if "nvidia" in vendors
+        else "unknown",
+        "base_time_ns": 0 if ev.bad_base else int(doc.baseTimeNanoseconds or 0),
+        "trace_name": doc.traceName if isinstance(doc.traceName, str) else None,
+        "timeline": True,
+    }
+
+
+def _whole(value: Any) -> int | None:
+    """An integer from the trace header, or None when it is absent, not a whole number or
+    beyond MAX_RANK."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not -MAX_RANK <= value <= MAX_RANK:  # 1e300 or 2**70: no process group is that big
+        return None
+    return int(value) if float(value).is_integer() else None

@@ -1,0 +1,271 @@
+"""Gather a run directory into one Trace: every process, every collector, every sampler.
+
+    trace = merge_run(Path("gpudiag-runs/20261202T101500Z-train"))
+    trace.meta["processes"]          # pid, host, rank, collectors of every Python process
+
+The layout `gpudiag profile` writes, and what is read from it:
+
+    <run>/meta.json                       the session (command, options, exit status)
+    <run>/procs/<host>-<pid>[-rank<R>]/   one Python process: host markers (a Trace dir)
+        <plugin>/chunk-NNNNNN/            a plugin's periodic output (Trace dirs: cupti, nccl)
+        <plugin>/*.pt.trace.json, *.pickle, *.xplane.pb   files gpudiag.load reads (torch, jax)
+    <run>/nvml/chunk-NNNNNN/              the parent's NVML samples (nvml_sampler.load_samples)
+    extra files                           an external tool's result (nsys .sqlite, .ncu-rep)
+
+Every part of a process takes the process's rank when its own source names none, so a
+Kineto segment recorded before `init_process_group` still lands on its rank.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpudiag.collectors.nvml.sampler import load_samples
+from gpudiag.errors import InputError
+from gpudiag.readers.registry import read_path, readable_files
+from gpudiag.schema import TABLE_NAMES
+from gpudiag.trace import Trace, check_meta, is_trace_dir, load_json, merge
+from gpudiag.trace_meta import RUN
+
+log = logging.getLogger(__name__)
+
+
+def is_run_dir(path: Path) -> bool:
+    """A `gpudiag profile` run directory: its meta.json beside `procs/`."""
+    return (path / "meta.json").is_file() and (path / "procs").is_dir()
+
+
+def load_run(run_dir: Path) -> Trace:
+    """A run directory's Trace: its merged `<run>/trace/`, or merged now if the session
+    never did (killed before its merge, or interrupted during it).
+
+    Reading never writes outside what gpudiag owns: a `trace` that is a symlink is neither
+    read nor written through; the merge caches `<run>/trace/` only into a directory it
+    creates (`gather.write_cache`), keeps the Trace in memory where the run directory is
+    read-only, and leaves the raw segments uncompressed.
+    """
+    cache = run_dir / "trace"
+    if not cache.is_symlink() and is_trace_dir(cache):
+        return Trace.load_dir(cache)
+    file = run_dir / "meta.json"
+    try:
+        run_meta = load_json(file)
+    except (OSError, ValueError) as exc:
+        raise InputError(file, "unreadable run meta.json", "the run directory is damaged") \
+            from exc
+    problem = RUN(run_meta)
+    if problem is not None:
+        raise InputError(file, f"run meta.json {problem.lstrip('.')}",
+                         "the run directory is damaged")
+    trace = merge_run(run_dir, compress=False)
+    check_meta(trace.meta, file)
+    return trace
+
+
+def merge_run(run_dir: Path, extra: Sequence[Path] = (), *, compress: bool = True) -> Trace:
+    """Merge everything under `run_dir` (and the `extra` result files) into `<run>/trace/`.
+
+    Process directories that never got a whole meta.json (killed before the first flush)
+    are skipped and counted in `meta["warnings"]`; a collector file that cannot be read is
+    named in `meta["unreadable"]` and the rest still merges. A run without any Python
+    process gives an empty Trace that still carries the run meta.
+
+    `<run>/trace/` is a cache that gpudiag owns (`write_cache`): written into a directory
+    it creates, never through a symlink, and skipped (the Trace is still returned) where
+    the run directory is read-only or `trace` is not gpudiag's. `compress=False` (reading
+    someone's run directory) leaves the raw segments as they are.
+    """
+    run_dir = Path(run_dir)
+    procs = sorted(p for p in (run_dir / "procs").glob("*") if p.is_dir())
+    hosts = [_host_part(p) for p in procs if is_trace_dir(p)]
+    unreadable: list[str] = []
+    parts: list[Trace] = []
+    for proc, host in zip((p for p in procs if is_trace_dir(p)), hosts, strict=True):
+        parts.append(host)
+        process = host.meta.setdefault("process", {})
+        own = process.get("gpudiag_thread_ids") or []
+        collected = _collector_parts(proc, unreadable)
+        for part in collected:
+            _adopt_rank(part, host.meta.get("rank"))
+            _drop_threads(part, process.get("pid"), own)
+            parts.append(part)
+        process["data"] = bool(collected) or not set(process.get("collectors", [])) - {"host"}
+    nvml = load_samples(run_dir / "nvml")
+    parts += [nvml] if nvml is not None else []
+    parts += _read_files(list(extra), unreadable)
+    trace = merge(parts) if parts else Trace()
+    run_info = json.loads((run_dir / "meta.json").read_text())
+    trace.meta.update(
+        run=run_info, command=run_info.get("command"),
+        backend=(run_info.get("options") or {}).get("backend") or run_info.get("backend"),
+        processes=[h.meta.get("process", {}) for h in hosts],
+        hosts=sorted({h.meta.get("process", {}).get("host", "") for h in hosts} - {""}),
+        ranks=sorted({h.meta["rank"] for h in hosts if h.meta.get("rank") is not None}),
+    )
+    if nvml is not None:
+        trace.meta["nvml"] = nvml.meta.get("nvml", {})
+    trace.warn("process directories without output (killed before the first flush)",
+               len(procs) - len(hosts))
+    if unreadable:
+        trace.meta["unreadable"] = unreadable
+        trace.warn("collector outputs that could not be read (meta unreadable)",
+                   len(unreadable))
+    if not write_cache(trace, run_dir):
+        trace.warn("merged trace not saved as <run>/trace (the run directory is read-only, "
+                   "or its trace is a link or not gpudiag's): merged again on each read")
+    if compress:
+        compress_segments(run_dir)
+    return trace
+
+
+#: what `Trace.save` writes: the only entries a stale `<run>/trace/` may hold to be replaced
+_CACHE_FILES = frozenset({"meta.json", *(f"{name}.parquet" for name in TABLE_NAMES)})
+
+
+def write_cache(trace: Trace, run_dir: Path) -> bool:
+    """Save `trace` as `<run>/trace/`; False (nothing written) where that is not safe.
+
+    The tables go into a fresh directory made by `mkdtemp` (never an existing path, so
+    never through a symlink), renamed into place. An existing `trace` is replaced only
+    when it is a real directory holding nothing but files `Trace.save` writes (a merge
+    interrupted midway); a symlink, a file or a folder with anything else is left alone.
+    """
+    target = run_dir / "trace"
+    if target.is_symlink() or (target.exists() and not _own_cache(target)):
+        log.debug("write_cache: %s is not gpudiag's cache: not written", target)
+        return False
+    try:
+        fresh = Path(tempfile.mkdtemp(prefix=".trace-", dir=run_dir))
+    except OSError as exc:  # a read-only run directory is read, not written
+        log.debug("write_cache: %s: %s", run_dir, exc)
+        return False
+    try:
+        trace.save(fresh)
+        if target.exists() and not target.is_symlink():
+            for entry in target.iterdir():
+                entry.unlink()
+            target.rmdir()
+        os.rename(fresh, target)  # fails (kept out) if `trace` appeared meanwhile
+    except OSError as exc:
+        log.debug("write_cache: %s: %s", target, exc)
+        shutil.rmtree(fresh, ignore_errors=True)
+        return False
+    return True
+
+
+def _own_cache(path: Path) -> bool:
+    """A real directory of regular files that `Trace.save` names (no links, no folders)."""
+    if not path.is_dir():
+        return False
+    try:
+        return all(e.name in _CACHE_FILES and e.is_file(follow_symlinks=False)
+                   for e in os.scandir(path))
+    except OSError:
+        return False
+
+
+def compress_segments(run_dir: Path) -> list[Path]:
+    """Gzip the raw torch.profiler segments once merged (JSON compresses ~20x; every reader,
+    Perfetto and HTA included, reads them gzipped); the compressed paths."""
+    done = []
+    for raw in sorted(Path(run_dir).glob("procs/*/torch/segment-*.pt.trace.json")):
+        packed = raw.with_name(raw.name + ".gz")
+        tmp = packed.with_name(f".{packed.name}.tmp")
+        try:
+            with raw.open("rb") as source, gzip.open(tmp, "wb", compresslevel=3) as sink:
+                shutil.copyfileobj(source, sink, 1 << 20)
+            os.replace(tmp, packed)
+            raw.unlink()
+        except OSError as exc:  # a full or read-only disk keeps the raw file: nothing lost
+            log.debug("compress_segments: %s: %s", raw, exc)
+            tmp.unlink(missing_ok=True)
+            continue
+        done.append(packed)
+    return done
+
+
+def _drop_threads(part: Trace, pid: Any, tids: list[int]) -> None:
+    """Leave out the events of gpudiag's own threads (its flush thread, window timers): the
+    torch profiler's Python tracer records every thread, and they are not the program's."""
+    if not tids or pid is None or not len(part.ranges):
+        return
+    ranges = part.ranges
+    own = ranges["tid"].isin(tids).fillna(False) & (ranges["pid"].fillna(pid) == pid)
+    if own.any():
+        part.ranges = ranges[~own.to_numpy(bool)].reset_index(drop=True)
+        part.warn("events of gpudiag's own threads left out", int(own.sum()))
+
+
+
+
+#: the bootstrap's sealed marker chunks, part of the process's own (host) Trace
+MARKERS = "markers"
+
+
+def _host_part(proc: Path) -> Trace:
+    """A process's host Trace: the open markers plus every sealed chunk, each row once.
+
+    A kill between sealing a chunk and clearing the open tail leaves rows in both, so
+    duplicates (same thread, times, name and source) are dropped.
+    """
+    host = Trace.load_dir(proc)
+    chunks = [c for c in sorted((proc / MARKERS).glob("chunk-*")) if is_trace_dir(c)]
+    if chunks:
+        frames = [Trace.load_dir(c).ranges for c in chunks] + [host.ranges]
+        ranges = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
+        key = ["pid", "tid", "start_ns", "end_ns", "name", "source"]
+        host.ranges = ranges.drop_duplicates(key, ignore_index=True)
+    return host
+
+
+def _collector_parts(proc: Path, unreadable: list[str]) -> list[Trace]:
+    """Each plugin folder's Trace chunks and readable files (markers belong to the host)."""
+    folders = sorted(p for p in proc.iterdir() if p.is_dir() and p.name != MARKERS)
+    parts: list[Trace] = []
+    for folder in folders:
+        entries = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+        for chunk in (p for p in entries if p.is_dir() and is_trace_dir(p)):
+            parts.append(Trace.load_dir(chunk))
+        parts += _read_files(_files_below(folder), unreadable)
+    return parts
+
+
+def _files_below(folder: Path) -> list[Path]:
+    """Collector files under `folder`, outside Trace dirs (jax nests its xplane files)."""
+    found: list[Path] = []
+    for path in sorted(folder.rglob("*")):
+        between = path.relative_to(folder).parents  # folder-relative dirs holding the file
+        if path.is_file() and not path.name.startswith(".") and not any(
+            str(rel) != "." and is_trace_dir(folder / rel) for rel in between
+        ):
+            found.append(path)
+    return found
+
+
+def _read_files(paths: Iterable[Path], unreadable: list[str]) -> list[Trace]:
+    """Each profile file read once (jax's JSON beside its XSpace is the same run)."""
+    parts = []
+    for path, reader in readable_files(list(paths), unreadable):
+        try:
+            parts.append(read_path(path, reader))
+        except InputError as exc:  # one bad file must not lose the others
+            log.debug("merge_run: %s", exc)
+            unreadable.append(str(exc))
+    return parts
+
+
+def _adopt_rank(part: Trace, rank: Any) -> None:
+    """A collector part without its own rank belongs to its process's rank."""
+    if rank is not None and part.meta.get("rank") is None:
+        part.meta["rank"] = rank
+        part.fill_rank()

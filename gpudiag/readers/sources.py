@@ -1,0 +1,83 @@
+"""`gpudiag.load`: any supported file, directory or list of them into one Trace.
+
+The format is recognized from the content (gzip is looked through), so a Kineto trace named
+`.txt` or an nsys export without `.sqlite` still loads. A directory is either a saved trace /
+run directory, or a folder of profiles (one per rank or process) that are merged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from gpudiag.errors import InputError
+from gpudiag.readers.files import at_most_files
+from gpudiag.readers.registry import Reader, read_path, readable_files, supported
+from gpudiag.readers.run_dir import is_run_dir, load_run
+from gpudiag.trace import Trace, is_trace_dir, merge
+
+PathLike = str | os.PathLike[str]
+Progress = Callable[[str], None]
+
+def load(paths: PathLike | Sequence[PathLike], *, progress: Progress | None = None) -> Trace:
+    """Read one or more profiles into a Trace (several are merged, keeping pid and rank).
+
+        trace = gpudiag.load("rank0.pt.trace.json.gz")
+        trace = gpudiag.load(["rank0.json.gz", "rank1.json.gz"])   # or the folder holding them
+        trace = gpudiag.load("report.ncu-rep")
+
+    `progress`, if given, is called with a short message before each file is read.
+    """
+    items = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    if not items:
+        raise InputError(None, "no input path given", "pass a profile file or directory")
+    jobs: list[tuple[Path, Reader | None]] = []
+    skipped: list[str] = []
+    for item in items:
+        jobs += _expand(Path(item), skipped)
+    traces = []
+    for path, reader in jobs:
+        if progress is not None:
+            progress(f"reading {path.name}" + (f" ({reader.name})" if reader else ""))
+        traces.append(read_file(path, reader))
+    trace = merge(traces)
+    if skipped:  # files in a folder that no reader accepts: said, never silently dropped
+        trace.meta["skipped"] = skipped
+        trace.warn("files in the folder that are not a profile gpudiag reads (meta skipped)",
+                   len(skipped))
+    return trace
+
+
+def read_file(path: Path, reader: Reader | None = None) -> Trace:
+    """Read one file, saved trace directory or run directory."""
+    if path.is_dir():
+        return load_run(path) if is_run_dir(path) and not is_trace_dir(path) \
+            else Trace.load_dir(path)
+    return read_path(path, reader)
+
+
+def _expand(path: Path, skipped: list[str]) -> list[tuple[Path, Reader | None]]:
+    if not path.exists():
+        raise InputError(path, "does not exist", "check the path")
+    if not path.is_dir():  # a file, or a FIFO/device that detect() refuses before it blocks
+        return [(path, None)]
+    if is_trace_dir(path):
+        return [(path, None)]
+    if is_run_dir(path):
+        return [(path, None)]  # read_file: load_run
+    found = readable_files(sorted(at_most_files(path, _walk(path))), skipped)
+    if not found:
+        raise InputError(
+            path, "is a directory with no profile gpudiag can read",
+            f"point at a file or a folder holding them; supported: {supported()}",
+        )
+    return found
+
+
+def _walk(root: Path) -> Iterable[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            if not name.startswith("."):
+                yield Path(dirpath) / name
