@@ -1,10 +1,14 @@
-"""Short display forms of C++ kernel names.
+"""Display names: short forms of C++ kernel names, and the user's frame of a Python stack.
 
 `void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>,
 at::detail::Array<char*, 1> >(int, ...)` is shown as
 `vectorized_elementwise_kernel<4, FillFunctor<float>, Array<char*, 1>>`: no return type, no
 parameter list, no namespaces. Tables and figures show the short form; the full name stays in
 the data, on hover and in exports.
+
+A Python stack (a call site, an allocation's frames) is shown by its user frame: frames in
+library files (torch, numpy, jax, site-packages, the standard library) are passed over, so a
+finding points at a line the user can change rather than at the framework's.
 """
 
 from __future__ import annotations
@@ -84,3 +88,27 @@ def _dedupe(values: list[str]) -> list[str]:
         seen[value] = count
         out.append(value if count == 1 else f"{value} #{count}")
     return out
+
+
+#: Python frames from these top-level packages are library code, not the user's call site
+LIBRARY_ROOTS = (
+    "torch", "torchvision", "torchaudio", "triton", "numpy", "jax", "jaxlib", "flax", "optax",
+    "functools", "contextlib", "logging", "threading", "typing", "importlib", "abc", "copy",
+    "collections", "enum", "inspect", "weakref", "warnings", "site-packages", "dist-packages",
+    "multiprocessing", "queue", "selectors", "socket", "traceback", "os", "posixpath",
+)
+PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
+LIBRARY_FILE = re.compile(r"(^|/)(" + "|".join(re.escape(r) for r in LIBRARY_ROOTS) + r")(/|\.py)"
+                      r"|^<|/lib/python3|/usr/lib/")
+
+
+def frame_label(name: str) -> str:
+    """Kineto's `file.py(42): func` as `file.py:42 (func)`; other names unchanged."""
+    m = PY_FRAME.match(name)
+    return f"{m['file']}:{m['line']} ({m['func']})" if m else name
+
+
+def is_user_frame(name: str) -> bool:
+    """A Python frame (`file.py(42): func`) outside the libraries: a line the user can change."""
+    m = PY_FRAME.match(name)
+    return m is not None and not LIBRARY_FILE.search(m["file"])

@@ -123,6 +123,16 @@ _EMPTY: dict[str, pd.DataFrame] = {}
 NO_CATEGORIES = pd.Index([], dtype=str)
 
 
+#: nanoseconds per time unit, in the spellings ncu has used across versions (the `metrics`
+#: table keeps ncu's own unit; readers and analyzers convert through this one table)
+NS_PER_UNIT: dict[str, float] = {
+    "ns": 1.0, "nsecond": 1.0, "nanosecond": 1.0,
+    "us": 1e3, "usecond": 1e3, "microsecond": 1e3,
+    "ms": 1e6, "msecond": 1e6, "millisecond": 1e6,
+    "s": 1e9, "second": 1e9,
+}
+
+
 def _conforms(series: pd.Series, col: Column) -> bool:
     """True when `series` already has the column's dtype (and declared categories)."""
     if str(series.dtype) != col.dtype:

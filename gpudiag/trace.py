@@ -1,6 +1,6 @@
 """The Trace: every source normalized into the same pandas tables.
 
-Readers (gpudiag/collectors/) fill a Trace; analyzers only read it. The tables and their
+Readers (gpudiag/readers/) fill a Trace; analyzers only read it. The tables and their
 columns are declared in `gpudiag.schema`; a Trace always carries all of them, empty when the
 source has none of that kind, so code never checks whether a table exists.
 

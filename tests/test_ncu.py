@@ -28,6 +28,7 @@ from gpudiag.readers.ncu.metrics import (
     metric_value,
     peak_bandwidth,
 )
+from gpudiag.readers.ncu.native import NativeStderr
 from gpudiag.trace import Trace
 from tests.conftest import ROOT, fixture, fixtures
 
@@ -297,7 +298,7 @@ def test_bad_report_is_one_line_and_exit_status_2_on_the_cli(kind: str, tmp_path
 
 def test_native_stderr_is_captured_and_stripped_of_absl_prefixes(
         capfd: pytest.CaptureFixture[str]) -> None:
-    with ncu.NativeStderr() as native:
+    with NativeStderr() as native:
         os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are "
                     b"written to STDERR\n")
         os.write(2, b"E0000 00:00:1796241075.474318   10826 message_lite.cc:195] Can't parse\n")

@@ -14,36 +14,13 @@ found with one `searchsorted` per depth level, never a loop per event.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
 from gpudiag.analyzers import keys
+from gpudiag.names import frame_label, is_user_frame
 from gpudiag.trace import Trace
-
-#: Python frames from these top-level packages are library code, not the user's call site
-LIBRARY_ROOTS = (
-    "torch", "torchvision", "torchaudio", "triton", "numpy", "jax", "jaxlib", "flax", "optax",
-    "functools", "contextlib", "logging", "threading", "typing", "importlib", "abc", "copy",
-    "collections", "enum", "inspect", "weakref", "warnings", "site-packages", "dist-packages",
-    "multiprocessing", "queue", "selectors", "socket", "traceback", "os", "posixpath",
-)
-_PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
-_LIBRARY = re.compile(r"(^|/)(" + "|".join(re.escape(r) for r in LIBRARY_ROOTS) + r")(/|\.py)"
-                      r"|^<|/lib/python3|/usr/lib/")
-
-
-def frame_label(name: str) -> str:
-    """Kineto's `file.py(42): func` as `file.py:42 (func)`; other names unchanged."""
-    m = _PY_FRAME.match(name)
-    return f"{m['file']}:{m['line']} ({m['func']})" if m else name
-
-
-def is_user_frame(name: str) -> bool:
-    m = _PY_FRAME.match(name)
-    return m is not None and not _LIBRARY.search(m["file"])
 
 
 class _UserFrame:

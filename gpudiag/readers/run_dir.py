@@ -9,7 +9,7 @@ The layout `gpudiag profile` writes, and what is read from it:
     <run>/procs/<host>-<pid>[-rank<R>]/   one Python process: host markers (a Trace dir)
         <plugin>/chunk-NNNNNN/            a plugin's periodic output (Trace dirs: cupti, nccl)
         <plugin>/*.pt.trace.json, *.pickle, *.xplane.pb   files gpudiag.load reads (torch, jax)
-    <run>/nvml/chunk-NNNNNN/              the parent's NVML samples (nvml_sampler.load_samples)
+    <run>/nvml/chunk-NNNNNN/              the parent's NVML samples (load_samples)
     extra files                           an external tool's result (nsys .sqlite, .ncu-rep)
 
 Every part of a process takes the process's rank when its own source names none, so a
@@ -30,7 +30,6 @@ from typing import Any
 
 import pandas as pd
 
-from gpudiag.collectors.nvml.sampler import load_samples
 from gpudiag.errors import InputError
 from gpudiag.readers.registry import read_path, readable_files
 from gpudiag.schema import TABLE_NAMES
@@ -39,6 +38,9 @@ from gpudiag.trace_meta import RUN
 
 log = logging.getLogger(__name__)
 
+
+#: how often load_samples looks again for chunks replaced while it read
+LOAD_ROUNDS = 20
 
 def is_run_dir(path: Path) -> bool:
     """A `gpudiag profile` run directory: its meta.json beside `procs/`."""
@@ -269,3 +271,36 @@ def _adopt_rank(part: Trace, rank: Any) -> None:
     if rank is not None and part.meta.get("rank") is None:
         part.meta["rank"] = rank
         part.fill_rank()
+
+
+def load_samples(out_dir: Path) -> Trace | None:
+    """Every chunk under `out_dir` as one Trace (the meta of the newest), None without any.
+
+    A killed session may leave a hidden `.chunk-*.tmp` (half written: skipped) or two chunks
+    of one segment (their shared rows are kept once). Read while the sampler runs, a chunk
+    replaced under the reader is dropped and its successor read instead.
+    """
+    root = Path(out_dir)
+    loaded: dict[Path, Trace] = {}
+    for attempt in range(LOAD_ROUNDS):
+        fresh = [p for p in sorted(root.glob("chunk-*")) if p not in loaded and is_trace_dir(p)]
+        failed = False
+        for path in fresh:
+            try:
+                loaded[path] = Trace.load_dir(path)
+            except InputError:
+                if path.is_dir() and attempt == LOAD_ROUNDS - 1:
+                    raise  # damaged, not replaced
+                failed = True
+        gone = [path for path in loaded if not path.is_dir()]
+        for path in gone:
+            del loaded[path]
+        if not failed and not gone:
+            break
+    if not loaded:
+        return None
+    parts = [loaded[path] for path in sorted(loaded)]
+    trace = merge(parts)
+    samples = trace.samples.drop_duplicates(["device", "ts_ns", "metric"], ignore_index=True)
+    meta = {**parts[-1].meta, "chunks": len(parts)}
+    return Trace(meta=meta, **{**trace.tables(), "samples": samples})

@@ -29,7 +29,7 @@ import pandas as pd
 
 from gpudiag.analyzers import findings as fnd
 from gpudiag.names import short_names
-from gpudiag.readers.ncu.metrics import NS_PER_UNIT
+from gpudiag.schema import NS_PER_UNIT
 from gpudiag.trace import Trace
 
 #: column <- ncu metric names carrying it, first present wins. Where each name was seen:

@@ -188,7 +188,8 @@ TEXT = frozenset({"name", "domain"})
 INT64_MAX = np.iinfo(np.int64).max
 
 
-def _frame(rows: Mapping[int, Sequence[tuple[Any, ...]]], kinds: tuple[int, ...]) -> pd.DataFrame:
+def records_frame(rows: Mapping[int, Sequence[tuple[Any, ...]]], kinds: tuple[int, ...]
+                  ) -> pd.DataFrame:
     """The rows of `kinds` (one FIELDS layout) column by column, integers as exact Int64
     (never through float64, which would round epoch nanoseconds), plus `record_kind`."""
     fields = FIELDS[kinds[0]]
@@ -220,16 +221,16 @@ def _as_int(value: Any) -> int | None:
     return number if -INT64_MAX - 1 <= number <= INT64_MAX else None
 
 
-def _ids(column: pd.Series) -> pd.Series:
+def valid_ids(column: pd.Series) -> pd.Series:
     """CUPTI's 0xFFFFFFFF ('invalid id') as NA."""
     return column.mask(column == INVALID_ID)
 
 
-def _mapped(codes: pd.Series, table: Mapping[int, str], default: str) -> pd.Series:
+def mapped_names(codes: pd.Series, table: Mapping[int, str], default: str) -> pd.Series:
     return codes.astype(object).map(table).fillna(default).astype(object)
 
 
-def _renamed(names: pd.Series, rename: Callable[[str], str]) -> pd.Series:
+def renamed_names(names: pd.Series, rename: Callable[[str], str]) -> pd.Series:
     """A categorical of `rename(name)`, called once per distinct name (a trace repeats a
     few hundred names)."""
     codes, uniques = pd.factorize(names.to_numpy(dtype=object))

@@ -13,7 +13,7 @@ out. The window's pause/resume disable and re-enable the activity kinds.
 
 Python call sites: a runtime-API callback on the blocking calls only (cudaDeviceSynchronize,
 cudaStreamSynchronize, cudaEventSynchronize, synchronous cudaMemcpy...) notes the innermost
-user frames (library frames skipped as `analyzers/callsites.py` skips them) and emits them
+user frames (library frames skipped as `names.is_user_frame` skips them) and emits them
 as `ranges` rows with source "python" around the call, so a sync stall is reported at the
 user's line. Launches are not hooked: a callback per launch would cost more than it tells.
 
@@ -36,7 +36,6 @@ from pathlib import Path
 from types import CodeType, FrameType, ModuleType
 from typing import Any
 
-from gpudiag.analyzers.callsites import is_user_frame
 from gpudiag.collectors.cupti.records import (
     BLOCKING_CALLS,
     CONCURRENT_KERNEL,
@@ -48,6 +47,7 @@ from gpudiag.collectors.cupti.records import (
     snapshot,
 )
 from gpudiag.errors import CollectorError
+from gpudiag.names import is_user_frame
 from gpudiag.optional import require
 
 PURPOSE = "The cupti backend"

@@ -45,14 +45,14 @@ from gpudiag.collectors.cupti.fields import (
     SYNCHRONIZATION,
     CallSite,
     ClockOffset,
-    _frame,
-    _ids,
-    _mapped,
-    _renamed,
     base_api_name,
     demangle,
+    mapped_names,
     measure_offset,
+    records_frame,
+    renamed_names,
     snapshot,
+    valid_ids,
 )
 from gpudiag.devices import arch_limits, fill_from_compute_capability
 from gpudiag.markers import DOMAIN as MARKERS_DOMAIN
@@ -109,7 +109,7 @@ class CuptiConverter:
                 final: bool = False) -> Trace:
         """One batch (`snapshot` output) and the call sites captured with it as a Trace."""
         self.warnings = Counter({"CUPTI records of kinds gpudiag does not read": ignored})
-        f = {name: _frame(rows, kinds) for name, kinds in GROUPS.items()}
+        f = {name: records_frame(rows, kinds) for name, kinds in GROUPS.items()}
         self._learn_contexts(f)
         tables = {"kernels": self._kernels(f["kernels"]),
                   "copies": self._copies(f["memcpy"], f["memset"]),
@@ -153,7 +153,7 @@ class CuptiConverter:
         context); kept across batches."""
         pairs = pd.concat([f[g][["context_id", "device_id"]]
                            for g in ("contexts", "kernels", "memcpy", "memset")])
-        pairs = pairs.apply(_ids).dropna().drop_duplicates()
+        pairs = pairs.apply(valid_ids).dropna().drop_duplicates()
         for context, device in pairs.itertuples(index=False):  # a few contexts per process
             self.context_devices[int(context)] = int(device)
 
@@ -167,9 +167,9 @@ class CuptiConverter:
         plausible = ((executed > 0) & (executed >= smem)).fillna(False).astype(bool)
         self.warnings[IMPLAUSIBLE_CARVEOUT] += int((executed.notna() & ~plausible).sum())
         out = pd.DataFrame({
-            "pid": self.pid, "device": _ids(frame["device_id"]),
-            "stream": _ids(frame["stream_id"]), "start_ns": frame["start_ns"],
-            "end_ns": frame["end_ns"], "name": _renamed(frame["name"], demangle),
+            "pid": self.pid, "device": valid_ids(frame["device_id"]),
+            "stream": valid_ids(frame["stream_id"]), "start_ns": frame["start_ns"],
+            "end_ns": frame["end_ns"], "name": renamed_names(frame["name"], demangle),
             "correlation": frame["correlation_id"],
             **{c: frame[c] for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y",
                                      "block_z", "registers_per_thread")},
@@ -182,14 +182,14 @@ class CuptiConverter:
     def _copies(self, memcpy: pd.DataFrame, memset: pd.DataFrame) -> pd.DataFrame | None:
         parts = []
         if len(memcpy):
-            kind = _mapped(memcpy["copy_kind"], COPY_KINDS, "other")
+            kind = mapped_names(memcpy["copy_kind"], COPY_KINDS, "other")
             parts.append(memcpy.assign(
                 kind=kind.where(memcpy["record_kind"] != MEMCPY2, "PtoP"),
-                src_mem=_mapped(memcpy["src_kind"], MEM_KINDS, "unknown"),
-                dst_mem=_mapped(memcpy["dst_kind"], MEM_KINDS, "unknown")))
+                src_mem=mapped_names(memcpy["src_kind"], MEM_KINDS, "unknown"),
+                dst_mem=mapped_names(memcpy["dst_kind"], MEM_KINDS, "unknown")))
         if len(memset):
             parts.append(memset.assign(kind="memset", src_mem=None,
-                                       dst_mem=_mapped(memset["memory_kind"], MEM_KINDS,
+                                       dst_mem=mapped_names(memset["memory_kind"], MEM_KINDS,
                                                        "unknown")))
         if not parts:
             return None
@@ -197,8 +197,8 @@ class CuptiConverter:
         kind = frame["kind"]
         host = frame["src_mem"].where(kind == "HtoD", frame["dst_mem"].where(kind == "DtoH"))
         out = pd.DataFrame({
-            "pid": self.pid, "device": _ids(frame["device_id"]),
-            "stream": _ids(frame["stream_id"]), "start_ns": frame["start_ns"],
+            "pid": self.pid, "device": valid_ids(frame["device_id"]),
+            "stream": valid_ids(frame["stream_id"]), "start_ns": frame["start_ns"],
             "end_ns": frame["end_ns"], "kind": kind, "bytes": frame["bytes"],
             "src_mem": frame["src_mem"], "dst_mem": frame["dst_mem"],
             "host_mem": host.where(host.isin(["pageable", "pinned"])),
@@ -256,13 +256,13 @@ class CuptiConverter:
         tid = pd.array([c[1] for c in calls] + [None], dtype="Int64")[pos]
         kinds = {n: SYNC_CALLS.get(base_api_name(n)) for n in set(names) if n}
         by_call = pd.Series(names, dtype=object).map(kinds).astype(object)
-        sync_id, event = _ids(frame["cuda_event_sync_id"]), _ids(frame["cuda_event_id"])
+        sync_id, event = valid_ids(frame["cuda_event_sync_id"]), valid_ids(frame["cuda_event_id"])
         return pd.DataFrame({
             "pid": self.pid, "tid": tid,
             "device": frame["context_id"].astype(object).map(self.context_devices),
-            "stream": _ids(frame["stream_id"]), "start_ns": frame["start_ns"],
+            "stream": valid_ids(frame["stream_id"]), "start_ns": frame["start_ns"],
             "end_ns": frame["end_ns"],
-            "kind": by_call.where(by_call.notna(), _mapped(frame["type"], SYNC_TYPES,
+            "kind": by_call.where(by_call.notna(), mapped_names(frame["type"], SYNC_TYPES,
                                                            "unknown")),
             "correlation": frame["correlation_id"], "event_id": sync_id.fillna(event)})
 
@@ -280,14 +280,14 @@ class CuptiConverter:
             (known & ~timed).sum())
         frame = frame[known & timed].reset_index(drop=True)
         alloc = (frame["memory_operation_type"] == ALLOCATION).to_numpy(bool)
-        host = _mapped(frame["memory_kind"], MEM_KINDS, "unknown").isin(["pageable", "pinned"])
+        host = mapped_names(frame["memory_kind"], MEM_KINDS, "unknown").isin(["pageable", "pinned"])
         out = pd.DataFrame({
-            "pid": self.pid, "device": _ids(frame["device_id"]).mask(host, -1),
+            "pid": self.pid, "device": valid_ids(frame["device_id"]).mask(host, -1),
             "ts_ns": frame["timestamp"].to_numpy(np.int64) + self.offset_ns,
             "action": np.where(alloc, "segment_alloc", "segment_free"),
             "addr": frame["address"], "bytes": frame["bytes"],
             "delta_bytes": frame["bytes"] * np.where(alloc, 1, -1),
-            "stream": _ids(frame["stream_id"])})
+            "stream": valid_ids(frame["stream_id"])})
         return out.sort_values("ts_ns", kind="stable", ignore_index=True)
 
     def _ranges(self, markers: pd.DataFrame, callsites: Sequence[CallSite],

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpudiag.collectors.nccl.rows import Row, _Token
+from gpudiag.collectors.nccl.rows import Row, Token
 
 REANCHOR_NS = 10_000_000_000
 ANCHOR_TRIES = 3
@@ -36,7 +36,7 @@ ANCHOR_GOOD_NS = 20_000
 
 
 @dataclass(frozen=True)
-class _Anchor:
+class Anchor:
     event: Any
     ns: int
     error_ns: int
@@ -74,9 +74,9 @@ class GpuClock:
     def __init__(self, cuda: Any, clock: Callable[[], int]) -> None:
         self._cuda = cuda  # None: torch.cuda, wrapped at the first GPU call
         self._clock = clock
-        self.anchors: dict[int, _Anchor] = {}
+        self.anchors: dict[int, Anchor] = {}
         self.streams: dict[int, Any] = {}
-        self.pending: dict[tuple[Any, Any], deque[_Token]] = {}
+        self.pending: dict[tuple[Any, Any], deque[Token]] = {}
         self.error_ns = 0
         self.drift_ns = 0
 
@@ -85,7 +85,7 @@ class GpuClock:
             self._cuda = _TorchCuda(sys.modules["torch"].cuda)
         return self._cuda
 
-    def start(self, token: _Token, device: Any) -> bool:
+    def start(self, token: Token, device: Any) -> bool:
         """Record `token`'s start event on the current stream of `device` (a torch.device);
         False, and nothing recorded, while the stream is capturing a CUDA graph."""
         cuda = self.api()
@@ -99,14 +99,14 @@ class GpuClock:
         token.start.record(stream)
         return True
 
-    def end(self, token: _Token) -> None:
+    def end(self, token: Token) -> None:
         cuda = self.api()
         assert token.device is not None
         event = cuda.event()
         event.record(cuda.current_stream(token.device))
         token.ends.append(event)
 
-    def anchor(self, cuda: Any, device: int) -> _Anchor:
+    def anchor(self, cuda: Any, device: int) -> Anchor:
         """The device's anchor, taken anew every REANCHOR_NS; the old one's prediction of the
         new one's time measures the GPU timer's drift against the host clock meanwhile."""
         old = self.anchors.get(device)
@@ -122,7 +122,7 @@ class GpuClock:
             self.drift_ns = max(self.drift_ns, abs(anchor.ns - predicted))
         return anchor
 
-    def queue(self, token: _Token) -> None:
+    def queue(self, token: Token) -> None:
         self.pending.setdefault((token.device, token.stream), deque()).append(token)
 
     def completed(self, fail: Callable[[BaseException], None]) -> list[Row]:
@@ -148,10 +148,10 @@ class GpuClock:
         return sum(len(f) for f in self.pending.values())
 
 
-def _take_anchor(cuda: Any, stream: Any, clock: Callable[[], int]) -> _Anchor:
+def _take_anchor(cuda: Any, stream: Any, clock: Callable[[], int]) -> Anchor:
     """The tightest of a few (event, epoch ns) pairs: record on an idle private stream and
     synchronize that event only, so t0 <= its GPU time <= t1."""
-    best: _Anchor | None = None
+    best: Anchor | None = None
     for _ in range(ANCHOR_TRIES):
         event = cuda.event()
         t0 = clock()
@@ -159,14 +159,14 @@ def _take_anchor(cuda: Any, stream: Any, clock: Callable[[], int]) -> _Anchor:
         event.synchronize()
         t1 = clock()
         if best is None or (t1 - t0 + 1) // 2 < best.error_ns:
-            best = _Anchor(event, (t0 + t1) // 2, (t1 - t0 + 1) // 2, time.monotonic_ns())
+            best = Anchor(event, (t0 + t1) // 2, (t1 - t0 + 1) // 2, time.monotonic_ns())
         if best.error_ns <= ANCHOR_GOOD_NS:
             break
     assert best is not None
     return best
 
 
-def _gpu_row(token: _Token) -> Row:
+def _gpu_row(token: Token) -> Row:
     """The row of a GPU call whose events all completed; () while any is still pending."""
     if len(token.ends) < token.expected or not all(e.query() for e in token.ends):
         return ()

@@ -47,35 +47,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpudiag.collectors.nccl.clock import GpuClock, _Anchor
-from gpudiag.collectors.nccl.rows import _arg, _Call, _Token
-from gpudiag.collectors.nccl.timing import W_CAPTURE
+from gpudiag.collectors.nccl.clock import Anchor, GpuClock
+from gpudiag.collectors.nccl.cupy_patch import DATATYPES, Method, Patcher
+from gpudiag.collectors.nccl.rows import W_CAPTURE, Token, call_arg
 
-#: method -> (op, its parameters after self as CuPy names them, S = count x ranks x size)
-METHODS: dict[str, tuple[str, str, bool]] = {
-    "allReduce": ("all_reduce", "sendbuf recvbuf count datatype op stream", False),
-    "reduce": ("reduce", "sendbuf recvbuf count datatype op root stream", False),
-    "broadcast": ("broadcast", "sendbuff recvbuff count datatype root stream", False),
-    "bcast": ("broadcast", "buff count datatype root stream", False),
-    "reduceScatter": ("reduce_scatter", "sendbuf recvbuf recvcount datatype op stream", True),
-    "allGather": ("all_gather", "sendbuf recvbuf count datatype stream", True),
-    "send": ("send", "sendbuf count datatype peer stream", False),
-    "recv": ("recv", "recvbuf count datatype peer stream", False),
-}
-#: CuPy's constant -> (its value in nccl.h's ncclDataType_t, dtype as torch names it, bytes)
-DATATYPES: dict[str, tuple[int, str, int]] = {
-    "NCCL_INT8": (0, "int8", 1), "NCCL_UINT8": (1, "uint8", 1), "NCCL_INT32": (2, "int32", 4),
-    "NCCL_UINT32": (3, "uint32", 4), "NCCL_INT64": (4, "int64", 8),
-    "NCCL_UINT64": (5, "uint64", 8), "NCCL_FLOAT16": (6, "float16", 2),
-    "NCCL_FLOAT32": (7, "float32", 4), "NCCL_FLOAT64": (8, "float64", 8),
-    "NCCL_BFLOAT16": (9, "bfloat16", 2), "NCCL_FLOAT8E4M3": (10, "float8_e4m3fn", 1),
-    "NCCL_FLOAT8E5M2": (11, "float8_e5m2", 1),
-}
-#: the modules that may hold NcclCommunicator, groupStart and groupEnd
-MODULES = ("cupy.cuda.nccl", "cupy_backends.cuda.libs.nccl")
-W_INIT_ALL = "cupy nccl: communicators from initAll (not timed: this CuPy has no _initAll)"
 _COUNTED = object()  # a call counted in seq but not timed
-_MISSING = object()
 
 
 def install(timing: Any, cupy_module: Any) -> Callable[[], None]:
@@ -88,14 +64,12 @@ def install(timing: Any, cupy_module: Any) -> Callable[[], None]:
     imported `cupy.cuda.nccl`. Never raises (it runs inside the program's import statement): a
     failure is counted in the collector's warnings, and then nothing stays patched.
     """
-    from gpudiag.collectors.nccl.cupy_patch import _Patcher  # its module imports this one
-
-    patcher: _Patcher | None = None
+    patcher: Patcher | None = None
     try:
         cuda, nccl = _modules(cupy_module)
         if cuda is None or not isinstance(getattr(nccl, "NcclCommunicator", None), type):
             return _nothing  # no NCCL in this CuPy build (cupy.cuda.nccl.available is False)
-        patcher = _Patcher(_CupyTiming(_Shared(timing), _CupyCuda(cuda), nccl))
+        patcher = Patcher(CupyTiming(_Shared(timing), _CupyCuda(cuda), nccl))
         patcher.patch(nccl)
         return patcher.unpatch
     except Exception as exc:
@@ -115,26 +89,6 @@ def _modules(module: Any) -> tuple[Any, Any]:
         return getattr(sys.modules.get("cupy"), "cuda", None), module
     cuda = getattr(module, "cuda", None)
     return cuda, vars(cuda).get("nccl") if cuda is not None else None
-
-
-@dataclass(frozen=True)
-class _Method:
-    """Where a wrapped method keeps its count, datatype and stream ((index, name) each)."""
-
-    call: _Call
-    count: tuple[int, str]
-    datatype: tuple[int, str]
-    stream: tuple[int, str]
-    per_rank: bool
-
-    @classmethod
-    def of(cls, name: str) -> _Method:
-        op, names, per_rank = METHODS[name]
-        params = names.split()
-        count = "recvcount" if "recvcount" in params else "count"
-        return cls(_Call(name, op, "cupy", None, None), (params.index(count), count),
-                   (params.index("datatype"), "datatype"), (params.index("stream"), "stream"),
-                   per_rank)
 
 
 @dataclass
@@ -234,7 +188,7 @@ class _CupyCuda:
         return bool(check()) if check is not None else False
 
 
-class _CupyTiming:
+class CupyTiming:
     """Per call, in the program's thread: names and counts it, records its events, queues it."""
 
     def __init__(self, shared: _Shared, cuda: _CupyCuda, nccl: Any) -> None:
@@ -276,7 +230,7 @@ class _CupyTiming:
 
     # -- one call ---------------------------------------------------------------------------
 
-    def enter(self, method: _Method, comm: Any, args: tuple[Any, ...],
+    def enter(self, method: Method, comm: Any, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> object:
         """None: call straight through (disabled, or nested in a wrapped call); else a token."""
         local = self.local
@@ -292,18 +246,18 @@ class _CupyTiming:
     def leave(self) -> None:
         self.local.busy = False
 
-    def _begin(self, method: _Method, comm: Any, args: tuple[Any, ...],
+    def _begin(self, method: Method, comm: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> object:
         info = self._comm(comm)
         seq = self.shared.next_seq(f"{info.key}@{info.rank}")
         if self.shared.paused():
             return _COUNTED
-        count = int(_arg(args, kwargs, method.count))
-        dtype, size = self.dtypes.get(int(_arg(args, kwargs, method.datatype)), (None, None))
+        count = int(call_arg(args, kwargs, method.count))
+        dtype, size = self.dtypes.get(int(call_arg(args, kwargs, method.datatype)), (None, None))
         ranks = (info.size or 1) if method.per_rank else 1
         nbytes = None if size is None else count * size * ranks
-        token = _Token(method.call, info.rank, info.key, info.size, seq, nbytes, dtype)
-        token.device, token.stream = info.device, int(_arg(args, kwargs, method.stream))
+        token = Token(method.call, info.rank, info.key, info.size, seq, nbytes, dtype)
+        token.device, token.stream = info.device, int(call_arg(args, kwargs, method.stream))
         if self.cuda.capturing(token.stream):
             self.shared.warn(W_CAPTURE)
             return _COUNTED
@@ -315,7 +269,7 @@ class _CupyTiming:
 
     def finish(self, token: object) -> None:
         """After the call returned: its end event, or its place in the open group. Never raises."""
-        if not isinstance(token, _Token):
+        if not isinstance(token, Token):
             return
         try:
             if token.start is None:
@@ -328,7 +282,7 @@ class _CupyTiming:
         except Exception as exc:
             self.shared.fail(exc)
 
-    def _anchor(self, device: int) -> _Anchor:
+    def _anchor(self, device: int) -> Anchor:
         if self._pid != self.shared.pid():  # a forked child: the parent's anchors are not its own
             self._pid, self._anchors = self.shared.pid(), GpuClock(self.cuda, self.shared.clock)
         anchor = self._anchors.anchor(self.cuda, device)
@@ -337,8 +291,8 @@ class _CupyTiming:
 
     # -- groups -----------------------------------------------------------------------------
 
-    def _grouped(self) -> list[_Token]:
-        grouped: list[_Token] | None = getattr(self.local, "grouped", None)
+    def _grouped(self) -> list[Token]:
+        grouped: list[Token] | None = getattr(self.local, "grouped", None)
         if grouped is None:
             grouped = self.local.grouped = []
         return grouped
@@ -351,7 +305,7 @@ class _CupyTiming:
     def group_end(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The outermost groupEnd launches the group: its calls' events go around it."""
         depth = getattr(self.local, "depth", 0)
-        tokens: list[_Token] = []
+        tokens: list[Token] = []
         if depth == 1:
             tokens, self.local.grouped = self._grouped(), []
         spans = self._open(tokens)
@@ -362,9 +316,9 @@ class _CupyTiming:
         self._close(spans)
         return result
 
-    def _open(self, tokens: list[_Token]) -> dict[tuple[int, int], list[_Token]]:
+    def _open(self, tokens: list[Token]) -> dict[tuple[int, int], list[Token]]:
         """Start events, one per (device, stream) of the group; {} after a failure."""
-        spans: dict[tuple[int, int], list[_Token]] = {}
+        spans: dict[tuple[int, int], list[Token]] = {}
         try:
             for token in tokens:
                 spans.setdefault((token.device or 0, token.stream or 0), []).append(token)
@@ -378,7 +332,7 @@ class _CupyTiming:
             return {}
         return spans
 
-    def _close(self, spans: dict[tuple[int, int], list[_Token]]) -> None:
+    def _close(self, spans: dict[tuple[int, int], list[Token]]) -> None:
         try:
             for (device, stream), group in spans.items():
                 with self.cuda.on(device):

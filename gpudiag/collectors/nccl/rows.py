@@ -1,7 +1,7 @@
 """What one timed collective's row says, and rows -> the `collectives` table -> a chunk.
 
-    call = _Call.of("all_reduce", torch.distributed.all_reduce)  # where its message is
-    size = _nbytes(_tensors(call.kind, tensor))                  # nccl-tests' S, in bytes
+    call = Call.of("all_reduce", torch.distributed.all_reduce)  # where its message is
+    size = nbytes_of(tensors_of(call.kind, tensor))                  # nccl-tests' S, in bytes
     write_chunk(out_dir, "chunk-000001", os.getpid(), rows, meta)
 
 The per-call facts of the `nccl` plugin (`nccl_timing`): which torch.distributed functions
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpudiag.collectors.nccl.clock import _Anchor
+    from gpudiag.collectors.nccl.clock import Anchor
 
 #: call name -> (op, the parameter holding the message, how its size S is read (nccl-tests'
 #: S: all_gather output bytes, reduce_scatter and all_to_all input bytes, others the tensor))
@@ -59,8 +59,14 @@ _ROW_DTYPES = {"rank": "Int64", "device": "Int64", "stream": "Int64", "start_ns"
 Row = tuple[Any, ...]
 
 
+#: set on every wrapper gpudiag puts in place, so none is wrapped twice
+MARK = "_gpudiag_nccl_timing"
+W_CAPTURE = "nccl timing: collectives inside a CUDA graph capture (not timed)"
+W_REPATCHED = "nccl timing: wrappers replaced by other code (left in place at unpatch)"
+
+
 @dataclass(frozen=True)
-class _Call:
+class Call:
     """Where a wrapped function keeps its message and group (positions read once)."""
 
     name: str
@@ -70,7 +76,7 @@ class _Call:
     group: tuple[int, str] | None
 
     @classmethod
-    def of(cls, name: str, original: Callable[..., Any]) -> _Call:
+    def of(cls, name: str, original: Callable[..., Any]) -> Call:
         op, param, kind = CALLS[name]
         names = list(inspect.signature(original).parameters)
 
@@ -81,10 +87,10 @@ class _Call:
 
 
 @dataclass(eq=False)
-class _Token:
+class Token:
     """One outermost call being timed: what its row will say, and its clocks."""
 
-    call: _Call
+    call: Call
     rank: int | None
     comm: str
     group_size: int | None
@@ -95,7 +101,7 @@ class _Token:
     stream: int | None = None
     t0_ns: int = 0
     start: Any = None
-    anchor: _Anchor | None = None
+    anchor: Anchor | None = None
     ends: list[Any] = field(default_factory=list)  # events (GPU) or time_ns (host)
     expected: int = 1
 
@@ -139,21 +145,21 @@ def write_chunk(out_dir: Path, name: str, pid: int, rows: Sequence[Row],
     os.replace(tmp, out_dir / name)
 
 
-def _import_writer() -> None:
+def import_writer() -> None:
     """Import what writing a chunk needs now, not first at interpreter shutdown (refused)."""
     import pyarrow.parquet  # noqa: F401 -- loaded lazily by pandas.to_parquet otherwise
 
     import gpudiag.trace  # noqa: F401 -- pandas and the schema
 
 
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], where: tuple[int, str] | None) -> Any:
+def call_arg(args: tuple[Any, ...], kwargs: dict[str, Any], where: tuple[int, str] | None) -> Any:
     if where is None:
         return None
     index, name = where
     return args[index] if index < len(args) else kwargs.get(name)
 
 
-def _comm_of(group: Any, c10d: Any) -> tuple[str, int | None]:
+def comm_of(group: Any, c10d: Any) -> tuple[str, int | None]:
     """Process-group name ('0' for the default group, as Kineto's pg_name) and size."""
     name = getattr(group, "group_name", None)
     if not name:
@@ -161,7 +167,7 @@ def _comm_of(group: Any, c10d: Any) -> tuple[str, int | None]:
     return str(name), int(group.size())
 
 
-def _tensors(kind: str, value: Any) -> list[Any]:
+def tensors_of(kind: str, value: Any) -> list[Any]:
     if value is None or kind == "none":
         return []
     if kind == "tensor":
@@ -172,15 +178,15 @@ def _tensors(kind: str, value: Any) -> list[Any]:
     return list(value)
 
 
-def _nbytes(tensors: list[Any]) -> int:
+def nbytes_of(tensors: list[Any]) -> int:
     return sum(int(t.numel()) * int(t.element_size()) for t in tensors)
 
 
-def _dtype(tensors: list[Any]) -> str | None:
+def dtype_of(tensors: list[Any]) -> str | None:
     return str(tensors[0].dtype).removeprefix("torch.") if tensors else None
 
 
-def _works(result: Any) -> list[Any]:
+def works_of(result: Any) -> list[Any]:
     """The async Work objects a call returned (none for a synchronous call)."""
     if result is None:
         return []

@@ -52,20 +52,24 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from gpudiag.collectors.nccl import cupy_comm as nccl_cupy
 from gpudiag.collectors.nccl.clock import GpuClock
 from gpudiag.collectors.nccl.rows import (
     CALLS,
+    MARK,
+    W_CAPTURE,
+    W_REPATCHED,
+    Call,
     Row,
-    _arg,
-    _Call,
-    _comm_of,
-    _dtype,
-    _import_writer,
-    _nbytes,
-    _tensors,
-    _Token,
-    _works,
+    Token,
+    call_arg,
     collectives_table,
+    comm_of,
+    dtype_of,
+    import_writer,
+    nbytes_of,
+    tensors_of,
+    works_of,
     write_chunk,
 )
 from gpudiag.errors import CollectorError
@@ -77,14 +81,11 @@ MODULE = "torch.distributed"
 CUPY_MODULE = "cupy.cuda.nccl"  # NcclCommunicator: see nccl_cupy
 FORMAT = "gpudiag-nccl-timing"
 FINAL_WAIT_S = 2.0
-_MARK = "_gpudiag_nccl_timing"
 W_FAILED = "nccl timing: internal failures (swallowed; the calls ran normally)"
-W_CAPTURE = "nccl timing: collectives inside a CUDA graph capture (not timed)"
 W_COALESCED = "nccl timing: collectives inside a coalescing manager (not timed)"
 W_NO_FUTURE = "nccl timing: async collectives without a future (not timed)"
 W_UNFINISHED = "nccl timing: collectives still running at exit (not written)"
 W_OTHER_DEVICE = "nccl timing: collectives on devices other than CUDA and CPU (not timed)"
-W_REPATCHED = "nccl timing: wrappers replaced by other code (left in place at unpatch)"
 
 OnImport = Callable[[str, Callable[[ModuleType], None]], None]
 
@@ -124,7 +125,7 @@ class NcclTiming:
         self._local = threading.local()
         self._done: list[Row] = []
         self._gpu = GpuClock(self._cuda, self._clock)  # anchors, streams, pending events
-        self._host_waiting: set[_Token] = set()
+        self._host_waiting: set[Token] = set()
         self._seq: dict[str, int] = {}
         self._warnings: Counter[str] = Counter()
         self._chunks = 0
@@ -198,7 +199,7 @@ class NcclTiming:
         for target in [module] + ([c10d] if isinstance(c10d, ModuleType) else []):
             for name in CALLS:
                 current = getattr(target, name, None)
-                if not callable(current) or getattr(current, _MARK, False):
+                if not callable(current) or getattr(current, MARK, False):
                     continue
                 try:
                     wrapper = wrappers.get(id(current)) or self._wrap(name, current)
@@ -209,17 +210,15 @@ class NcclTiming:
                 setattr(target, name, wrapper)
                 self._patched.append((target, name, current, wrapper))
         try:
-            _import_writer()
+            import_writer()
         except Exception as exc:  # then the flushes fail and say so; the program runs on
             self._fail(exc)
 
     def _install_cupy(self, module: ModuleType) -> None:
         """CuPy's NcclCommunicator calls, timed into this collector (never raises)."""
-        from gpudiag.collectors.nccl import cupy_comm as nccl_cupy
-
         self._unpatch_cupy.append(nccl_cupy.install(self, module))
         try:
-            _import_writer()
+            import_writer()
         except Exception as exc:  # then the flushes fail and say so; the program runs on
             self._fail(exc)
 
@@ -236,7 +235,7 @@ class NcclTiming:
         self._enabled = False
 
     def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        call = _Call.of(name, original)
+        call = Call.of(name, original)
         enter, leave, finish = self._enter, self._leave, self._finish
 
         @functools.wraps(original)
@@ -253,12 +252,12 @@ class NcclTiming:
             finish(token, result)
             return result
 
-        setattr(wrapper, _MARK, True)
+        setattr(wrapper, MARK, True)
         return wrapper
 
     # -- per call (the user's thread) -------------------------------------------------------
 
-    def _enter(self, call: _Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+    def _enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
         """None: call straight through (disabled, or nested in a timed call); else a token."""
         local = self._local
         if not self._enabled or getattr(local, "busy", False):
@@ -273,17 +272,17 @@ class NcclTiming:
     def _leave(self) -> None:
         self._local.busy = False
 
-    def _begin(self, call: _Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+    def _begin(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
         dist: Any = self._dist
         c10d = getattr(dist, "distributed_c10d", dist)
-        value = _arg(args, kwargs, call.arg)
-        group = _arg(args, kwargs, call.group)
+        value = call_arg(args, kwargs, call.arg)
+        group = call_arg(args, kwargs, call.group)
         if call.kind == "p2p" and value:
             group = getattr(value[0], "group", None)
         group = c10d._get_default_group() if group is None else group
         if c10d._rank_not_in_group(group):
             return _COUNTED  # nothing runs on this rank
-        comm, size = _comm_of(group, c10d)
+        comm, size = comm_of(group, c10d)
         with self._lock:
             seq = self._seq.get(comm, 0)
             self._seq[comm] = seq + 1
@@ -294,9 +293,9 @@ class NcclTiming:
             return _COUNTED
         if self._rank is None:
             self._rank, self._world_size = int(dist.get_rank()), int(dist.get_world_size())
-        tensors = _tensors(call.kind, value)
-        token = _Token(call, self._rank, comm, size, seq,
-                       None if call.kind == "none" else _nbytes(tensors), _dtype(tensors))
+        tensors = tensors_of(call.kind, value)
+        token = Token(call, self._rank, comm, size, seq,
+                       None if call.kind == "none" else nbytes_of(tensors), dtype_of(tensors))
         if tensors and getattr(tensors[0], "is_cuda", False) and call.op != "barrier":
             return self._begin_gpu(token, tensors[0].device)
         if tensors and getattr(tensors[0].device, "type", "cpu") != "cpu" and call.op != "barrier":
@@ -305,7 +304,7 @@ class NcclTiming:
         token.t0_ns = self._clock()
         return token
 
-    def _begin_gpu(self, token: _Token, device: Any) -> object:
+    def _begin_gpu(self, token: Token, device: Any) -> object:
         if not self._gpu.start(token, device):
             self._warn(W_CAPTURE)
             return _COUNTED
@@ -315,8 +314,8 @@ class NcclTiming:
         """After the call returned: close its timing, convert what completed. Never raises."""
         end_ns = self._clock()
         try:
-            if isinstance(token, _Token):
-                works = _works(result)
+            if isinstance(token, Token):
+                works = works_of(result)
                 if works:
                     self._await(token, works)
                 elif token.start is not None:
@@ -329,7 +328,7 @@ class NcclTiming:
         except Exception as exc:
             self._fail(exc)
 
-    def _await(self, token: _Token, works: list[Any]) -> None:
+    def _await(self, token: Token, works: list[Any]) -> None:
         """Async: the end comes from each Work's future (GPU: an event on its callback stream)."""
         try:
             futures = [work.get_future() for work in works]
@@ -350,7 +349,7 @@ class NcclTiming:
         if token.start is not None:
             self._queue(token)
 
-    def _work_done(self, token: _Token, _future: Any) -> None:
+    def _work_done(self, token: Token, _future: Any) -> None:
         try:
             if token.start is not None:
                 self._gpu.end(token)
@@ -367,7 +366,7 @@ class NcclTiming:
 
     # -- CUDA events --------------------------------------------------------------------------
 
-    def _queue(self, token: _Token) -> None:
+    def _queue(self, token: Token) -> None:
         with self._lock:
             self._gpu.queue(token)
 

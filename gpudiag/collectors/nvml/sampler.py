@@ -25,9 +25,10 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.collectors.nvml.source import ALL_LINKS, Gpu, NvmlSource, visible_indices
-from gpudiag.errors import InputError, MissingDependencyError
+from gpudiag.errors import MissingDependencyError
 from gpudiag.optional import require
-from gpudiag.trace import Trace, is_trace_dir, merge
+from gpudiag.readers.run_dir import load_samples
+from gpudiag.trace import Trace
 
 # ALL_LINKS, Gpu and visible_indices live in nvml_source; the tests import them from here
 __all__ = ["ALL_LINKS", "Gpu", "NvmlSampler", "NvmlSource", "load_samples", "start_sampler",
@@ -35,8 +36,6 @@ __all__ = ["ALL_LINKS", "Gpu", "NvmlSampler", "NvmlSource", "load_samples", "sta
 
 log = logging.getLogger(__name__)
 
-#: how often load_samples looks again for chunks replaced while it read
-LOAD_ROUNDS = 20
 Row = tuple[int, int, str, float, str]  # device, ts_ns, metric, value, unit
 
 
@@ -203,36 +202,3 @@ def start_sampler(out_dir: Path, interval_s: float, *, env: Mapping[str, str] | 
     if reasons is not None:
         reasons.append(why)
     return None
-
-
-def load_samples(out_dir: Path) -> Trace | None:
-    """Every chunk under `out_dir` as one Trace (the meta of the newest), None without any.
-
-    A killed session may leave a hidden `.chunk-*.tmp` (half written: skipped) or two chunks
-    of one segment (their shared rows are kept once). Read while the sampler runs, a chunk
-    replaced under the reader is dropped and its successor read instead.
-    """
-    root = Path(out_dir)
-    loaded: dict[Path, Trace] = {}
-    for attempt in range(LOAD_ROUNDS):
-        fresh = [p for p in sorted(root.glob("chunk-*")) if p not in loaded and is_trace_dir(p)]
-        failed = False
-        for path in fresh:
-            try:
-                loaded[path] = Trace.load_dir(path)
-            except InputError:
-                if path.is_dir() and attempt == LOAD_ROUNDS - 1:
-                    raise  # damaged, not replaced
-                failed = True
-        gone = [path for path in loaded if not path.is_dir()]
-        for path in gone:
-            del loaded[path]
-        if not failed and not gone:
-            break
-    if not loaded:
-        return None
-    parts = [loaded[path] for path in sorted(loaded)]
-    trace = merge(parts)
-    samples = trace.samples.drop_duplicates(["device", "ts_ns", "metric"], ignore_index=True)
-    meta = {**parts[-1].meta, "chunks": len(parts)}
-    return Trace(meta=meta, **{**trace.tables(), "samples": samples})

@@ -22,15 +22,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import traceback
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from gpudiag.errors import CollectorError, GpudiagError, InputError, MissingDependencyError
+from gpudiag.errors import CollectorError, InputError, MissingDependencyError
 from gpudiag.readers.files import budget, open_regular
+from gpudiag.readers.ncu.native import native_lines
 from gpudiag.trace import Trace
 
 PURPOSE = "Reading an Nsight Compute report"
@@ -42,6 +42,8 @@ ERROR_FILE = "error.json"
 #: Python 3.11's -P: no script or working folder at the front of sys.path
 SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 NATIVE_LOG = "native.log"
+#: the module the child process runs
+CHILD = "gpudiag.readers.ncu.child"
 
 
 def read_isolated(path: Path, metrics: Iterable[str] | None = None) -> Trace:
@@ -53,7 +55,7 @@ def read_isolated(path: Path, metrics: Iterable[str] | None = None) -> Trace:
     try:
         # -P and cwd=out: the child imports nothing from the folder gpudiag was started in
         # (a stranger's folder could hold an ncu_report.py or pandas.py)
-        command = [sys.executable, *SAFE_PATH, "-m", __name__, str(Path(path).absolute()),
+        command = [sys.executable, *SAFE_PATH, "-m", CHILD, str(Path(path).absolute()),
                    str(out)]
         if metrics is not None:
             command.append(json.dumps(sorted(metrics)))
@@ -82,17 +84,6 @@ def _installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # ValueError: in sys.modules without a spec
         return module in sys.modules and sys.modules[module] is not None
-
-
-def _save(trace: Trace, out: Path) -> None:
-    """The child's half of the hand-over: one Parquet file per non-empty table, meta.json."""
-    names = []
-    for name, frame in trace.tables().items():
-        if len(frame):
-            frame.to_parquet(out / f"{name}.parquet", index=False)
-            names.append(name)
-    (out / "meta.json").write_text(json.dumps({"meta": trace.meta, "tables": names},
-                                              default=str))
 
 
 def _load(out: Path) -> Trace:
@@ -141,8 +132,6 @@ def _failure(path: Path, done: subprocess.CompletedProcess[str], error_file: Pat
 
 def _native_messages(out: Path) -> str:
     """What ncu_report wrote to fd 2 in the child, without absl's prefixes."""
-    from gpudiag.readers.ncu.reader import native_lines
-
     log = out / NATIVE_LOG
     return "\n".join(native_lines(log.read_bytes())) if log.is_file() else ""
 
@@ -181,29 +170,3 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _error_record(exc: BaseException) -> dict[str, Any]:
-    if isinstance(exc, InputError):
-        return {"type": "InputError", "path": exc.path, "problem": exc.problem, "fix": exc.fix}
-    if isinstance(exc, GpudiagError):
-        return {"type": type(exc).__name__, "message": str(exc)}
-    return {"type": "unexpected", "name": type(exc).__name__, "message": str(exc),
-            "traceback": traceback.format_exc()}
-
-
-def main(argv: list[str]) -> int:
-    """The child: read the report, save the trace under OUT/trace or the error as JSON."""
-    from gpudiag.readers.ncu.reader import NATIVE_LOG_ENV, read_in_process
-
-    report, out = Path(argv[0]), Path(argv[1])
-    os.environ[NATIVE_LOG_ENV] = str(out / NATIVE_LOG)
-    metrics = json.loads(argv[2]) if len(argv) > 2 else None
-    try:
-        _save(read_in_process(report, metrics), out)
-    except Exception as exc:  # every failure goes back to the parent as data
-        (out / ERROR_FILE).write_text(json.dumps(_error_record(exc), default=str))
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

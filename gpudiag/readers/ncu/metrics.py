@@ -19,21 +19,13 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.devices import fill_from_compute_capability, vendor_of
+from gpudiag.schema import NS_PER_UNIT
 
 #: an ncu_report IAction or IMetric (SWIG proxies without type information), or a test fake
 Action = Any
 Metric = Any
 Value = float | int | str | None
 Dims = tuple[int | None, int | None, int | None]
-
-#: nanoseconds per unit of gpu__time_duration, in the spellings ncu has used across versions
-NS_PER_UNIT: dict[str, float] = {
-    "ns": 1.0, "nsecond": 1.0, "nanosecond": 1.0,
-    "us": 1e3, "usecond": 1e3, "microsecond": 1e3,
-    "ms": 1e6, "msecond": 1e6, "millisecond": 1e6,
-    "s": 1e9, "second": 1e9,
-}
-
 
 @dataclass(frozen=True)
 class ValueKinds:

@@ -21,19 +21,17 @@ What ncu_report (2026.3) does not expose, so stays NA: the host process and thre
 from __future__ import annotations
 
 import os
-import re
-import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gpudiag.errors import InputError
 from gpudiag.optional import require
+from gpudiag.readers.ncu.isolated import read_isolated
 from gpudiag.readers.ncu.metrics import (
     Action,
     MetricRows,
@@ -45,6 +43,7 @@ from gpudiag.readers.ncu.metrics import (
     duration_ns,
     number,
 )
+from gpudiag.readers.ncu.native import NATIVE_LOG_ENV, NativeStderr
 from gpudiag.trace import Trace
 
 #: the name ncu gives the NVTX domain of ranges pushed without a domain
@@ -58,10 +57,6 @@ SHAPE_FROM_TOTAL = "kernels whose grid or block has only a total size (taken as 
 NO_DURATION = "kernels without gpu__time_duration.sum (placed with zero duration)"
 SKIPPED_METRICS = "metrics with a damaged name or no value object left out (damaged report)"
 NATIVE_MESSAGES = "messages ncu_report printed while opening the report"
-#: set by the child process of `ncu_isolated`: where to keep what ncu_report writes to fd 2
-NATIVE_LOG_ENV = "GPUDIAG_NCU_NATIVE_LOG"
-_ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog()"
-_ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
 
 
 def read(path: Path, metrics: Iterable[str] | None = None, *, isolated: bool = True) -> Trace:
@@ -73,8 +68,6 @@ def read(path: Path, metrics: Iterable[str] | None = None, *, isolated: bool = T
     damaged report is an InputError; `isolated=False` reads in this process.
     """
     if isolated:
-        from gpudiag.readers.ncu.isolated import read_isolated
-
         return read_isolated(path, metrics)
     return read_in_process(path, metrics)
 
@@ -108,57 +101,6 @@ def read_in_process(path: Path, metrics: Iterable[str] | None = None) -> Trace:
     for kind, count in notes.items():
         trace.warn(kind, count)
     return trace
-
-
-class NativeStderr:
-    """Capture what native code writes to file descriptor 2 while a report is opened.
-
-    ncu_report's protobuf parser logs a damaged header straight to stderr (through absl),
-    which would break the CLI's one-line errors; captured, the complaint becomes part of
-    the InputError (or of `meta["ncu_report_messages"]` when the report still loads).
-    The redirection is process-wide, so it spans only the opening of the report; where fd 2
-    cannot be duplicated (no console), nothing is captured.
-    """
-
-    def __init__(self, keep: Path | None = None) -> None:
-        self._keep = keep  # a file to capture into, so a parent can read it after a crash
-        self._saved: int | None = None
-        self._sink: IO[bytes] | None = None
-        self._lines: list[str] = []
-
-    def __enter__(self) -> NativeStderr:
-        try:
-            self._saved = os.dup(2)
-        except OSError:
-            return self
-        self._sink = self._keep.open("w+b") if self._keep else tempfile.TemporaryFile()
-        sys.stderr.flush()
-        os.dup2(self._sink.fileno(), 2)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._saved is None or self._sink is None:
-            return
-        sys.stderr.flush()
-        os.dup2(self._saved, 2)
-        os.close(self._saved)
-        self._lines = self.messages()
-        self._sink.close()
-        self._saved = self._sink = None
-
-    def messages(self) -> list[str]:
-        """The lines written so far, without absl's logging preamble and prefixes."""
-        if self._sink is None:
-            return self._lines
-        self._sink.seek(0)
-        return native_lines(self._sink.read())
-
-
-def native_lines(data: bytes) -> list[str]:
-    """Lines native code wrote to stderr, without absl's logging preamble and prefixes."""
-    lines = data.decode("utf-8", "replace").splitlines()
-    return [_ABSL_PREFIX.sub("", line).strip() for line in lines
-            if line.strip() and not line.startswith(_ABSL_PREAMBLE)]
 
 
 def _detail(native: NativeStderr) -> str:
