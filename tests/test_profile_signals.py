@@ -65,9 +65,12 @@ def test_a_killed_process_keeps_its_finished_segments_and_says_what_was_lost(
     code = """
         import os, signal, time, torch
         x = torch.randn(32, 32)
-        start = time.monotonic()
-        while time.monotonic() - start < 4:  # 4 s of work: a few 1 s segments written
+        start, done = time.monotonic(), 0
+        # at least 4 s and 400 steps of work (a loaded machine runs fewer per second):
+        # a few 1 s segments written, most of the mm calls in finished ones
+        while time.monotonic() - start < 4 or done < 400:
             x = (x @ x).tanh()
+            done += 1
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
     """
