@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -84,6 +85,21 @@ ADVICE: Mapping[str, str] = {
 
 
 _UNITS = (("s", 1e9), ("ms", 1e6), ("µs", 1e3))
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one analyzer returns from its one call, `analyze(trace)`: its findings (in
+    `frame()`'s shape) and its detail tables by name. `diagnose` calls each analyzer once
+    and keeps both, so a table a finding was derived from is the same object the reports
+    read, never a second computation.
+
+        result = gpudiag.analyzers.sync.analyze(trace)
+        result.findings.head(); result.tables["sync_points"]
+    """
+
+    findings: pd.DataFrame
+    tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def format_ns(ns: float | None) -> str:
