@@ -123,7 +123,7 @@ def heatmap(*, path: Path, output: Path | None, metrics: str | None, sort: str, 
 
     trace = _load([path])
     chosen = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
-    dx = None if len(trace.metrics) else diagnose(trace)
+    dx = diagnose(trace)
     html = heatmap_page(trace, dx, cdn=cdn, per_launch=per_launch, metrics=chosen, sort=sort,
                         top=top)
     _write(output or Path(path.name.split(".")[0] + ".heatmap.html"), html)

@@ -359,7 +359,7 @@ def test_heatmap_rule_findings_name_kernels_short_with_the_full_name_on_hover() 
     from gpudiag.reports.build import heatmap_page
 
     trace = gpudiag.load(fixture("ncu/a100pcie_selfjoin_setfull_ncu2022.ncu-rep"))
-    doc = parse(heatmap_page(trace, None, cdn=True))
+    doc = parse(heatmap_page(trace, gpudiag.diagnose(trace), cdn=True))
     cells = [a for a in doc.tags("td") if a.get("title")]
     assert cells and all(str(a["title"]).startswith("nodeByPoint5(unsigned int, double *")
                          for a in cells)
@@ -371,7 +371,7 @@ def test_heatmap_without_rule_findings_says_so_in_one_line() -> None:
     from gpudiag.reports.build import heatmap_page
 
     trace = gpudiag.load(fixture("ncu/rtx4090_smem_transpose_15sections_source.ncu-rep"))
-    text = shown_text(heatmap_page(trace, None, cdn=True))
+    text = shown_text(heatmap_page(trace, gpudiag.diagnose(trace), cdn=True))
     assert "Nsight Compute's rule findings per kernel None: ncu reported no warnings" in text
 
 

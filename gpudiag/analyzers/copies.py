@@ -28,6 +28,7 @@ import pandas as pd
 from gpudiag import intervals
 from gpudiag.analyzers import callsites
 from gpudiag.analyzers import findings as found
+from gpudiag.analyzers.findings import Result
 from gpudiag.analyzers.keys import codes as key_codes
 from gpudiag.trace import Trace
 
@@ -294,6 +295,16 @@ def _where(trace: Trace, c: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
 #: a copy with several problems is reported once, under the first of these that applies:
 #: blocking the host is the worst, then pageable staging, then size
 PROBLEMS = (("synchronous", "copy_sync"), ("pageable", "copy_pageable"), ("small", "copy_small"))
+
+
+def analyze(trace: Trace) -> Result:
+    """The copies analyzer's one result: its findings and `copy_stats`.
+
+        result = copies.analyze(trace)
+        result.findings[["where", "lost_ns", "evidence"]]
+        result.tables["copy_stats"]
+    """
+    return Result(findings(trace), {"copy_stats": copy_stats(trace)})
 
 
 def findings(trace: Trace, *, small_bytes: int = SMALL_BYTES,

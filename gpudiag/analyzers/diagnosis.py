@@ -4,6 +4,12 @@ The registry below lists each analyzer with the tables it needs; an analyzer run
 one of them has rows (and, for timeline analyses, when the trace's times are a real
 timeline — Nsight Compute's serialized replays are not). What did not run is said in
 `Diagnosis.notes`, never silently dropped.
+
+Each analyzer is called once, `analyze(trace) -> findings.Result`, and its findings and
+tables go into the Diagnosis as they are: a report or export reads a table from there and
+never computes it again. The waterfall's own inputs are named results too: the loss
+layers (`Diagnosis.timeline`) and the idle gap pieces (`Diagnosis.gaps`), which the
+analyzers that explain idle time (`needs_gaps`) are given rather than finding again.
 """
 
 from __future__ import annotations
@@ -24,30 +30,36 @@ from gpudiag.trace import Trace
 
 @dataclass(frozen=True)
 class Analyzer:
-    """One analyzer module: `findings(trace)` plus detail tables `name -> function`."""
+    """One analyzer module and when it applies: `module.analyze(trace) -> Result`.
+
+    `requires`: trace tables of which one must have rows; `timeline`: needs real times
+    (else skipped with a note); `needs_gaps`: runs only beside a waterfall and is given its
+    idle gaps (`analyze(whole_trace, gaps)`); `gap_options`: takes diagnose's gap thresholds.
+    """
 
     name: str
     module: str
     requires: tuple[str, ...]
-    tables: tuple[str, ...]
     timeline: bool = True
+    needs_gaps: bool = False
+    gap_options: bool = False
 
 
 ANALYZERS = (
-    Analyzer("sync", "gpudiag.analyzers.sync", ("syncs", "api"), ("sync_points",)),
-    Analyzer("launch", "gpudiag.analyzers.kernels.launch", ("kernels",),
-             ("small_grid", "launch_rate"), timeline=False),
-    Analyzer("copies", "gpudiag.analyzers.copies", ("copies",), ("copy_stats",)),
+    Analyzer("host_gaps", "gpudiag.analyzers.host.bound", ("kernels", "copies"),
+             needs_gaps=True),
+    Analyzer("timeline", "gpudiag.analyzers.timeline", ("kernels", "copies"), needs_gaps=True),
+    Analyzer("sync", "gpudiag.analyzers.sync", ("syncs", "api"), gap_options=True),
+    Analyzer("launch", "gpudiag.analyzers.kernels.launch", ("kernels",), timeline=False),
+    Analyzer("copies", "gpudiag.analyzers.copies", ("copies",)),
     Analyzer("collectives", "gpudiag.analyzers.collectives.calls", ("collectives",),
-             ("collective_stats", "overlap", "arrival_skew"), timeline=False),
+             timeline=False),
     Analyzer("memory", "gpudiag.analyzers.memory.allocator", ("memory", "memory_blocks"),
-             ("fragmentation",), timeline=False),
+             timeline=False),
     Analyzer("kernel_metrics", "gpudiag.analyzers.kernels.metrics", ("metrics",),
-             ("kernel_metrics",), timeline=False),
-    Analyzer("gpu_samples", "gpudiag.analyzers.gpu_samples", ("samples",),
-             ("sample_summary",), timeline=False),
-    Analyzer("host_steps", "gpudiag.analyzers.host.steps", ("ranges",),
-             ("host_breakdown", "host_by_step", "host_top_ops", "host_memory")),
+             timeline=False),
+    Analyzer("gpu_samples", "gpudiag.analyzers.gpu_samples", ("samples",), timeline=False),
+    Analyzer("host_steps", "gpudiag.analyzers.host.steps", ("ranges",)),
 )
 
 #: analyzers whose findings are host time (a share of step time), ranked after GPU time
@@ -65,6 +77,7 @@ class Diagnosis:
     window_ns: tuple[int, int] | None = None
     by_step: pd.DataFrame | None = None
     timeline: LossTimeline | None = field(default=None, repr=False)
+    gaps: pd.DataFrame | None = field(default=None, repr=False)  # idle gap pieces, in window
     steps: pd.DataFrame | None = None  # `steps.training_steps`: found how, warm-up flagged
     per_step: bool = False             # diagnose(steps=True): per-step tables in to_dict
 
@@ -131,9 +144,9 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
                                    "sync_tolerance_ns": sync_tolerance_ns}
     notes: list[str] = []
     tables: dict[str, pd.DataFrame] = {}
-    timeline = _timeline(whole, gap_options, notes, tables)
-    all_gaps = tables.pop("_gaps", None)
-    gpu, host = _findings(trace, whole, _cut(all_gaps, bounds), notes, tables)
+    timeline, all_gaps = _timeline(whole, gap_options, notes)
+    gaps = _cut(all_gaps, bounds)
+    gpu, host = _findings(trace, whole, gaps, notes, tables, gap_options=gap_options)
     loss = timeline.totals(bounds) if timeline is not None else losses_frame()
     total = int(loss.groupby(["rank", "device"], dropna=False)["lost_ns"].sum().sum())
     found = findings_mod.combine(gpu, total)
@@ -142,9 +155,11 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     warm = steps_mod.warmup_window(training)
     if warm is not None and timeline is not None and len(found):
         warm_bounds = (max(warm[0], bounds[0]), min(warm[1], bounds[1])) if bounds else warm
-        found = _flag_warmup(found, whole, all_gaps, warm_bounds, training)
+        found = _flag_warmup(found, whole, all_gaps, warm_bounds, training,
+                             gap_options=gap_options)
     dx = Diagnosis(losses=loss, findings=_rank(found, host), tables=tables, notes=notes,
-                   window_ns=bounds, timeline=timeline, steps=training, per_step=steps)
+                   window_ns=bounds, timeline=timeline, gaps=gaps, steps=training,
+                   per_step=steps)
     if steps and timeline is not None:
         dx.by_step = steps_mod.losses_by_step(trace, timeline)
     return dx
@@ -166,27 +181,37 @@ def _bounds(trace: Trace, window: str | tuple[int, int] | None) -> tuple[int, in
 
 
 def _findings(trace: Trace, whole: Trace, gaps: pd.DataFrame | None, notes: list[str],
-              tables: dict[str, pd.DataFrame] | None, *, skip: frozenset[str] = frozenset()
+              tables: dict[str, pd.DataFrame] | None, *, gap_options: dict[str, Any],
+              skip: frozenset[str] = frozenset()
               ) -> tuple[list[pd.DataFrame], list[pd.DataFrame]]:
-    """Every applicable analyzer's findings on `trace` (the window), split into GPU-time
-    findings and host-time ones; detail tables go into `tables` (None: not wanted)."""
+    """Every applicable analyzer's one result on `trace` (the window), its findings split
+    into GPU-time findings and host-time ones; its tables go into `tables` (None: not
+    wanted)."""
     gpu: list[pd.DataFrame] = []
     host: list[pd.DataFrame] = []
-    if gaps is not None:
-        from gpudiag.analyzers.host import bound as host_gaps
-        from gpudiag.analyzers.timeline import stream_summary
-        gpu.append(host_gaps.findings(whole, gaps))
-        if tables is not None:
-            tables["stream_summary"] = stream_summary(trace)
     for analyzer in ANALYZERS:
-        if analyzer.name in skip or not _applies(trace, analyzer, notes):
+        if analyzer.name in skip:
             continue
-        module = importlib.import_module(analyzer.module)
-        (host if analyzer.name in HOST_ANALYZERS else gpu).append(module.findings(trace))
+        if analyzer.needs_gaps:
+            if gaps is None:  # no waterfall: the note says why
+                continue
+            result = _module(analyzer).analyze(
+                whole if analyzer.name == "host_gaps" else trace,
+                **({"gaps": gaps} if analyzer.name == "host_gaps" else {}))
+        elif _applies(trace, analyzer, notes):
+            options = gap_options if analyzer.gap_options else {}
+            result = _module(analyzer).analyze(trace, **options)
+        else:
+            continue
+        (host if analyzer.name in HOST_ANALYZERS else gpu).append(result.findings)
         if tables is not None:
-            for name in analyzer.tables:
-                tables[name] = getattr(module, name)(trace)
+            tables.update(result.tables)
     return gpu, host
+
+
+def _module(analyzer: Analyzer) -> Any:
+    """The analyzer's module, imported on first use (most traces need a few of them)."""
+    return importlib.import_module(analyzer.module)
 
 
 def _step_notes(steps: pd.DataFrame, trace: Trace) -> list[str]:
@@ -211,14 +236,15 @@ def _step_notes(steps: pd.DataFrame, trace: Trace) -> list[str]:
 
 
 def _flag_warmup(found: pd.DataFrame, whole: Trace, gaps: pd.DataFrame | None,
-                 warm: tuple[int, int], steps: pd.DataFrame, *,
+                 warm: tuple[int, int], steps: pd.DataFrame, *, gap_options: dict[str, Any],
                  min_share: float = 0.5) -> pd.DataFrame:
     """Mark findings whose lost time lies mostly (`min_share`) inside the warm-up steps:
     the same analyzers on the warm-up window, matched by (cause, where, advice)."""
     if warm[1] <= warm[0]:
         return found
     inside = window_mod.within(whole, warm)
-    parts, _ = _findings(inside, whole, _cut(gaps, warm), [], None, skip=HOST_ANALYZERS)
+    parts, _ = _findings(inside, whole, _cut(gaps, warm), [], None, gap_options=gap_options,
+                         skip=HOST_ANALYZERS | {"timeline"})
     early = findings_mod.combine(parts, 0)
     if early.empty:
         return found
@@ -263,16 +289,17 @@ def _cut(gaps: pd.DataFrame | None, bounds: tuple[int, int] | None) -> pd.DataFr
                          end_ns=inside["end_ns"].clip(upper=bounds[1]))
 
 
-def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str],
-              tables: dict[str, pd.DataFrame]) -> LossTimeline | None:
-    """The waterfall's layers, or None with a note saying why there is no timeline."""
+def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str]
+              ) -> tuple[LossTimeline | None, pd.DataFrame | None]:
+    """The waterfall's layers and its idle gap pieces, or (None, None) with a note saying
+    why there is no timeline."""
     if trace.kernels.empty and trace.copies.empty:
         notes.append("no loss waterfall: the trace has no kernels or copies on a timeline")
-        return None
+        return None, None
     if not trace.meta.get("timeline", True):
         notes.append("no loss waterfall: the times in this source are not a timeline "
                      "(e.g. Nsight Compute replays kernels one by one)")
-        return None
+        return None, None
     from gpudiag.analyzers.collectives import calls as collectives
     from gpudiag.analyzers.kernels import launch
     occupancy = launch.occupancy(trace)
@@ -287,9 +314,9 @@ def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str],
     waits = collectives.wait_intervals(trace) if len(trace.collectives) else None
     if waits is not None and waits.empty:
         notes.append("comm_wait needs collectives from two or more ranks; not measured")
-    tables["_gaps"] = idle_gaps(trace, **gap_options)
-    return loss_timeline(trace, efficiency=occupancy["tail_efficiency"], comm_waits=waits,
-                         **gap_options)
+    timeline = loss_timeline(trace, efficiency=occupancy["tail_efficiency"], comm_waits=waits,
+                             **gap_options)
+    return timeline, idle_gaps(trace, **gap_options)
 
 
 def _applies(trace: Trace, analyzer: Analyzer, notes: list[str]) -> bool:

@@ -25,6 +25,7 @@ import pandas as pd
 
 from gpudiag import intervals
 from gpudiag.analyzers import findings as found
+from gpudiag.analyzers.findings import Result
 from gpudiag.trace import Trace
 
 #: the metrics the NVML sampler writes, with the unit each is written in
@@ -253,6 +254,16 @@ KINDS = (("thermal", "thermal_throttled_share", "throttle_thermal",
           ("sw_thermal", "hw_thermal", "hw_slowdown")),
          ("power", "power_throttled_share", "throttle_power",
           ("sw_power_cap", "hw_power_brake", "hw_slowdown")))
+
+
+def analyze(trace: Trace) -> Result:
+    """The GPU-samples analyzer's one result: throttle findings and `sample_summary`.
+
+        result = gpu_samples.analyze(trace)
+        result.findings[["where", "evidence"]]
+        result.tables["sample_summary"]
+    """
+    return Result(findings(trace), {"sample_summary": sample_summary(trace)})
 
 
 def findings(trace: Trace, *, throttle_share: float = THROTTLE_SHARE) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analyzers import callsites
-from gpudiag.analyzers.findings import ADVICE, format_ns, frame
+from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
 from gpudiag.analyzers.losses.gaps import idle_gaps
 from gpudiag.analyzers.losses.waits import blocking_waits
 from gpudiag.trace import Trace
@@ -58,7 +58,7 @@ def sync_points(trace: Trace, **gap_options: Any) -> pd.DataFrame:
     waits = classified_waits(trace, **gap_options)
     if waits.empty:
         return _empty()
-    waits["host_wait_ns"] = waits["end_ns"] - waits["start_ns"]
+    waits = waits.assign(host_wait_ns=waits["end_ns"] - waits["start_ns"])
     grouped = waits.groupby(["kind", "where"], sort=False, dropna=False)
     out = grouped.agg(count=("start_ns", "size"), host_wait_ns=("host_wait_ns", "sum"),
                       gpu_idle_ns=("gpu_idle_ns", "sum"), steps_with=("step", "nunique"),
@@ -76,8 +76,16 @@ def sync_points(trace: Trace, **gap_options: Any) -> pd.DataFrame:
 
 def classified_waits(trace: Trace, **gap_options: Any) -> pd.DataFrame:
     """`waits.blocking_waits` with `kind` refined by the torch op open at each wait,
-    `where` (the call site), `gpu_idle_ns` (sync_stall time it ended) and `step`."""
-    waits = blocking_waits(trace)
+    `where` (the call site), `gpu_idle_ns` (sync_stall time it ended) and `step`.
+
+    Computed once per trace and `gap_options` (`sync_points` and the Perfetto export's sync
+    sites both read it); do not modify the frame you get back."""
+    key = "classified_waits:" + repr(sorted(gap_options.items()))
+    return trace.derived(key, lambda: _classified_waits(trace, gap_options))
+
+
+def _classified_waits(trace: Trace, gap_options: dict[str, Any]) -> pd.DataFrame:
+    waits = blocking_waits(trace).copy()
     if waits.empty:
         return waits.assign(where=pd.Series(dtype="string"), gpu_idle_ns=pd.Series(dtype="int64"),
                             step=pd.Series(dtype="Int64"))
@@ -132,12 +140,25 @@ def _most_common(values: pd.Series) -> object:
     return counts.index[0] if len(counts) else pd.NA
 
 
-def findings(trace: Trace, *, min_lost_ns: int = 0, **gap_options: Any) -> pd.DataFrame:
+def analyze(trace: Trace, **gap_options: Any) -> Result:
+    """The sync analyzer's one result: its findings and `sync_points`, computed once.
+
+        result = sync.analyze(trace)
+        result.tables["sync_points"].head()
+    """
+    points = sync_points(trace, **gap_options)
+    return Result(findings(trace, points=points), {"sync_points": points})
+
+
+def findings(trace: Trace, *, min_lost_ns: int = 0, points: pd.DataFrame | None = None,
+             **gap_options: Any) -> pd.DataFrame:
     """Sync points that cost GPU time (or, on host-only data, host time), as findings.
 
         findings(trace).head()
+
+    `points`: a `sync_points` result to reuse (else computed with `gap_options`).
     """
-    points = sync_points(trace, **gap_options)
+    points = sync_points(trace, **gap_options) if points is None else points
     host_only = trace.kernels.empty and trace.copies.empty
     if host_only:  # no GPU timeline: rank by the host time blocked instead
         points = points[points["host_wait_ns"] > 0].assign(gpu_idle_ns=points["host_wait_ns"])

@@ -28,12 +28,15 @@ import numpy.typing as npt
 import pandas as pd
 
 from gpudiag.analyzers.callsites import launch_calls
+from gpudiag.analyzers.findings import Result
+from gpudiag.analyzers.findings import frame as no_findings
 from gpudiag.analyzers.losses.gaps import idle_gaps
 from gpudiag.trace import Trace
 
 IntArray = npt.NDArray[np.int64]
 
-__all__ = ["idle_breakdown", "idle_gaps", "is_compute", "stream_summary", "temporal_breakdown"]
+__all__ = ["analyze", "idle_breakdown", "idle_gaps", "is_compute", "stream_summary",
+           "temporal_breakdown"]
 
 #: HTA 0.5.0 (hta/utils/utils.py `get_kernel_type`) calls a kernel COMPUTATION unless its
 #: name matches one of these with `re.match` (anchored at the start): communication
@@ -59,6 +62,16 @@ TEMPORAL: dict[str, Any] = {
 IDLE_BREAKDOWN: dict[str, Any] = {
     **_KEY_DTYPES, "category": pd.CategoricalDtype(IDLE_CATEGORIES), "idle_ns": "int64",
     "ratio": "float64", "gaps": "int64"}
+
+
+def analyze(trace: Trace) -> Result:
+    """The timeline's one result for `diagnose`: the per-stream `stream_summary`.
+
+        timeline.analyze(trace).tables["stream_summary"]
+
+    No findings of its own: its idle time is the waterfall's.
+    """
+    return Result(no_findings(), {"stream_summary": stream_summary(trace)})
 
 
 def stream_summary(trace: Trace) -> pd.DataFrame:

@@ -11,10 +11,9 @@ import pandas as pd
 
 from gpudiag.analyzers.compare import Comparison
 from gpudiag.analyzers.diagnosis import Diagnosis
-from gpudiag.names import short_names
 from gpudiag.reports import figures, figures_samples, ncu_heatmap
 from gpudiag.reports.html import Section, page
-from gpudiag.reports.html_report import report
+from gpudiag.reports.html_report import report, rule_table
 from gpudiag.reports.html_tables import Table
 from gpudiag.trace import Trace
 
@@ -59,18 +58,17 @@ def heatmap_page(trace: Trace, dx: Diagnosis | None, *, cdn: bool = False,
     """The heatmaps alone: the kernel x metric heatmap of an Nsight Compute report, else the
     time x stream utilization, collective waits and allocator occupancy of a trace.
 
-        html = heatmap_page(gpudiag.load("report.ncu-rep"), None)
+        html = heatmap_page(trace, gpudiag.diagnose(trace))
+
+    An Nsight Compute report's rule findings are the Diagnosis' `ncu_rules` table, shown
+    as the report page shows it (`html_report.rule_table`); `dx=None` (a notebook drawing
+    the heatmap alone) lists none and says so.
     """
     if len(trace.metrics):
-        found = _rule_findings(trace)
-        sections = [Section("Kernel x metric (Nsight Compute)",
-                            figures=(ncu_heatmap.figure(trace, **ncu_options),)),
-                    Section("Nsight Compute's rule findings per kernel", tables=[found])
-                    if found is not None else
-                    Section("Nsight Compute's rule findings per kernel",
-                            text="None: ncu reported no warnings or optimization hints "
-                                 "for these kernels.")]
-        return page("gpudiag heatmap", sections, cdn=cdn)
+        return page("gpudiag heatmap", [
+            Section("Kernel x metric (Nsight Compute)",
+                    figures=(ncu_heatmap.figure(trace, **ncu_options),)),
+            _rule_section(dx)], cdn=cdn)
     figs = report_figures(trace, dx) if dx is not None else {}
     titles = {"utilization": "Utilization per stream, and the loss cause of idle time",
               "collective_waits": "Collective wait per rank",
@@ -83,24 +81,18 @@ def heatmap_page(trace: Trace, dx: Diagnosis | None, *, cdn: bool = False,
     return page("gpudiag heatmap", sections, cdn=cdn)
 
 
-def _rule_findings(trace: Trace) -> Table | None:
-    """ncu's warnings and optimization hints, one row per kernel and rule, most speedup
-    first (the heatmap shows them on hover; this lists them). Kernels by their short
-    name, the full demangled one on hover (a template-heavy name fills a cell 40 lines
-    tall)."""
-    from gpudiag.analyzers.kernels.metrics import rules
-
-    found = rules(trace)
-    found = found[found["type"].isin(["warning", "optimization"])]
-    if found.empty:
-        return None
-    found = found.sort_values("speedup_pct", ascending=False, na_position="last")
-    full = found["name"].astype(str).reset_index(drop=True)
-    frame = found[["rule", "title", "speedup_type", "speedup_pct", "message"]].reset_index(
-        drop=True).rename(columns={"speedup_type": "speedup of", "speedup_pct": "speedup"})
-    frame.insert(0, "kernel", short_names(full).astype(str))
-    empty = [c for c in ("title", "speedup of", "speedup") if frame[c].isna().all()]
-    return Table(frame.drop(columns=empty), {"speedup": "pct"}, titles={"kernel": full})
+def _rule_section(dx: Diagnosis | None) -> Section:
+    """ncu's rule findings of the Diagnosis, or one line saying why none are listed."""
+    title = "Nsight Compute's rule findings per kernel"
+    if dx is None:
+        return Section(title, text="Not listed: no diagnosis was given (heatmap_page(trace, "
+                                   "gpudiag.diagnose(trace)) lists them).")
+    notes: list[str] = []
+    found = rule_table(dx, notes)
+    if found is None:
+        return Section(title, text="None: ncu reported no warnings, optimization hints or "
+                                   "rule errors for these kernels.")
+    return Section(title, notes=notes, tables=[found])
 
 
 def compare_page(cmp: Comparison, lines: list[str] | None = None, *,

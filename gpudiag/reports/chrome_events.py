@@ -229,7 +229,7 @@ def base_time_ns(trace: Trace) -> int:
 
 def annotated_gaps(trace: Trace, dx: Diagnosis, gaps: pd.DataFrame | None = None
                    ) -> pd.DataFrame:
-    """Idle gap pieces (`gaps.idle_gaps`, cut to the diagnosis window) with `where` (call
+    """Idle gap pieces (`dx.gaps`: the waterfall's, cut to the diagnosis window) with `where` (call
     site of host and sync pieces), `finding` (1-based rank in `dx.findings` of the finding
     naming that cause and place, NA if none) and `advice` (that finding's, else the advice
     of the top finding of the same cause, else the cause's default).
@@ -241,6 +241,8 @@ def annotated_gaps(trace: Trace, dx: Diagnosis, gaps: pd.DataFrame | None = None
     from gpudiag.analyzers.host import bound as host
     from gpudiag.analyzers.losses.gaps import idle_gaps
 
+    if gaps is None and dx.gaps is not None:  # the diagnosis' own pieces, already cut
+        gaps = dx.gaps
     out = (idle_gaps(trace) if gaps is None else gaps).copy()
     if dx.window_ns is not None:
         lo, hi = dx.window_ns

@@ -12,7 +12,7 @@ this page does not depend on the figure builders; the slots are listed in `FIGUR
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -392,12 +392,9 @@ def _kernel_metrics(trace: Trace, dx: Diagnosis, figs: list[Any]) -> Section | N
         top = _cut(metrics.sort_values("duration_ns", ascending=False, kind="stable"),
                    notes, "profiled kernels", n=2 * TOP_ROWS)
         tables.append(_metrics_table(top, notes))
-    rules = _rules(trace.meta.get("ncu_rules") or [], metrics)
+    rules = rule_table(dx, notes)
     if rules is not None:
-        rules = _cut(rules, notes, "rule results", n=2 * TOP_ROWS)
-        tables.append(Table(rules.drop(columns=["full name"]),
-                            caption="Nsight Compute rule results (warnings)",
-                            titles={"kernel": rules["full name"].tolist()}))
+        tables.append(rules)
     return Section("Kernel metrics (Nsight Compute)", notes=notes, figures=figs,
                    tables=tables)
 
@@ -447,30 +444,35 @@ def _missing_text(metrics: pd.DataFrame, absent: list[str]) -> list[str]:
             for row, any_value in zip(lacking.to_dict("records"), measured, strict=True)]
 
 
-def _rules(rules: Sequence[dict[str, Any]], metrics: pd.DataFrame | None) -> pd.DataFrame | None:
-    """ncu's own rule results that warn, with the kernel's short name (and its full name
-    in "full name", for the hover)."""
-    warn = [r for r in rules if r.get("type") in ("warning", "error")]
-    if not warn:
+RULE_ROWS = 2 * TOP_ROWS
+"""Rule results shown, most estimated speedup first (a launch has a few; a long report many)."""
+
+_RULE_HEADERS = {"kernel_id": "id", "short_name": "kernel", "rule": "rule", "title": "title",
+                 "type": "type", "speedup_type": "speedup of", "speedup_pct": "speedup",
+                 "message": "message"}
+
+
+def rule_table(dx: Diagnosis, notes: list[str]) -> Table | None:
+    """The Diagnosis' ncu rule findings (`dx.tables["ncu_rules"]`, made by
+    `kernels.metrics.rule_findings`) as every page shows them, so `gpudiag report` and
+    `gpudiag heatmap` list the same rows: the launch id, the kernel's short name (the full
+    demangled one on hover: a template-heavy name fills a cell 40 lines tall), rule, title,
+    type, ncu's estimated speedup and its message. The first RULE_ROWS rows in the table's
+    order (most speedup first), the cut said in `notes`; title and speedup columns that no
+    row fills are left out. None when ncu named no problem (or the Diagnosis has no table).
+    """
+    found = _detail(dx, "ncu_rules")
+    if found is None:
         return None
-    names: dict[int, str] = {}
-    full: dict[int, str] = {}
-    if metrics is not None:
-        names = dict(zip(metrics["kernel_id"].tolist(), metrics["short_name"].astype(str),
-                         strict=True))
-        full = dict(zip(metrics["kernel_id"].tolist(), metrics["name"].astype(str),
-                        strict=True))
-    ids = [int(r["kernel_id"]) if r.get("kernel_id") is not None else None for r in warn]
-    frame = pd.DataFrame({
-        "id": [r.get("kernel_id") for r in warn],
-        "kernel": [names.get(i, "") if i is not None else "" for i in ids],
-        "full name": [full.get(i, "") if i is not None else "" for i in ids],
-        "rule": [str(r.get("title") or r.get("name") or "") for r in warn],
-        "message": [str(r.get("message") or "") for r in warn],
-        "estimated speedup": pd.array([r.get("speedup") for r in warn], dtype="Float64"),
-    })
-    frame["id"] = frame["id"].astype("Int64")
-    return frame
+    if len(found) > RULE_ROWS:  # the whole table is an export away, not an analyze --json
+        notes.append(f"showing the top {RULE_ROWS} of {len(found):,} rule results; "
+                     "`gpudiag export PATH --format csv --tables ncu_rules` writes all")
+    top = found.head(RULE_ROWS).reset_index(drop=True)
+    frame = top[list(_RULE_HEADERS)].rename(columns=_RULE_HEADERS)
+    empty = [c for c in ("title", "speedup of", "speedup") if frame[c].isna().all()]
+    return Table(frame.drop(columns=empty), {"speedup": "pct"},
+                 caption="Nsight Compute rule results (warnings, optimization hints, errors)",
+                 titles={"kernel": top["name"].fillna("").astype(str).tolist()})
 
 
 def _streams(dx: Diagnosis) -> Section | None:

@@ -19,7 +19,7 @@ import pandas as pd
 from gpudiag import intervals as iv
 from gpudiag.analyzers import callsites
 from gpudiag.analyzers.collectives.skew import arrival_skew, typed, wait_intervals
-from gpudiag.analyzers.findings import ADVICE, format_ns, frame
+from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
 from gpudiag.analyzers.steps.training import step_windows
 from gpudiag.trace import Trace
 
@@ -156,6 +156,21 @@ def overlap(trace: Trace, *, steps: bool = True) -> pd.DataFrame:
                      "step_source": source,
                      **_overlap_numbers(group, compute.get((r, d), _NONE), window)})
     return typed(pd.DataFrame(rows), OVERLAP_COLUMNS)
+
+
+def analyze(trace: Trace) -> Result:
+    """The collectives analyzer's one result: comm_wait / comm findings and three tables.
+
+        result = calls.analyze(trace)
+        result.tables["collective_stats"]; result.tables["overlap"]
+        result.tables["arrival_skew"].drop_duplicates("match_id")
+
+    The arrival skew is the one the findings and the loss model's comm_wait use: matched
+    once per trace.
+    """
+    return Result(findings(trace), {"collective_stats": collective_stats(trace),
+                                    "overlap": overlap(trace),
+                                    "arrival_skew": arrival_skew(trace)})
 
 
 def findings(trace: Trace, *, min_lost_ns: int = 100_000, large_bytes: int = 32 << 20,

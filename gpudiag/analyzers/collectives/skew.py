@@ -70,8 +70,16 @@ def arrival_skew(trace: Trace, *, match: str = "auto", agree_share: float = 0.9,
     of this rank's kernel spent waiting for the last rank. `last_rank` arrived last,
     `skew_ns` = latest - earliest start, `ranks` = ranks present in the group (the skew is
     among the ranks in the trace, not the whole communicator). `matched_by` is 'seq' or
-    'end'. A trace with fewer than two ranks has no skew: the frame is empty.
+    'end'. A trace with fewer than two ranks has no skew: the frame is empty. Computed once
+    per trace and options (the loss model's comm_wait and the collectives analyzer share
+    it); do not modify the frame you get back.
     """
+    options = (match, agree_share, end_tolerance, clock_factor)
+    return trace.derived(f"arrival_skew:{options!r}", lambda: _arrival_skew(trace, *options))
+
+
+def _arrival_skew(trace: Trace, match: str, agree_share: float, end_tolerance: float,
+                  clock_factor: float) -> pd.DataFrame:
     calls = _timed_calls(trace)
     if calls.empty or calls["rank"].nunique() < 2:
         return typed(None, SKEW_COLUMNS)

@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from gpudiag.analyzers import callsites
-from gpudiag.analyzers.findings import ADVICE, format_ns, frame
+from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
 from gpudiag.analyzers.losses.gaps import idle_gaps
 from gpudiag.names import short_names
 from gpudiag.trace import Trace
@@ -81,6 +81,19 @@ def _next_names(trace: Trace, pieces: pd.DataFrame) -> np.ndarray:
                  else "copy " + rows["kind"].astype(str))
         out[mine] = np.asarray(label, dtype=object)
     return out
+
+
+def analyze(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any) -> Result:
+    """The host-gaps analyzer's one result: launch_bound and host_bound findings.
+
+        result = bound.analyze(trace)
+        result.findings[["cause", "where", "lost_ns"]]
+        bound.analyze(trace, dx.gaps)           # the waterfall's pieces, not found again
+
+    No tables: its pieces are the waterfall's idle gaps (`Diagnosis.gaps`). `gaps`: the
+    idle gaps already found (cut to the window), else `idle_gaps(trace, **gap_options)`.
+    """
+    return Result(findings(trace, gaps, **gap_options))
 
 
 def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,

@@ -33,7 +33,7 @@ import pandas as pd
 
 from gpudiag import intervals as iv
 from gpudiag.analyzers import callsites, keys
-from gpudiag.analyzers.findings import frame
+from gpudiag.analyzers.findings import Result, frame
 from gpudiag.analyzers.host.advice import advice, evidence
 from gpudiag.analyzers.host.categories import (
     CATEGORIES,
@@ -295,6 +295,22 @@ def _empty_by_step() -> pd.DataFrame:
 
 
 # -- findings -------------------------------------------------------------------------------
+
+
+def analyze(trace: Trace) -> Result:
+    """The host-steps analyzer's one result: host findings and the four host tables.
+
+        result = steps.analyze(trace)
+        result.findings[["cause", "share", "where"]]
+        result.tables["host_by_step"].set_index("step")
+
+    `host_breakdown`, `host_by_step`, `host_top_ops` and `host_memory` are all read from
+    one pass over the host ops.
+    """
+    return Result(findings(trace), {"host_breakdown": host_breakdown(trace),
+                                    "host_by_step": host_by_step(trace),
+                                    "host_top_ops": host_top_ops(trace),
+                                    "host_memory": host_memory(trace)})
 
 
 def findings(trace: Trace, *, min_share: float = 0.1, min_op_share: float = 0.2,

@@ -26,7 +26,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from gpudiag.analyzers import callsites, keys
-from gpudiag.analyzers.findings import ADVICE, format_ns, frame
+from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
 from gpudiag.analyzers.kernels import occupancy as occ
 from gpudiag.analyzers.losses.waterfall import COMM_KERNEL
 from gpudiag.names import short_names
@@ -354,6 +354,19 @@ def _thread_windows(trace: Trace) -> pd.Series:
     spans = spans.dropna(subset=["pid", "tid"])
     g = spans.groupby(["pid", "tid"])
     return (g["end_ns"].max() - g["start_ns"].min()).astype("int64")
+
+
+def analyze(trace: Trace) -> Result:
+    """The launch analyzer's one result: small-grid and tail findings and its two tables.
+
+        result = launch.analyze(trace)
+        result.tables["small_grid"].head()      # per kernel name
+        result.tables["launch_rate"]            # per host thread
+
+    Occupancy is computed once per trace and shared by the three.
+    """
+    return Result(findings(trace), {"small_grid": small_grid(trace),
+                                    "launch_rate": launch_rate(trace)})
 
 
 def findings(trace: Trace, *, tail_min_speedup: float = 0.2,

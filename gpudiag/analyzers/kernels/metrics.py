@@ -3,8 +3,10 @@
 `kernel_metrics` pivots the long `metrics` table into one row per profiled kernel with the
 numbers ncu's Details page leads with (Speed of Light, occupancy, cache hit rates) and decides
 the SOL bottleneck exactly as ncu's `SOLBottleneck` rule does, so a report can explain a
-kernel without ncu installed. `rules` flattens ncu's own rule results; `findings` turns both
-into gpudiag findings.
+kernel without ncu installed. `rules` flattens ncu's own rule results and `rule_findings`
+keeps those that name a problem (the one table of them every page shows); `findings` turns
+the metrics and the rules into gpudiag findings, and `analyze` returns both, with the tables,
+from one `kernel_metrics` computation.
 
 Metric names depend on the ncu version and, much more, on the sections collected
 (`--set basic` has no Memory Workload Analysis, custom section files have what they list).
@@ -74,6 +76,18 @@ RULE_COLUMNS: Mapping[str, str] = {
     "section": "string", "title": "string", "type": "string", "speedup_type": "string",
     "speedup_pct": "Float64", "focus_metrics": "string", "message": "string",
 }
+
+#: `rule_findings` columns and dtypes: the rule results a user should act on
+RULE_FINDING_COLUMNS: Mapping[str, str] = {
+    "kernel_id": "int64", "name": "string", "short_name": "string", "rule": "string",
+    "title": "string", "type": "string", "speedup_type": "string", "speedup_pct": "Float64",
+    "message": "string",
+}
+
+#: ncu rule result types (ncu_report's MsgType, lower-cased) that name a problem; the
+#: others are `ok` (ncu: "the message is informative") and `none` (no type); see
+#: `rule_findings`
+ACTIONABLE_RULE_TYPES = ("warning", "optimization", "error")
 
 #: ncu SOLBottleneck titles (SpeedOfLight.py), in the rule's decision order
 SMALL_GRID, LATENCY = "Small Grid", "Latency Issue"
@@ -261,6 +275,36 @@ def rules(trace: Trace) -> pd.DataFrame:
     return out.astype(dict(RULE_COLUMNS)).reset_index(drop=True)
 
 
+def rule_findings(trace: Trace) -> pd.DataFrame:
+    """ncu's rule results a user should act on, most estimated speedup first: THE table of
+    them (`gpudiag report` and `gpudiag heatmap` both list this one, from the Diagnosis).
+
+        found = rule_findings(trace)
+        found[["short_name", "rule", "title", "type", "speedup_pct"]].head()
+        found[found["type"] == "warning"]
+
+    One row per (kernel_id, rule result) of `rules` whose type names a problem
+    (ACTIONABLE_RULE_TYPES). ncu_report's MsgType says what each type means: `optimization`
+    "represents a suggestion for performance optimization" (in the fixtures, every result
+    with an estimated speedup), `warning` "a warning or fixable issue", `error` "an error,
+    potentially in executing the rule" (kept: a rule that failed on a kernel, e.g. for a
+    metric not collected, left that kernel unchecked, and the message names the metric).
+    Dropped: `ok`, "informative" (the bottleneck of a kernel near peak, a roofline ratio:
+    nothing to change), and `none` (no type; in the fixtures, results without a message).
+    Sorted by `speedup_pct` (ncu's estimate; `speedup_type` says whether it is `global`, a
+    share of the kernel's time, or `local`), largest first, none last, ties in ncu's order.
+    `short_name` is `gpudiag.names.short_names` of the full `name`; `message` is plain text
+    (`plain_message`).
+    """
+    found = rules(trace)
+    found = found[found["type"].str.lower().isin(ACTIONABLE_RULE_TYPES).fillna(False)
+                  .to_numpy(dtype=bool)]
+    found = found.sort_values("speedup_pct", ascending=False, kind="stable",
+                              na_position="last", ignore_index=True)
+    found["short_name"] = short_names(found["name"]).astype("string")
+    return found.loc[:, list(RULE_FINDING_COLUMNS)].astype(dict(RULE_FINDING_COLUMNS))
+
+
 def _focus(metrics: Any) -> str | None:
     """ncu's focus metrics ({name, value, severity, info} dicts) as one line."""
     if not isinstance(metrics, list) or not metrics:
@@ -316,12 +360,33 @@ PROBLEMS: Mapping[str, Problem] = {
 }
 
 
-def findings(trace: Trace, **thresholds: float) -> pd.DataFrame:
+def analyze(trace: Trace, **thresholds: float) -> fnd.Result:
+    """The Nsight Compute analyzer's one result: its findings and the tables they come
+    from, `kernel_metrics` computed once (what `diagnose` keeps and the reports read).
+
+        result = analyze(trace)
+        result.findings                    # == findings(trace)
+        result.tables["kernel_metrics"]    # == kernel_metrics(trace)
+        result.tables["ncu_rules"]         # == rule_findings(trace): what the pages list
+
+    `thresholds` go to kernel_metrics, so the findings and the table agree on them.
+    """
+    metrics = kernel_metrics(trace, **thresholds)
+    return fnd.Result(findings=findings(trace, metrics=metrics, **thresholds),
+                      tables={"kernel_metrics": metrics, "ncu_rules": rule_findings(trace)})
+
+
+def findings(trace: Trace, *, metrics: pd.DataFrame | None = None,
+             **thresholds: float) -> pd.DataFrame:
     """Findings (findings.frame) per kernel name x problem; `thresholds` go to kernel_metrics.
 
         f = findings(trace)
         f[["cause", "lost_ns", "where", "count", "evidence"]]
         findings(trace, l2_hit_rate_min=50.0)
+
+    `metrics`: `kernel_metrics(trace, **thresholds)` when the caller has it already (so
+    `analyze` computes it once); pass the same `thresholds`, as the evidence names them.
+    It is read, never changed.
 
     Problems (PROBLEMS): small grid (cause `small_grid`), latency issue, low L2 hit rate,
     achieved-occupancy gap, low theoretical occupancy (cause `kernel`). `lost_ns` sums, over
@@ -331,7 +396,7 @@ def findings(trace: Trace, **thresholds: float) -> pd.DataFrame:
     cannot help before the grid grows), and a low L2 hit rate while memory throughput is
     low (misses then do not limit the kernel; a latency finding covers slow memory).
     """
-    km = kernel_metrics(trace, **thresholds)
+    km = kernel_metrics(trace, **thresholds) if metrics is None else metrics
     masks = _problem_masks(km)
     rows = [km.loc[mask.fillna(False).to_numpy()].assign(problem=name)
             for name, mask in masks.items()]

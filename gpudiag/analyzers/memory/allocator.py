@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analyzers import findings as found
+from gpudiag.analyzers.findings import Result
 from gpudiag.analyzers.memory.grid import occupancy_grid
 from gpudiag.analyzers.memory.replay import Key, Steps, keys_of, replay_devices, select
 from gpudiag.analyzers.memory.sites import free_pieces, internal_waste, site_label, sites
@@ -89,9 +90,11 @@ def fragmentation(trace: Trace) -> pd.DataFrame:
     Without a snapshot: one row per profiler event with totals (`source` totals: free =
     reserved - allocated, fragmentation NA: the layout is unknown), else per event with a
     `delta_bytes` (`source` deltas: allocated = their running sum, reserved unknown).
-    Host memory (`device` -1) is left out.
+    Host memory (`device` -1) is left out. Computed once per trace (the findings and the
+    report's memory figures read the same frame); do not modify the frame you get back.
     """
-    return _fragmentation(trace, replay_devices(trace))
+    return trace.derived("fragmentation",
+                         lambda: _fragmentation(trace, replay_devices(trace)))
 
 
 def _fragmentation(trace: Trace, replays: dict[Key, Steps]) -> pd.DataFrame:
@@ -274,6 +277,18 @@ def _steps_of(trace: Trace, rows: pd.DataFrame) -> pd.Series:
 # -- findings ----------------------------------------------------------------------------------
 
 
+def analyze(trace: Trace) -> Result:
+    """The allocator analyzer's one result: its findings and the table they were read from.
+
+        result = allocator.analyze(trace)
+        result.findings[["where", "count", "evidence"]]
+        result.tables["fragmentation"].groupby("device").tail(1)
+
+    One replay per device serves both (`replay_devices` is computed once per trace).
+    """
+    return Result(findings(trace), {"fragmentation": fragmentation(trace)})
+
+
 def findings(trace: Trace, *, min_stranded_bytes: int = 1 << 30,
              min_stranded_share: float = 0.1, min_fragmentation: float = 0.5,
              expandable_min_segments: int = 4) -> pd.DataFrame:
@@ -296,8 +311,7 @@ def findings(trace: Trace, *, min_stranded_bytes: int = 1 << 30,
     the allocation pattern's doing, and REUSE_ADVICE is the fix). Profiler totals without a
     snapshot give no finding: they cannot tell free bytes from split ones.
     """
-    replays = replay_devices(trace)
-    frag = _fragmentation(trace, replays)
+    replays, frag = replay_devices(trace), fragmentation(trace)
     verdicts = ooms(trace, frag)
     pieces, culprits = free_pieces(trace), sites(trace)
     rows = []

@@ -154,8 +154,13 @@ def replay_devices(trace: Trace, samples: int = 0) -> dict[Key, Steps]:
     Keys are (rank, device) with None for NA. A device is replayed when it has blocks at
     dump time or history rows without totals (snapshot entries carry none; profiler
     `[memory]` events carry both totals and are read as they are). A device whose history
-    gave every segment back before the dump replays from an empty layout.
+    gave every segment back before the dump replays from an empty layout. Replayed once per
+    trace and `samples` (fragmentation, the findings and the report's figures share it).
     """
+    return trace.derived(f"replay_devices:{samples}", lambda: _replay_devices(trace, samples))
+
+
+def _replay_devices(trace: Trace, samples: int) -> dict[Key, Steps]:
     blocks, events = trace.memory_blocks, history(trace)
     events = events[(events["total_allocated_bytes"].isna()
                      & events["total_reserved_bytes"].isna()).to_numpy(bool)]

@@ -1,0 +1,220 @@
+"""ncu's rule findings are one table: `rule_findings` filters and orders them, `analyze` puts
+it in the Diagnosis (`dx.tables["ncu_rules"]`), and `gpudiag report` and `gpudiag heatmap`
+both list exactly its rows, on every real Nsight Compute report.
+
+The pages are parsed with `html.parser` (as tests/test_html_report.py does): the rule table
+is the one whose caption starts with RULE_CAPTION, and a row is read back as the text of its
+cells (the `<wbr>` wrap points dropped, entities decoded) plus the kernel cell's hover title.
+"""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import gpudiag
+from gpudiag.analyzers.kernels import metrics as km
+from gpudiag.analyzers.kernels.metrics import ACTIONABLE_RULE_TYPES, analyze, rule_findings
+from gpudiag.reports.build import heatmap_page, report_page
+from gpudiag.reports.html_report import RULE_ROWS
+from gpudiag.trace import Trace
+from tests.conftest import fixtures, fixtures_dir
+from tests.test_kernel_metrics import SM, metric_trace
+
+NCU = fixtures("ncu/*.ncu-rep")
+RULE_CAPTION = "Nsight Compute rule results"
+DURATION = "gpu__time_duration.sum"
+
+
+class Tables(HTMLParser):
+    """Every `<table>` of a page: its caption, headers and body rows (cell text, title)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tables: list[dict[str, Any]] = []
+        self._cell: list[str] | None = None
+        self._title: str | None = None
+        self._caption: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self.tables.append({"caption": "", "headers": [], "rows": []})
+        elif tag == "caption":
+            self._caption = []
+        elif tag == "tr" and self.tables:
+            self.tables[-1]["rows"].append([])
+        elif tag in ("td", "th"):
+            self._cell, self._title = [], dict(attrs).get("title")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "caption" and self._caption is not None:
+            self.tables[-1]["caption"] = "".join(self._caption)
+            self._caption = None
+        elif tag == "th" and self._cell is not None:
+            self.tables[-1]["headers"].append("".join(self._cell))
+            self._cell = None
+        elif tag == "td" and self._cell is not None:
+            self.tables[-1]["rows"][-1].append(("".join(self._cell), self._title))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._caption is not None:
+            self._caption.append(data)
+        elif self._cell is not None:
+            self._cell.append(data)
+
+
+def page_rule_rows(document: str) -> list[tuple[str, ...]]:
+    """The (id, kernel, full name on hover, rule, message) rows of the page's ncu rule
+    table; [] when the page has none. Fails when it has several."""
+    parser = Tables()
+    parser.feed(document)
+    parser.close()
+    found = [t for t in parser.tables if t["caption"].startswith(RULE_CAPTION)]
+    assert len(found) <= 1, [t["caption"] for t in found]
+    if not found:
+        return []
+    headers = found[0]["headers"]
+    rows = []
+    for cells in found[0]["rows"]:
+        if not cells:  # the header row: <th> cells only
+            continue
+        by_header = dict(zip(headers, cells, strict=True))
+        rows.append((by_header["id"][0], by_header["kernel"][0], by_header["kernel"][1] or "",
+                     by_header["rule"][0], by_header["message"][0]))
+    return rows
+
+
+def table_rows(found: pd.DataFrame) -> list[tuple[str, ...]]:
+    """The rows a page must list from a `rule_findings` table, as its cells read back."""
+    def text(value: Any) -> str:
+        return "" if pd.isna(value) else str(value)
+
+    return [(f"{int(row.kernel_id):,}", text(row.short_name), text(row.name), text(row.rule),
+             text(row.message)) for row in found.head(RULE_ROWS).itertuples(index=False)]
+
+
+# -- every real Nsight Compute report ------------------------------------------------------
+
+
+def real_report(path: Path | None) -> Trace:
+    if path is None:
+        pytest.skip(f"no shared Nsight Compute fixtures under {fixtures_dir() / 'ncu'}")
+    pytest.importorskip("ncu_report")
+    return gpudiag.load(path)
+
+
+@pytest.mark.parametrize("path", NCU or [None], ids=[p.name for p in NCU] or ["absent"])
+def test_report_and_heatmap_list_the_diagnosis_rule_rows(path: Path | None) -> None:
+    trace = real_report(path)
+    dx = gpudiag.diagnose(trace)
+    assert "ncu_rules" in dx.tables, sorted(dx.tables)
+    expected = table_rows(dx.tables["ncu_rules"])
+    assert expected == table_rows(rule_findings(trace))  # the Diagnosis holds THE table
+    report_rows = page_rule_rows(report_page(trace, dx, cdn=True))
+    heatmap_rows = page_rule_rows(heatmap_page(trace, dx, cdn=True))
+    assert report_rows == heatmap_rows
+    assert report_rows == expected
+
+
+@pytest.mark.parametrize("path", NCU or [None], ids=[p.name for p in NCU] or ["absent"])
+def test_rule_findings_are_the_actionable_rules_most_speedup_first(path: Path | None) -> None:
+    trace = real_report(path)
+    every = km.rules(trace)
+    found = rule_findings(trace)
+    assert len(found) == int(every["type"].isin(ACTIONABLE_RULE_TYPES).sum())
+    assert found["type"].isin(ACTIONABLE_RULE_TYPES).all()
+    assert found.dtypes.astype(str).to_dict() == {
+        c: str(pd.Series(dtype=t).dtype) for c, t in km.RULE_FINDING_COLUMNS.items()}
+    assert found["speedup_pct"].dropna().is_monotonic_decreasing
+    known = found["speedup_pct"].notna().tolist()
+    assert known == sorted(known, reverse=True)  # results without an estimate last
+
+
+# -- synthetic rule results: the exact filter and order ------------------------------------
+
+
+def rule(kernel_id: int, identifier: str, rule_type: str | None,
+         speedup: float | None = None, message: str | None = None) -> dict[str, Any]:
+    """One rule result as the ncu reader stores it in meta["ncu_rules"]."""
+    return {"kernel_id": kernel_id, "rule_identifier": identifier, "name": identifier,
+            "section_identifier": "S", "title": f"{identifier} title",
+            "message": message or f"{identifier} on {kernel_id}", "type": rule_type,
+            "speedup_type": None if speedup is None else "global", "speedup": speedup}
+
+
+NAMES = ["void ns::gemm<float, 128>(float const*, float*, int)", "relu_kernel(float*)"]
+RULES = [
+    rule(0, "Ok", "ok", 90.0),                  # informative: dropped even with a speedup
+    rule(0, "WarnNoSpeedup", "warning"),
+    rule(1, "OptSmall", "optimization", 5.0),
+    rule(0, "Untyped", "none"),                 # no type: dropped
+    rule(1, "Failed", "error"),
+    rule(0, "OptLarge", "optimization", 40.0),
+    rule(1, "OptTie", "optimization", 5.0),     # ties keep ncu's order
+    rule(0, "Missing", None),                   # no type at all: dropped
+    rule(1, "Linked", "warning", message="see @section:Occupancy:the Occupancy section@"),
+]
+
+
+def rules_trace(ncu_rules: list[dict[str, Any]]) -> Trace:
+    kernels = pd.DataFrame([{"kernel_id": i, "device": 0, "name": name, "start_ns": 0,
+                             "end_ns": 0} for i, name in enumerate(NAMES)])
+    return Trace(meta={"ncu_rules": ncu_rules, "timeline": False}, kernels=kernels)
+
+
+def test_rule_findings_keep_warnings_optimizations_and_errors_by_speedup() -> None:
+    found = rule_findings(rules_trace(RULES))
+    assert found["rule"].tolist() == ["OptLarge", "OptSmall", "OptTie", "WarnNoSpeedup",
+                                      "Failed", "Linked"]
+    assert found["type"].tolist() == ["optimization"] * 3 + ["warning", "error", "warning"]
+    assert found["speedup_pct"].tolist()[:3] == [40.0, 5.0, 5.0]
+    assert found["speedup_pct"].isna().tolist() == [False] * 3 + [True] * 3
+    assert found["kernel_id"].tolist() == [0, 1, 1, 0, 1, 1]
+    assert found["name"].tolist() == [NAMES[i] for i in (0, 1, 1, 0, 1, 1)]
+    assert found["short_name"].tolist()[:2] == ["gemm<float, 128>", "relu_kernel"]
+    assert found["message"].iloc[-1] == "see the Occupancy section"  # plain text
+    assert list(found.columns) == list(km.RULE_FINDING_COLUMNS)
+
+
+def test_rule_findings_of_a_trace_without_problems_is_empty_and_typed() -> None:
+    for trace in (Trace(), rules_trace([]), rules_trace([rule(0, "Ok", "ok")])):
+        found = rule_findings(trace)
+        assert found.empty
+        assert found.dtypes.astype(str).to_dict() == {
+            c: str(pd.Series(dtype=t).dtype) for c, t in km.RULE_FINDING_COLUMNS.items()}
+
+
+def test_analyze_is_the_findings_and_tables_of_one_kernel_metrics() -> None:
+    trace = metric_trace({SM: 20.0, DURATION: 1000.0},
+                         ncu_rules=[rule(0, "OptSmall", "optimization", 5.0),
+                                    rule(0, "Ok", "ok")])
+    result = analyze(trace)
+    assert result.findings.equals(km.findings(trace))
+    assert result.tables["kernel_metrics"].equals(km.kernel_metrics(trace))
+    assert result.tables["ncu_rules"].equals(rule_findings(trace))
+    assert km.findings(trace, metrics=result.tables["kernel_metrics"]).equals(result.findings)
+
+
+def test_both_pages_cut_a_long_rule_table_to_the_same_rows() -> None:
+    many = [rule(0, f"R{i}", "warning", float(i % 7) if i % 3 else None)
+            for i in range(RULE_ROWS + 20)]
+    trace = metric_trace({SM: 20.0, DURATION: 1000.0}, ncu_rules=many)
+    dx = gpudiag.diagnose(trace)
+    report, heatmap = report_page(trace, dx, cdn=True), heatmap_page(trace, dx, cdn=True)
+    report_rows = page_rule_rows(report)
+    assert len(report_rows) == RULE_ROWS
+    assert report_rows == page_rule_rows(heatmap) == table_rows(dx.tables["ncu_rules"])
+    note = f"showing the top {RULE_ROWS} of {RULE_ROWS + 20} rule results"
+    assert note in report and note in heatmap
+
+
+def test_heatmap_without_a_diagnosis_says_why_no_rules_are_listed() -> None:
+    trace = metric_trace({SM: 20.0}, ncu_rules=[rule(0, "WarnNoSpeedup", "warning")])
+    document = heatmap_page(trace, None, cdn=True)
+    assert page_rule_rows(document) == []
+    assert "Not listed: no diagnosis was given" in document
