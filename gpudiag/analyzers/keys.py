@@ -5,6 +5,13 @@ operations; joining kernels to their launch calls that way cost more than the wh
 model. Here each key column is factorized once (NA is a value of its own), the codes are
 combined into one int64 per row, and joins are a sort plus `searchsorted`. Regexes run
 once per distinct name (pandas categories), never once per row.
+
+Missing keys: a table's rank, device or pid is pandas NA when unknown (schema.py), never -1.
+Numeric code that needs plain int64 arrays takes them from `key_array`, where `MISSING`
+stands for NA, and hands results back through `key_column`, which turns it into NA again:
+the sentinel lives only inside those arrays and never reaches a result. (The memory table's
+`device == -1` is a value, host memory, not a missing key: it never goes through
+`key_column`.)
 """
 
 from __future__ import annotations
@@ -17,6 +24,22 @@ import numpy.typing as npt
 import pandas as pd
 
 IntArray = npt.NDArray[np.int64]
+
+#: what stands for a missing rank, device or pid inside `key_array`'s int64 arrays (only
+#: there: tables hold pandas NA)
+MISSING = -1
+
+
+def key_array(column: pd.Series | npt.ArrayLike) -> IntArray:
+    """A rank, device or pid column as int64, NA as `MISSING`, for numpy grouping and
+    matching (`np.unique`, `searchsorted`, equality with a known key)."""
+    return pd.Series(column).astype("Int64").fillna(MISSING).to_numpy(np.int64)
+
+
+def key_column(values: pd.Series | npt.ArrayLike) -> pd.Series:
+    """int64 key values back as a nullable Int64 column: `MISSING` becomes NA."""
+    column = pd.Series(values).astype("Int64")
+    return column.mask(column == MISSING)
 
 
 def codes(*columns: pd.Series | npt.ArrayLike) -> IntArray:
