@@ -387,3 +387,39 @@ def test_damaged_xspace_raises_input_error_or_loads(data: st.DataObject, tmp_pat
         assert str(path) in str(exc)
     else:
         trace.validate()
+
+
+# -- which reader a Chrome JSON goes to: the registry decides, not the Kineto reader -------
+
+
+REAL_PERFETTO = ROOT / "tests" / "data" / "jax_cpu_train_perfetto.trace.json.gz"
+
+
+def test_real_jax_trace_viewer_json_is_sent_to_the_jax_reader_by_the_registry() -> None:
+    """jax.profiler's own JSON (tests/data, recorded on CPU): the sniff sees its plane-named
+    processes, so the Kineto reader is never tried on it; the steps are the jitted step's
+    executions, as in the XSpace of the same program."""
+    from gpudiag.analyzers.steps.training import summary, training_steps
+    from gpudiag.readers.registry import detect
+
+    assert detect(REAL_PERFETTO).name == "jax-perfetto"
+    trace = gpudiag.load(REAL_PERFETTO)
+    assert trace.meta["format"] == "jax-perfetto"
+    assert trace.meta["sources"][0]["format"] == "jax-perfetto"
+    info = summary(training_steps(trace))
+    assert info["count"] == 20 and info["method"] == "jit_function"
+    assert "train_step" in info["detail"]
+
+
+def test_a_kineto_trace_naming_a_process_like_an_xla_plane_stays_kineto(tmp_path: Path) -> None:
+    """Kineto's header keys win over a process name that happens to look like a plane."""
+    from gpudiag.readers.registry import detect
+
+    doc = {"schemaVersion": 1, "traceEvents": [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0,
+         "dur": 2.0}]}
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_text(json.dumps(doc))
+    assert detect(path).name == "chrome-trace"
+    assert gpudiag.load(path).meta["format"] != "jax-perfetto"

@@ -70,6 +70,21 @@ def _is_pickle(p: Probe) -> bool:
     return len(p.head) > 2 and p.head[0] == 0x80 and 2 <= p.head[1] <= 5
 
 
+#: a trace-viewer process named after an XLA plane ("/host:CPU", "/device:GPU:0")
+_XLA_PLANE_NAME = re.compile(rb'"name"\s*:\s*"/(?:host|device):')
+#: header keys only Kineto writes
+_KINETO_KEY = re.compile(rb'"(?:schemaVersion|deviceProperties|baseTimeNanoseconds|'
+                         rb'distributedInfo|traceName)"\s*:')
+
+
+def _is_jax_chrome_trace(p: Probe) -> bool:
+    # jax.profiler's Chrome JSON names its processes after the XSpace planes, in metadata
+    # events it writes first; Kineto's header keys come first in its traces.
+    head = p.text_head
+    return bool(_JSON_START.match(head)) and bool(_XLA_PLANE_NAME.search(head)) \
+        and not _KINETO_KEY.search(head)
+
+
 def _is_xplane(p: Probe) -> bool:
     # XSpace field 1 (planes), length-delimited: tag byte 0x0a, then a plane whose name is
     # "/host:..." or "/device:..." within its first bytes.
@@ -113,7 +128,12 @@ register(
     "gpudiag.readers.nccl_tests:read",
 )
 register(
-    "chrome-trace", "PyTorch profiler / Kineto trace, or JAX Perfetto trace (Chrome JSON)",
+    "jax-perfetto", "JAX profiler trace-viewer JSON (perfetto_trace.json.gz, *.trace.json.gz)",
+    _is_jax_chrome_trace,
+    "gpudiag.readers.xplane.reader:read_perfetto",
+)
+register(
+    "chrome-trace", "PyTorch profiler / Kineto trace (Chrome JSON)",
     lambda p: bool(_JSON_START.match(p.text_head)),
     "gpudiag.readers.kineto.reader:read",
 )

@@ -46,12 +46,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("steps", type=int, nargs="?", default=20)
     parser.add_argument("--trace", help="record with jax.profiler into this directory")
+    parser.add_argument("--perfetto", action="store_true",
+                        help="also write the trace-viewer JSON (create_perfetto_trace=True)")
     args = parser.parse_args()
     profiler: Any = contextlib.nullcontext()
     if args.trace:
         options = jax.profiler.ProfileOptions()
         options.python_tracer_level = 0
-        profiler = jax.profiler.trace(args.trace, profiler_options=options)
+        profiler = jax.profiler.trace(args.trace, profiler_options=options,
+                                      create_perfetto_trace=args.perfetto)
     with profiler:
         train(args.steps)
 

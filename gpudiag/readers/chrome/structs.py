@@ -87,10 +87,22 @@ def not_a_trace(path: Path, exc: Exception) -> InputError:
                       "expected an object with 'traceEvents' from torch.profiler or jax.profiler")
 
 
-def invalid_json(path: Path, exc: Exception) -> InputError:
+class InvalidJSONError(InputError):
+    """A Chrome trace that is not JSON (`truncated`: JSON cut short, the file ends early).
+
+    Its own class so a reader can react to it (the Kineto reader repairs the bare quotes
+    Kineto leaves in names) without reading the message's text."""
+
+    def __init__(self, path: Path, problem: str, *, truncated: bool) -> None:
+        super().__init__(path, problem, "the profiler may not have finished writing it")
+        self.truncated = truncated
+
+
+def invalid_json(path: Path, exc: Exception) -> InvalidJSONError:
     """Text that is not JSON, or JSON cut short (msgspec.DecodeError)."""
-    problem = "is truncated JSON" if "truncated" in str(exc) else f"is not valid JSON ({exc})"
-    return InputError(path, problem, "the profiler may not have finished writing it")
+    truncated = "truncated" in str(exc)  # msgspec says so only in its message
+    problem = "is truncated JSON" if truncated else f"is not valid JSON ({exc})"
+    return InvalidJSONError(path, problem, truncated=truncated)
 
 
 def too_deep(path: Path) -> InputError:

@@ -141,7 +141,7 @@ class Interner:
         try:
             seen = dict.fromkeys(values)
         except TypeError:
-            return self.codes([v if v is None or _hashable(v) else str(v) for v in values])
+            return self.codes([value if value is None or _hashable(value) else str(value) for value in values])
         index = self.index
         for key in seen:
             if key is not None and key not in index:
@@ -294,11 +294,6 @@ class Events:
 
     def host(self, idx: np.ndarray) -> dict[str, pd.Series]:
         return {"pid": self.pids(idx), "tid": self.tids(idx)}
-
-    def labels(self) -> list[str]:
-        """process_name / thread_name values of the metadata events."""
-        meta = np.flatnonzero(self.group_code == GROUP_IDS["meta"])
-        return [str(v) for v in self.args(meta).values("name") if v is not None]
 
 
 class ArgColumns:

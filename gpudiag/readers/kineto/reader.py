@@ -6,8 +6,8 @@ Times: Kineto writes `ts`/`dur` in microseconds, as floats relative to `baseTime
 when the trace has that key; we add the base back and keep integer nanoseconds (HTA instead
 rounds to whole microseconds). GPU events carry the device as `pid` and the stream as `tid`;
 their host process is found through the CUPTI correlation id of the launching API call.
-A Chrome trace written by `jax.profiler` (process names like `/device:GPU:0`) is handed to
-the JAX reader.
+(A Chrome trace written by `jax.profiler` never comes here: the registry sends it to the
+JAX reader, `readers.xplane.reader.read_perfetto`.)
 """
 
 from __future__ import annotations
@@ -27,7 +27,14 @@ import pandas as pd
 from gpudiag.devices import fill_from_compute_capability, vendor_of
 from gpudiag.errors import InputError
 from gpudiag.intervals import nesting_depth
-from gpudiag.readers.chrome.structs import Document, decode, integers, take, too_deep, triple
+from gpudiag.readers.chrome.structs import (
+    Document,
+    InvalidJSONError,
+    integers,
+    take,
+    too_deep,
+    triple,
+)
 from gpudiag.readers.files import read_bytes
 from gpudiag.readers.kineto import collectives as kineto_collectives
 from gpudiag.readers.kineto import repair as kineto_repair
@@ -63,7 +70,7 @@ RANGE_SOURCE_BY_ID = np.array(
 
 
 def read(path: Path) -> Trace:
-    """Read a Kineto (or JAX Perfetto) Chrome trace into a Trace.
+    """Read a Kineto Chrome trace into a Trace.
 
     A trace that is invalid JSON only because Kineto left bare quotes in event names
     (`kineto_repair`) is read from a repaired copy, and the repair is counted.
@@ -73,8 +80,8 @@ def read(path: Path) -> Trace:
             return _read(path)
         except RecursionError:  # msgspec (or pandas on the values) recursing into a nesting
             raise too_deep(path) from None
-        except InputError as exc:
-            if "is not valid JSON" not in str(exc):
+        except InvalidJSONError as exc:
+            if exc.truncated:
                 raise
             fixed, lines = kineto_repair.escape_bare_quotes(read_bytes(path))
             if not lines:
@@ -107,10 +114,6 @@ def gc_paused() -> Iterator[None]:
 
 def _read(path: Path) -> Trace:
     ev = Events(path)
-    if _is_jax_trace(ev):
-        from gpudiag.readers.xplane.reader import from_perfetto
-
-        return from_perfetto(path, decode(path))
     doc = ev.header
     api = _api(ev)
     calls = Calls(api)
@@ -137,13 +140,6 @@ def _read(path: Path) -> Trace:
     trace.warn("implausible distributedInfo rank or world_size ignored", sum(
         dist.get(k) is not None and trace.meta[k] is None for k in ("rank", "world_size")))
     return trace
-
-
-def _is_jax_trace(ev: Events) -> bool:
-    """A Chrome trace from jax.profiler: no Kineto categories, XLA plane process names."""
-    if len(ev.where(*KINETO_GROUPS)):
-        return False
-    return any(v.startswith(("/device:", "/host:")) for v in ev.labels())
 
 
 def _host_pid_fallback(ev: Events) -> int | None:

@@ -27,7 +27,14 @@ import pandas as pd
 from gpudiag.devices import fill_from_compute_capability
 from gpudiag.errors import InputError
 from gpudiag.intervals import us_to_ns
-from gpudiag.readers.chrome.structs import ArgDecoder, Document, codes_of, column, floats
+from gpudiag.readers.chrome.structs import (
+    ArgDecoder,
+    Document,
+    codes_of,
+    column,
+    decode,
+    floats,
+)
 from gpudiag.readers.files import read_bytes
 from gpudiag.readers.xplane.space import Space, parse_space
 from gpudiag.readers.xplane.tables import Columns, Lane, ints, tables
@@ -68,9 +75,16 @@ def read(path: Path) -> Trace:
     return trace
 
 
+def read_perfetto(path: Path) -> Trace:
+    """Read the Chrome JSON that jax.profiler writes (`perfetto_trace.json.gz` with
+    create_perfetto_trace=True, `<host>.trace.json.gz`): the registry's `jax-perfetto`
+    sniff sends it here, told apart from a Kineto trace by its XLA plane names."""
+    return from_perfetto(path, decode(path))
+
+
 def from_perfetto(path: Path, doc: Document) -> Trace:
     """Read the Chrome JSON that jax.profiler writes (create_perfetto_trace=True), already
-    decoded by the Kineto reader, into the same tables as `read` gives for the XSpace.
+    decoded, into the same tables as `read` gives for the XSpace.
 
     `path` is the file `doc` came from; the JSON holds no plane stats, so devices carry no
     capabilities, and xprof leaves allocator events out of it, so `memory` stays empty."""
