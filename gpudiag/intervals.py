@@ -28,62 +28,63 @@ def union(start: npt.ArrayLike, end: npt.ArrayLike) -> Spans:
 
     Empty intervals (end <= start) add nothing.
     """
-    s, e = as_ns(start), as_ns(end)
-    keep = e > s
-    s, e = s[keep], e[keep]
-    if len(s) == 0:
-        return s, e
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    new = np.empty(len(s), dtype=bool)
+    starts, ends = as_ns(start), as_ns(end)
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if len(starts) == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    new = np.empty(len(starts), dtype=bool)
     new[0] = True
-    new[1:] = s[1:] > reach[:-1]
+    new[1:] = starts[1:] > reach[:-1]
     first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, len(s) - 1)
-    return s[first], reach[last]
+    last = np.append(first[1:] - 1, len(starts) - 1)
+    return starts[first], reach[last]
 
 
 def total(spans: Spans) -> int:
-    s, e = spans
-    return int((e - s).sum())
+    starts, ends = spans
+    return int((ends - starts).sum())
 
 
 def complement(spans: Spans, lo: int, hi: int) -> Spans:
     """The parts of `[lo, hi)` outside a set: the gaps."""
-    s, e = clip(spans, lo, hi)
-    starts = np.concatenate([[lo], e]).astype(np.int64)
-    ends = np.concatenate([s, [hi]]).astype(np.int64)
+    inner_starts, inner_ends = clip(spans, lo, hi)
+    starts = np.concatenate([[lo], inner_ends]).astype(np.int64)
+    ends = np.concatenate([inner_starts, [hi]]).astype(np.int64)
     keep = ends > starts
     return starts[keep], ends[keep]
 
 
 def clip(spans: Spans, lo: int, hi: int) -> Spans:
     """A set restricted to `[lo, hi)`."""
-    s, e = np.maximum(spans[0], lo), np.minimum(spans[1], hi)
-    keep = e > s
-    return s[keep], e[keep]
+    starts, ends = np.maximum(spans[0], lo), np.minimum(spans[1], hi)
+    keep = ends > starts
+    return starts[keep], ends[keep]
 
 
 def covered_before(spans: Spans, t: npt.ArrayLike) -> IntArray:
     """For each time t, how much of the set lies before t."""
-    s, e = spans
+    starts, ends = spans
     t = as_ns(t)
-    if len(s) == 0:
+    if len(starts) == 0:
         return np.zeros(t.shape, dtype=np.int64)
-    lengths = e - s
+    lengths = ends - starts
     before = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    idx = np.searchsorted(s, t, side="right") - 1
+    idx = np.searchsorted(starts, t, side="right") - 1
     inside = idx >= 0
     safe = np.maximum(idx, 0)
-    partial = np.clip(t - s[safe], 0, lengths[safe])
+    partial = np.clip(t - starts[safe], 0, lengths[safe])
     return np.where(inside, before[safe] + partial, 0)
 
 
 def overlap(start: npt.ArrayLike, end: npt.ArrayLike, spans: Spans) -> IntArray:
     """For each interval `[start, end)`, the length of it that lies inside the set."""
-    s, e = as_ns(start), as_ns(end)
-    return np.maximum(covered_before(spans, np.maximum(e, s)) - covered_before(spans, s), 0)
+    starts, ends = as_ns(start), as_ns(end)
+    return np.maximum(
+        covered_before(spans, np.maximum(ends, starts)) - covered_before(spans, starts), 0)
 
 
 def intersect(a: Spans, b: Spans) -> Spans:
@@ -96,22 +97,22 @@ def subtract(a: Spans, b: Spans) -> Spans:
     if len(a[0]) == 0 or len(b[0]) == 0:
         return a
     both = intersect(a, b)
-    lo, hi = int(a[0][0]), int(a[1][-1])
-    return intersect(a, complement(both, lo, hi))
+    low, high = int(a[0][0]), int(a[1][-1])
+    return intersect(a, complement(both, low, high))
 
 
-def _where_count(a: Spans, b: Spans, level: int) -> Spans:
+def _where_count(first: Spans, second: Spans, level: int) -> Spans:
     """Where the number of sets covering a time equals `level` (a sweep line)."""
-    times = np.concatenate([a[0], a[1], b[0], b[1]])
-    steps = np.concatenate([np.ones(len(a[0])), -np.ones(len(a[1])),
-                            np.ones(len(b[0])), -np.ones(len(b[1]))]).astype(np.int64)
+    times = np.concatenate([first[0], first[1], second[0], second[1]])
+    steps = np.concatenate([np.ones(len(first[0])), -np.ones(len(first[1])),
+                            np.ones(len(second[0])), -np.ones(len(second[1]))]).astype(np.int64)
     if len(times) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     order = np.lexsort((steps, times))  # at one time, ends before starts
     times, depth = times[order], np.cumsum(steps[order])
-    on = depth[:-1] == level
-    s, e = times[:-1][on], times[1:][on]
-    return union(s, e)
+    covering = depth[:-1] == level
+    starts, ends = times[:-1][covering], times[1:][covering]
+    return union(starts, ends)
 
 
 class Sweep:
@@ -125,9 +126,9 @@ class Sweep:
     included (sums 0)."""
 
     def __init__(self, start: npt.ArrayLike, end: npt.ArrayLike) -> None:
-        s, e = as_ns(start), as_ns(end)
-        self._keep = e > s
-        times = np.concatenate([s[self._keep], e[self._keep]])
+        starts, ends = as_ns(start), as_ns(end)
+        self._keep = ends > starts
+        times = np.concatenate([starts[self._keep], ends[self._keep]])
         self._order = np.argsort(times, kind="stable")
         times = times[self._order]
         self._nonempty = np.flatnonzero(times[1:] > times[:-1])
@@ -135,8 +136,8 @@ class Sweep:
         self.end = times[self._nonempty + 1]
 
     def sum(self, weight: npt.ArrayLike) -> npt.NDArray[np.float64]:
-        w = np.asarray(weight, dtype=np.float64)[self._keep]
-        steps = np.concatenate([w, -w])[self._order]
+        weights = np.asarray(weight, dtype=np.float64)[self._keep]
+        steps = np.concatenate([weights, -weights])[self._order]
         return np.cumsum(steps)[self._nonempty]
 
 
@@ -147,10 +148,10 @@ def segments(start: npt.ArrayLike, end: npt.ArrayLike,
     each weight column (`weights` (n,) or (n, k); without it, the covering count)."""
     sweep = Sweep(start, end)
     s_arr = as_ns(start)
-    w = np.ones((len(s_arr), 1)) if weights is None else np.asarray(weights, dtype=np.float64)
-    w = w.reshape(len(s_arr), -1)
-    sums = np.column_stack([sweep.sum(w[:, j]) for j in range(w.shape[1])]) if w.shape[1] \
-        else np.zeros((len(sweep.start), 0))
+    matrix = np.ones((len(s_arr), 1)) if weights is None else np.asarray(weights, dtype=np.float64)
+    matrix = matrix.reshape(len(s_arr), -1)
+    sums = np.column_stack([sweep.sum(matrix[:, column]) for column in range(matrix.shape[1])]) \
+        if matrix.shape[1] else np.zeros((len(sweep.start), 0))
     return sweep.start, sweep.end, sums
 
 def nesting_depth(group: npt.ArrayLike, start: npt.ArrayLike, end: npt.ArrayLike) -> IntArray:
@@ -167,36 +168,36 @@ def nesting_depth(group: npt.ArrayLike, start: npt.ArrayLike, end: npt.ArrayLike
     the intervals open at each start are counted with one sort and one searchsorted, and
     only intervals that are partially overlapped are corrected one at a time.
     """
-    g = np.asarray(group)
-    s = np.asarray(start, dtype=np.int64)
-    e = np.maximum(np.asarray(end, dtype=np.int64), s)
-    n = len(s)
-    if n == 0:
+    groups = np.asarray(group)
+    starts = np.asarray(start, dtype=np.int64)
+    ends = np.maximum(np.asarray(end, dtype=np.int64), starts)
+    count = len(starts)
+    if count == 0:
         return np.zeros(0, dtype=np.int64)
-    _, gcode = np.unique(g, return_inverse=True)
+    _, gcode = np.unique(groups, return_inverse=True)
     gcode = gcode.astype(np.int64)
-    times, inverse = np.unique(np.concatenate([s, e]), return_inverse=True)
+    times, inverse = np.unique(np.concatenate([starts, ends]), return_inverse=True)
     span = np.int64(len(times) + 1)
-    srank, erank = inverse[:n].astype(np.int64), inverse[n:].astype(np.int64)
+    srank, erank = inverse[:count].astype(np.int64), inverse[count:].astype(np.int64)
 
     order = np.lexsort((-erank, srank, gcode))  # group, start asc, end desc
-    gs, ss, es = gcode[order], srank[order], erank[order]
-    start_key = gs * span + ss
-    first_in_group = np.searchsorted(gs, gs, side="left")
-    position = np.arange(n, dtype=np.int64) - first_in_group
+    sorted_group, sorted_start, sorted_end = gcode[order], srank[order], erank[order]
+    start_key = sorted_group * span + sorted_start
+    first_in_group = np.searchsorted(sorted_group, sorted_group, side="left")
+    position = np.arange(count, dtype=np.int64) - first_in_group
 
-    end_keys = np.sort(gs * span + es)
+    end_keys = np.sort(sorted_group * span + sorted_end)
     ended = np.searchsorted(end_keys, start_key, side="right") - first_in_group
     # Zero-length intervals starting where i starts sort after i yet count as ended: undo that.
-    zero = es == ss
+    zero = sorted_end == sorted_start
     same_start_last = np.searchsorted(start_key, start_key, side="right") - 1
     zero_count = _count_by_key(start_key, zero)
     zero_block_first = same_start_last - zero_count + 1
-    own = np.arange(n, dtype=np.int64)
+    own = np.arange(count, dtype=np.int64)
     overcount = np.where(zero, zero_count - (own - zero_block_first), zero_count)
     depth_sorted = position - (ended - overcount)
-    depth_sorted -= _partial_overlaps(start_key, gs * span + es, es)
-    depth = np.empty(n, dtype=np.int64)
+    depth_sorted -= _partial_overlaps(start_key, sorted_group * span + sorted_end, sorted_end)
+    depth = np.empty(count, dtype=np.int64)
     depth[order] = np.maximum(depth_sorted, 0)
     return depth
 
@@ -204,18 +205,18 @@ def nesting_depth(group: npt.ArrayLike, start: npt.ArrayLike, end: npt.ArrayLike
 def _partial_overlaps(start_key: IntArray, end_key: IntArray, end_rank: IntArray) -> IntArray:
     """For each interval (in sorted order), how many intervals that opened before it are
     still open at its start but close before its end (they overlap it without containing it)."""
-    n = len(start_key)
+    count = len(start_key)
     # Intervals starting inside interval j occupy positions (j, last_j): those among them
     # that end after j are j's partial overlappers.
     last = np.searchsorted(start_key, end_key, side="left")
-    lo = np.arange(n, dtype=np.int64) + 1
-    has_inner = last > lo
-    inner_max = np.full(n, -1, dtype=np.int64)
-    inner_max[has_inner] = range_max(end_rank, lo[has_inner], last[has_inner])
-    correction = np.zeros(n, dtype=np.int64)
-    for j in np.flatnonzero(inner_max > end_rank):  # rare: only improperly nested data
-        inner = np.arange(lo[j], last[j])
-        correction[inner[end_rank[inner] > end_rank[j]]] += 1
+    first_inner = np.arange(count, dtype=np.int64) + 1
+    has_inner = last > first_inner
+    inner_max = np.full(count, -1, dtype=np.int64)
+    inner_max[has_inner] = range_max(end_rank, first_inner[has_inner], last[has_inner])
+    correction = np.zeros(count, dtype=np.int64)
+    for outer in np.flatnonzero(inner_max > end_rank):  # rare: only improperly nested data
+        inner = np.arange(first_inner[outer], last[outer])
+        correction[inner[end_rank[inner] > end_rank[outer]]] += 1
     return correction
 
 
@@ -250,6 +251,6 @@ def us_to_ns(values: npt.ArrayLike) -> IntArray:
     Splitting off the integer part keeps nanosecond precision for epoch-scale timestamps,
     where `ts * 1000` in float64 would round to 256 ns.
     """
-    us = np.asarray(values, dtype=np.float64)
-    whole = np.floor(us)
-    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
+    micros = np.asarray(values, dtype=np.float64)
+    whole = np.floor(micros)
+    return whole.astype(np.int64) * 1000 + np.rint((micros - whole) * 1000).astype(np.int64)

@@ -104,12 +104,12 @@ class Trace:
 
     def gpu_window_ns(self) -> tuple[int, int] | None:
         """(first start, last end) over kernels and copies, or None without GPU work."""
-        frames = [f for f in (self.kernels, self.copies) if len(f)]
+        frames = [frame for frame in (self.kernels, self.copies) if len(frame)]
         if not frames or not self.meta.get("timeline", True):
             return None
         return (
-            int(min(f["start_ns"].min() for f in frames)),
-            int(max(f["end_ns"].max() for f in frames)),
+            int(min(frame["start_ns"].min() for frame in frames)),
+            int(max(frame["end_ns"].max() for frame in frames)),
         )
 
     def fill_rank(self) -> None:
@@ -129,13 +129,15 @@ class Trace:
 
     def validate(self) -> None:
         """Raise SchemaError listing every table that breaks the schema contract."""
-        problems = [p for name, f in self.tables().items() for p in TABLES[name].problems(f)]
+        problems = [problem for name, frame in self.tables().items()
+                    for problem in TABLES[name].problems(frame)]
         if problems:
             raise SchemaError("; ".join(problems))
 
     def __repr__(self) -> str:
-        counts = ", ".join(f"{k}={v}" for k, v in self.row_counts().items() if v)
-        sources = ", ".join(s.get("format", "?") for s in self.meta["sources"]) or "no source"
+        counts = ", ".join(f"{name}={rows}" for name, rows in self.row_counts().items() if rows)
+        sources = (", ".join(source.get("format", "?") for source in self.meta["sources"])
+                   or "no source")
         return f"<Trace from {sources}: {counts or 'empty'}>"
 
     # -- persistence ----------------------------------------------------------------------
@@ -294,12 +296,12 @@ def merge(traces: Iterable[Trace]) -> Trace:
         if len(trace.kernels):
             offset += int(trace.kernels["kernel_id"].max()) + 1
     tables = {name: _concat(frames) for name, frames in parts.items()}
-    return Trace(meta=_merge_meta([t.meta for t in traces]), **tables)
+    return Trace(meta=_merge_meta([member.meta for member in traces]), **tables)
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """Concatenate keeping categories (pandas turns differing categories into object)."""
-    nonempty = [f for f in frames if len(f)] or frames[:1]
+    nonempty = [frame for frame in frames if len(frame)] or frames[:1]
     out = pd.concat(nonempty, ignore_index=True)
     for col in out.columns:
         if isinstance(nonempty[0][col].dtype, pd.CategoricalDtype) and not isinstance(
@@ -311,18 +313,18 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 def _merge_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
     merged: dict[str, Any] = {"sources": [], "warnings": {}, "tool_versions": {}}
-    ranks = sorted({m["rank"] for m in metas if m.get("rank") is not None})
+    ranks = sorted({info["rank"] for info in metas if info.get("rank") is not None})
     for meta in metas:
         merged["sources"] += meta.get("sources", [])
         for kind, count in meta.get("warnings", {}).items():
             merged["warnings"][kind] = merged["warnings"].get(kind, 0) + count
         merged["tool_versions"].update(meta.get("tool_versions", {}))
-    merged["timeline"] = all(m.get("timeline", True) for m in metas)
+    merged["timeline"] = all(info.get("timeline", True) for info in metas)
     merged["ranks"] = ranks
-    sizes = {m.get("world_size") for m in metas if m.get("world_size") is not None}
+    sizes = {info.get("world_size") for info in metas if info.get("world_size") is not None}
     if len(sizes) == 1:
         merged["world_size"] = sizes.pop()
-    vendors = {m.get("vendor") for m in metas if m.get("vendor")}
+    vendors = {info.get("vendor") for info in metas if info.get("vendor")}
     if len(vendors) == 1:
         merged["vendor"] = vendors.pop()
     return merged

@@ -174,7 +174,7 @@ def load_result(backend: str, run_dir: Path) -> Trace:
 
     files = result_files(backend, run_dir)
     trace = load(files)
-    trace.meta["external"] = {"backend": backend, "files": [str(f) for f in files]}
+    trace.meta["external"] = {"backend": backend, "files": [str(path) for path in files]}
     return trace
 
 

@@ -131,9 +131,10 @@ class HostCollector:
         self.run_dir = run_dir
         self.interval_s = interval_s
         inproc = _load_inproc()
-        self.skipped = [n for n in names if n != "host" and n not in inproc.PLUGINS]
+        self.skipped = [name for name in names if name != "host" and name not in inproc.PLUGINS]
         if inproc.is_launcher():  # torchrun: its workers are profiled, not the launcher
-            self.skipped += [f"{n} (launcher process)" for n in names if n in inproc.PLUGINS]
+            self.skipped += [f"{name} (launcher process)" for name in names
+                             if name in inproc.PLUGINS]
             names = ["host"]
         self.plugins = inproc.Plugins(names, settings, self.report)
         self.window = _load_sibling("collection_window").Window(settings, self.plugins.edge)
@@ -212,7 +213,8 @@ class HostCollector:
     def own_thread_ids(self) -> list[int]:
         """Native ids of gpudiag's threads here (the merge drops their Python events)."""
         threads = [self._thread, *self.window.threads()]
-        return sorted({t.native_id for t in threads if t is not None and t.native_id})
+        return sorted({thread.native_id for thread in threads
+                       if thread is not None and thread.native_id})
 
     def meta(self, end_ns: int | None) -> dict[str, Any]:
         """The per-process Trace meta (what merge_run and the report show per process)."""
@@ -462,7 +464,7 @@ def start_from_env() -> None:
     run_dir = os.environ.get(ENV_RUN_DIR)
     if not run_dir or _active is not None:
         return
-    names = [n for n in os.environ.get(ENV_COLLECTORS, "host").split(",") if n]
+    names = [name for name in os.environ.get(ENV_COLLECTORS, "host").split(",") if name]
     try:
         settings = settings_from_env()
         collector = HostCollector(Path(run_dir), settings["flush_interval_s"], names, settings)

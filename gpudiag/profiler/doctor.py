@@ -77,7 +77,7 @@ def render_text(results: list[Check]) -> str:
 
 def missing_line(results: list[Check]) -> str:
     """One line naming what is missing ("" when nothing is), for `gpudiag profile`."""
-    missing = [c.name for c in results if not c.available]
+    missing = [check.name for check in results if not check.available]
     if not missing:
         return ""
     return f"not available: {', '.join(missing)} (`gpudiag doctor` says how to get them)"

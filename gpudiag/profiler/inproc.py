@@ -166,7 +166,7 @@ class Plugins:
     def __init__(
         self, names: Sequence[str], settings: dict[str, Any], report: Callable[[str], None]
     ) -> None:
-        self.names = [n for n in names if n in PLUGINS]
+        self.names = [name for name in names if name in PLUGINS]
         self.settings = settings
         self.report = report
         self.started: dict[str, Any] = {}

@@ -239,7 +239,7 @@ def _gather(result: SessionResult, plan: Plan, options: ProfileOptions, *, tool:
         except CollectorError as exc:
             notes.append(str(exc))
     if progress is not None:  # a large run takes a while to merge: say what is going on
-        procs = sum(1 for p in (result.run_dir / "procs").iterdir() if p.is_dir())
+        procs = sum(1 for path in (result.run_dir / "procs").iterdir() if path.is_dir())
         progress(f"merging what {procs} process{'es' if procs != 1 else ''} collected...")
     trace = merge_run(result.run_dir, extra=extra)
     if tool is not None:
@@ -262,7 +262,7 @@ def run_notes(run_dir: Path, trace: Trace, plan: Plan, options: ProfileOptions) 
     processes = trace.meta.get("processes", [])
     notes += window_notes(processes)
     notes += _unfinished(processes, trace.meta.get("run", {}).get("watchdog", []))
-    kept = {p.get("pid"): p.get("data", False) for p in processes}
+    kept = {process.get("pid"): process.get("data", False) for process in processes}
     for ended in trace.meta.get("run", {}).get("watchdog", []):
         who = f"rank {ended['rank']}" if ended.get("rank") is not None else "process"
         data = ("its profile was written before it ended" if kept.get(ended["pid"])
@@ -270,7 +270,8 @@ def run_notes(run_dir: Path, trace: Trace, plan: Plan, options: ProfileOptions) 
         notes.append(f"{who} (pid {ended['pid']}) {ended['reason']}: ended with "
                      f"{ended['ended_by']}; {data}, the others' data is kept; its stacks are "
                      f"in {ended['stacks']}")
-    started = sorted({c for p in processes for c in p.get("collectors", [])} - {"host"})
+    started = sorted({collector for process in processes
+                      for collector in process.get("collectors", [])} - {"host"})
     if processes and not started and set(plan.collectors) - {"host"}:
         wanted = ", ".join(sorted(set(plan.collectors) - {"host"}))
         notes.append(f"no in-process collector started ({wanted} start when the program "
@@ -281,7 +282,7 @@ def run_notes(run_dir: Path, trace: Trace, plan: Plan, options: ProfileOptions) 
 def _unfinished(processes: list[dict[str, Any]], ended: list[dict[str, Any]]) -> list[str]:
     """Processes that never ran their final flush (SIGKILL, a crash, os._exit) and were not
     ended by the watchdog (which says its own line): what their profiler held is lost."""
-    by_watchdog = {e.get("pid") for e in ended}
+    by_watchdog = {record.get("pid") for record in ended}
     lines = []
     for process in processes:
         plugins = set(process.get("collectors", [])) & {"torch", "jax"}
@@ -337,7 +338,7 @@ def make_run_dir(cmd: list[str], out_dir: Path | None) -> Path:
     if out_dir is None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         out_dir = RUNS_DIR / f"{stamp}-{_command_name(cmd)}"
-    candidate, n = Path(out_dir), 1
+    candidate, suffix = Path(out_dir), 1
     try:
         while True:
             try:
@@ -346,8 +347,8 @@ def make_run_dir(cmd: list[str], out_dir: Path | None) -> Path:
             except FileExistsError:
                 if candidate.is_dir() and not any(candidate.iterdir()):
                     break
-                n += 1
-                candidate = Path(f"{out_dir}-{n}")
+                suffix += 1
+                candidate = Path(f"{out_dir}-{suffix}")
         (candidate / "procs").mkdir()
     except OSError as exc:  # nothing has run yet: one line, not "cannot start CMD"
         raise InputError(candidate, f"cannot be created as the run directory "
@@ -367,7 +368,7 @@ def _command_name(cmd: list[str]) -> str:
     from gpudiag.commands import program_name
 
     name = program_name(cmd) or (Path(cmd[0]).name if cmd else "")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    safe = "".join(char if char.isalnum() or char in "-_." else "_" for char in name)
     return safe[:40] or "cmd"
 
 
@@ -436,7 +437,8 @@ def _forward_signals(proc: subprocess.Popen[bytes]) -> Iterator[None]:
             proc.send_signal(signum)
 
     try:
-        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {signal_number: signal.signal(signal_number, handler)
+               for signal_number in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread: signals cannot be handled here
         yield
         return

@@ -92,7 +92,7 @@ class Watchdog:
         alive = {pid: info for pid, info in procs.items() if _alive(pid)}
         self._gone |= set(procs) - set(alive)
         if self._rank_done_at is None and any(
-                procs[p]["rank"] is not None for p in self._gone if p in procs):
+                procs[exited]["rank"] is not None for exited in self._gone if exited in procs):
             self._rank_done_at = now
         after_rank = self._rank_done_at is not None and now - self._rank_done_at >= self.grace_s
         for pid, info in alive.items():
@@ -114,7 +114,7 @@ class Watchdog:
     def is_idle(self, samples: list[tuple[float, float]], now: float) -> bool:
         """Whether the CPU samples span the grace period with less than MAX_IDLE_CPU used."""
         del samples[:-int(self.grace_s / POLL_S) - 4]  # keep what the window needs
-        old = [s for s in samples if now - s[0] >= self.grace_s]
+        old = [sample for sample in samples if now - sample[0] >= self.grace_s]
         if not old:
             return False
         since, cpu = old[-1]
@@ -202,7 +202,7 @@ def _python_stacks(pid: int, proc_dir: Path) -> str:
 
 def _wait_channels(pid: int) -> str:
     lines = []
-    for task in sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda p: int(p.name)):
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda path: int(path.name)):
         try:
             name = (task / "comm").read_text().strip()
             wchan = (task / "wchan").read_text().strip() or "-"

@@ -149,25 +149,25 @@ def open_regular(path: Path) -> BinaryIO:
     plain open() waits forever) or a device is refused on the same file descriptor that
     would be read, with no window to swap the file in between. OSError propagates.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        mode = os.fstat(fd).st_mode
+        mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):
             kind = next((name for test, name in _KINDS if test(mode)), "a special file")
             raise InputError(path, f"is not a regular file ({kind})",
                              "gpudiag reads only regular files: point at the profile itself")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
     except BaseException:
-        os.close(fd)
+        os.close(descriptor)
         raise
 
 
 def read_head(path: Path, size: int = HEAD_BYTES) -> tuple[bytes, bool]:
     """The first `size` bytes of the content (decompressed when gzipped) and whether it was."""
     try:
-        with open_regular(path) as f:
-            raw = f.read(size)
+        with open_regular(path) as handle:
+            raw = handle.read(size)
     except OSError as exc:
         raise InputError(path, f"cannot be read ({exc.strerror or exc})") from exc
     if not raw:
@@ -186,17 +186,17 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> tuple[bytes, bool]:
 def read_bytes(path: Path) -> bytes:
     """The whole content, decompressed when gzipped (within the inflation budget)."""
     try:
-        with open_regular(path) as f:
-            first = f.read(2)
+        with open_regular(path) as handle:
+            first = handle.read(2)
             if first != GZIP_MAGIC:
-                return first + f.read()
-            inflater = Inflater(path, os.fstat(f.fileno()).st_size)
+                return first + handle.read()
+            inflater = Inflater(path, os.fstat(handle.fileno()).st_size)
             out = bytearray()
             block = first
             while block:
                 for text in inflater.feed(block):
                     out += text
-                block = f.read(READ_BYTES)
+                block = handle.read(READ_BYTES)
     except OSError as exc:
         raise InputError(path, f"cannot be read ({exc.strerror or exc})") from exc
     except zlib.error as exc:

@@ -45,19 +45,19 @@ DTYPE_BYTES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint
 
 def read(path: Path) -> Trace:
     text = read_bytes(path).decode("utf-8", errors="replace")
-    rows = pd.DataFrame([m.groupdict() for m in _ROW.finditer(text)])
+    rows = pd.DataFrame([match.groupdict() for match in _ROW.finditer(text)])
     if rows.empty:
         raise InputError(path, "is an nccl-tests log without any result rows",
                          "the run may have failed before its first size; check the log's end")
     ranks = len(_RANK.findall(text)) or _ranks_from_header(text)
-    op = _op(path, rows, ranks)
+    operation = _op(path, rows, ranks)
     frames = []
     for placement, suffix in (("out-of-place", "1"), ("in-place", "2")):
         frames.append(pd.DataFrame({
             "bytes": pd.to_numeric(rows["size"]).astype("int64"),
             "dtype": rows["type"],
             "dur_ns": np.rint(pd.to_numeric(rows[f"t{suffix}"]) * 1000).astype("int64"),
-            "name": f"{op} {placement}",
+            "name": f"{operation} {placement}",
             "line": np.arange(len(rows)),
             "placement": 0 if suffix == "1" else 1,
         }))
@@ -66,7 +66,7 @@ def read(path: Path) -> Trace:
     collectives = pd.DataFrame({
         "start_ns": end - measured["dur_ns"].to_numpy(),
         "end_ns": end,
-        "op": op,
+        "op": operation,
         "bytes": measured["bytes"],
         "dtype": measured["dtype"],
         "group_size": ranks or pd.NA,
@@ -85,9 +85,9 @@ def _ranks_from_header(text: str) -> int:
 
 def _op(path: Path, rows: pd.DataFrame, ranks: int) -> str:
     stem = re.sub(r"[^a-z]", "", path.name.lower())
-    for fragment, op in _NAME_OPS:
+    for fragment, operation in _NAME_OPS:
         if fragment in stem:
-            return op
+            return operation
     return _op_from_factor(rows, ranks)
 
 

@@ -88,11 +88,11 @@ def merge_run(run_dir: Path, extra: Sequence[Path] = (), *, compress: bool = Tru
     someone's run directory) leaves the raw segments as they are.
     """
     run_dir = Path(run_dir)
-    procs = sorted(p for p in (run_dir / "procs").glob("*") if p.is_dir())
-    hosts = [_host_part(p) for p in procs if is_trace_dir(p)]
+    procs = sorted(path for path in (run_dir / "procs").glob("*") if path.is_dir())
+    hosts = [_host_part(path) for path in procs if is_trace_dir(path)]
     unreadable: list[str] = []
     parts: list[Trace] = []
-    for proc, host in zip((p for p in procs if is_trace_dir(p)), hosts, strict=True):
+    for proc, host in zip((path for path in procs if is_trace_dir(path)), hosts, strict=True):
         parts.append(host)
         process = host.meta.setdefault("process", {})
         own = process.get("gpudiag_thread_ids") or []
@@ -110,9 +110,11 @@ def merge_run(run_dir: Path, extra: Sequence[Path] = (), *, compress: bool = Tru
     trace.meta.update(
         run=run_info, command=run_info.get("command"),
         backend=(run_info.get("options") or {}).get("backend") or run_info.get("backend"),
-        processes=[h.meta.get("process", {}) for h in hosts],
-        hosts=sorted({h.meta.get("process", {}).get("host", "") for h in hosts} - {""}),
-        ranks=sorted({h.meta["rank"] for h in hosts if h.meta.get("rank") is not None}),
+        processes=[host_trace.meta.get("process", {}) for host_trace in hosts],
+        hosts=sorted({host_trace.meta.get("process", {}).get("host", "")
+                      for host_trace in hosts} - {""}),
+        ranks=sorted({host_trace.meta["rank"] for host_trace in hosts
+                      if host_trace.meta.get("rank") is not None}),
     )
     if nvml is not None:
         trace.meta["nvml"] = nvml.meta.get("nvml", {})
@@ -170,8 +172,8 @@ def _own_cache(path: Path) -> bool:
     if not path.is_dir():
         return False
     try:
-        return all(e.name in _CACHE_FILES and e.is_file(follow_symlinks=False)
-                   for e in os.scandir(path))
+        return all(entry.name in _CACHE_FILES and entry.is_file(follow_symlinks=False)
+                   for entry in os.scandir(path))
     except OSError:
         return False
 
@@ -221,10 +223,11 @@ def _host_part(proc: Path) -> Trace:
     duplicates (same thread, times, name and source) are dropped.
     """
     host = Trace.load_dir(proc)
-    chunks = [c for c in sorted((proc / MARKERS).glob("chunk-*")) if is_trace_dir(c)]
+    chunks = [chunk for chunk in sorted((proc / MARKERS).glob("chunk-*")) if is_trace_dir(chunk)]
     if chunks:
-        frames = [Trace.load_dir(c).ranges for c in chunks] + [host.ranges]
-        ranges = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
+        frames = [Trace.load_dir(chunk).ranges for chunk in chunks] + [host.ranges]
+        ranges = pd.concat([frame for frame in frames if len(frame)] or frames[:1],
+                           ignore_index=True)
         key = ["pid", "tid", "start_ns", "end_ns", "name", "source"]
         host.ranges = ranges.drop_duplicates(key, ignore_index=True)
     return host
@@ -232,11 +235,11 @@ def _host_part(proc: Path) -> Trace:
 
 def _collector_parts(proc: Path, unreadable: list[str]) -> list[Trace]:
     """Each plugin folder's Trace chunks and readable files (markers belong to the host)."""
-    folders = sorted(p for p in proc.iterdir() if p.is_dir() and p.name != MARKERS)
+    folders = sorted(path for path in proc.iterdir() if path.is_dir() and path.name != MARKERS)
     parts: list[Trace] = []
     for folder in folders:
-        entries = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
-        for chunk in (p for p in entries if p.is_dir() and is_trace_dir(p)):
+        entries = sorted(path for path in folder.iterdir() if not path.name.startswith("."))
+        for chunk in (path for path in entries if path.is_dir() and is_trace_dir(path)):
             parts.append(Trace.load_dir(chunk))
         parts += _read_files(_files_below(folder), unreadable)
     return parts
@@ -283,7 +286,8 @@ def load_samples(out_dir: Path) -> Trace | None:
     root = Path(out_dir)
     loaded: dict[Path, Trace] = {}
     for attempt in range(LOAD_ROUNDS):
-        fresh = [p for p in sorted(root.glob("chunk-*")) if p not in loaded and is_trace_dir(p)]
+        fresh = [chunk for chunk in sorted(root.glob("chunk-*"))
+                 if chunk not in loaded and is_trace_dir(chunk)]
         failed = False
         for path in fresh:
             try:

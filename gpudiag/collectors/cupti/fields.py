@@ -153,11 +153,11 @@ def _getter(fields: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
 
     def get(record: Any) -> tuple[Any, ...]:
         if isinstance(record, Mapping):
-            return tuple(_from_dict(record, f) for f in fields)
+            return tuple(_from_dict(record, field) for field in fields)
         try:
             return fast(record)
         except AttributeError:  # an older record version: read field by field
-            return tuple(_from_object(record, f) for f in fields)
+            return tuple(_from_object(record, field) for field in fields)
 
     return get
 
@@ -193,14 +193,15 @@ def records_frame(rows: Mapping[int, Sequence[tuple[Any, ...]]], kinds: tuple[in
     """The rows of `kinds` (one FIELDS layout) column by column, integers as exact Int64
     (never through float64, which would round epoch nanoseconds), plus `record_kind`."""
     fields = FIELDS[kinds[0]]
-    present = [rows[k] for k in kinds if rows.get(k)]
-    records = present[0] if len(present) == 1 else [r for part in present for r in part]
+    present = [rows[kind] for kind in kinds if rows.get(kind)]
+    records = present[0] if len(present) == 1 else [record for part in present for record in part]
     columns = list(zip(*records, strict=True)) if records else [()] * len(fields)
     data: dict[str, Any] = {
-        COLUMN.get(f, f): (pd.Series(list(c), dtype=object) if f in TEXT else _int_array(c))
-        for f, c in zip(fields, columns, strict=True)}
+        COLUMN.get(field, field): (pd.Series(list(column), dtype=object) if field in TEXT
+                                   else _int_array(column))
+        for field, column in zip(fields, columns, strict=True)}
     data["record_kind"] = np.repeat(np.array(kinds, dtype=np.int64),
-                                    [len(rows.get(k, ())) for k in kinds])
+                                    [len(rows.get(kind, ())) for kind in kinds])
     return pd.DataFrame(data)
 
 
@@ -210,7 +211,7 @@ def _int_array(values: Sequence[Any]) -> Any:
         array = np.array(values, dtype=np.int64)
         return pd.arrays.IntegerArray(array, np.zeros(len(array), dtype=bool))
     except (TypeError, ValueError, OverflowError):  # None, or a value beyond int64
-        return pd.array([_as_int(v) for v in values], dtype="Int64")
+        return pd.array([_as_int(value) for value in values], dtype="Int64")
 
 
 def _as_int(value: Any) -> int | None:
@@ -234,7 +235,7 @@ def renamed_names(names: pd.Series, rename: Callable[[str], str]) -> pd.Series:
     """A categorical of `rename(name)`, called once per distinct name (a trace repeats a
     few hundred names)."""
     codes, uniques = pd.factorize(names.to_numpy(dtype=object))
-    new, labels = pd.factorize(pd.Index([rename(str(u)) for u in uniques], dtype=object))
+    new, labels = pd.factorize(pd.Index([rename(str(unique)) for unique in uniques], dtype=object))
     mapped = new[codes] if len(new) else np.full(len(codes), -1)
     return pd.Series(pd.Categorical.from_codes(np.where(codes >= 0, mapped, -1),
                                                categories=labels.astype(str)),
@@ -250,15 +251,16 @@ def base_api_name(name: str) -> str:
 def _cxa_demangle() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     """libstdc++'s demangler and libc's free (its result is malloc'ed), or None."""
     try:
-        fn = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6").__cxa_demangle
+        demangler = ctypes.CDLL(
+            ctypes.util.find_library("stdc++") or "libstdc++.so.6").__cxa_demangle
         free = ctypes.CDLL(None).free
     except (OSError, AttributeError):
         return None
-    fn.restype = ctypes.c_void_p
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+    demangler.restype = ctypes.c_void_p
+    demangler.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
                    ctypes.POINTER(ctypes.c_int)]
     free.argtypes = [ctypes.c_void_p]
-    return fn, free
+    return demangler, free
 
 
 def demangle(name: str) -> str:

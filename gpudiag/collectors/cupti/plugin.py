@@ -147,13 +147,13 @@ class CuptiCollector:
                 "(torch.profiler, Nsight Systems, Nsight Compute) may own CUPTI in this "
                 "process; profile with one backend at a time") from exc
         self._enable()
-        if int(CONCURRENT_KERNEL) not in [int(k) for k in self.enabled]:
+        if int(CONCURRENT_KERNEL) not in [int(kind) for kind in self.enabled]:
             self._stop()
             raise CollectorError(f"CUPTI would not trace kernels: {'; '.join(self.notes)}")
         callsites = self._subscribe_callsites()
         cupti_meta = {"clock_offset_ns": clock.offset_ns,
                       "clock_uncertainty_ns": clock.uncertainty_ns,
-                      "kinds": [getattr(k, "name", str(k)) for k in self.enabled],
+                      "kinds": [getattr(kind, "name", str(kind)) for kind in self.enabled],
                       "python_callsites": callsites, "nvtx_injection": nvtx,
                       "notes": self.notes}
         self.converter = CuptiConverter(
@@ -327,11 +327,11 @@ class CuptiCollector:
         trace.save(tmp)
         os.replace(tmp, self.out_dir / name)
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> None:
+    def _call(self, function: Callable[..., Any], *args: Any) -> None:
         try:
-            fn(*args)
+            function(*args)
         except Exception as exc:
-            self._note(f"{getattr(fn, '__name__', fn)} failed: {exc}")
+            self._note(f"{getattr(function, '__name__', function)} failed: {exc}")
 
     def _note(self, text: str) -> None:
         if len(self.notes) < 50:
@@ -346,7 +346,8 @@ def blocking_cbids(api: Any) -> list[int]:
     enum = getattr(api, "RuntimeApiTraceCbid", None) or getattr(api, "Runtime_api_trace_cbid",
                                                                 None)
     members = getattr(enum, "__members__", {})
-    return sorted({int(m) for n, m in members.items() if BLOCKING_CALLS.match(base_api_name(n))})
+    return sorted({int(member) for name, member in members.items()
+                   if BLOCKING_CALLS.match(base_api_name(name))})
 
 
 def api_name(api: Any, layer: int, cbid: int) -> str | None:
@@ -358,7 +359,7 @@ def api_name(api: Any, layer: int, cbid: int) -> str | None:
     except Exception:
         names = ("DriverApiTraceCbid", "Driver_api_trace_cbid") if layer == DRIVER else (
             "RuntimeApiTraceCbid", "Runtime_api_trace_cbid")
-        for enum in (getattr(api, n, None) for n in names):
+        for enum in (getattr(api, enum_name, None) for enum_name in names):
             for member_name, member in getattr(enum, "__members__", {}).items():
                 if int(member) == cbid:
                     return str(member_name)
@@ -377,14 +378,15 @@ def user_frames(frame: FrameType | None,
         stack.append(frame)
         frame = frame.f_back
     out = []
-    for i, f in enumerate(stack):
-        code = f.f_code
+    for position, stack_frame in enumerate(stack):
+        code = stack_frame.f_code
         user = _USER_CODE.get(code)
         if user is None:
             user = _USER_CODE[code] = not code.co_filename.startswith(_GPUDIAG_DIR) and (
                 is_user_frame(f"{code.co_filename}(0): {code.co_name}"))
         if user:
-            out.append((code.co_filename, f.f_lineno or 0, code.co_name, len(stack) - 1 - i))
+            out.append((code.co_filename, stack_frame.f_lineno or 0, code.co_name,
+                        len(stack) - 1 - position))
             if len(out) == limit:
                 break
     return tuple(out)

@@ -109,19 +109,20 @@ class CuptiConverter:
                 final: bool = False) -> Trace:
         """One batch (`snapshot` output) and the call sites captured with it as a Trace."""
         self.warnings = Counter({"CUPTI records of kinds gpudiag does not read": ignored})
-        f = {name: records_frame(rows, kinds) for name, kinds in GROUPS.items()}
-        self._learn_contexts(f)
-        tables = {"kernels": self._kernels(f["kernels"]),
-                  "copies": self._copies(f["memcpy"], f["memset"]),
-                  "api": self._api(f["api"]), "memory": self._memory(f["memory"]),
-                  "devices": self._devices(f["devices"])}
-        tables["syncs"] = self._syncs(f["syncs"])
-        tables["ranges"] = self._ranges(f["markers"], callsites, final)
+        frames = {name: records_frame(rows, kinds) for name, kinds in GROUPS.items()}
+        self._learn_contexts(frames)
+        tables = {"kernels": self._kernels(frames["kernels"]),
+                  "copies": self._copies(frames["memcpy"], frames["memset"]),
+                  "api": self._api(frames["api"]), "memory": self._memory(frames["memory"]),
+                  "devices": self._devices(frames["devices"])}
+        tables["syncs"] = self._syncs(frames["syncs"])
+        tables["ranges"] = self._ranges(frames["markers"], callsites, final)
         self._forget_calls()
         meta = {"sources": [{"format": "cupti", "pid": self.pid}], "vendor": "nvidia",
                 "timeline": True, "rank": self.rank, **self.meta,
-                "warnings": {k: int(v) for k, v in self.warnings.items() if v}}
-        trace = Trace(meta=meta, **{k: v for k, v in tables.items() if v is not None})
+                "warnings": {key: int(value) for key, value in self.warnings.items() if value}}
+        trace = Trace(meta=meta, **{key: value for key, value in tables.items()
+                                    if value is not None})
         trace.fill_rank()
         return trace
 
@@ -148,11 +149,11 @@ class CuptiConverter:
         return frame[keep].reset_index(drop=True).assign(
             start_ns=start_ns, end_ns=np.maximum(end_ns, start_ns))
 
-    def _learn_contexts(self, f: dict[str, pd.DataFrame]) -> None:
+    def _learn_contexts(self, frames: dict[str, pd.DataFrame]) -> None:
         """context -> device from every record naming both (sync records name only the
         context); kept across batches."""
-        pairs = pd.concat([f[g][["context_id", "device_id"]]
-                           for g in ("contexts", "kernels", "memcpy", "memset")])
+        pairs = pd.concat([frames[group][["context_id", "device_id"]]
+                           for group in ("contexts", "kernels", "memcpy", "memset")])
         pairs = pairs.apply(valid_ids).dropna().drop_duplicates()
         for context, device in pairs.itertuples(index=False):  # a few contexts per process
             self.context_devices[int(context)] = int(device)
@@ -171,8 +172,9 @@ class CuptiConverter:
             "stream": valid_ids(frame["stream_id"]), "start_ns": frame["start_ns"],
             "end_ns": frame["end_ns"], "name": renamed_names(frame["name"], demangle),
             "correlation": frame["correlation_id"],
-            **{c: frame[c] for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y",
-                                     "block_z", "registers_per_thread")},
+            **{column: frame[column] for column in ("grid_x", "grid_y", "grid_z", "block_x",
+                                                    "block_y", "block_z",
+                                                    "registers_per_thread")},
             "smem_bytes": smem, "smem_static_bytes": static, "smem_dynamic_bytes": dynamic,
             "smem_config_bytes": executed.where(plausible),
         }).rename(columns={"registers_per_thread": "regs_per_thread"})
@@ -212,7 +214,7 @@ class CuptiConverter:
         layer = frame["record_kind"].to_numpy(np.int64)
         cbid = frame["cbid"].fillna(-1).to_numpy(np.int64)
         keys, uniques = pd.factorize(layer * (1 << 33) + cbid + 1)  # hashing, no sort
-        labels = [self._api_label(*divmod(int(k) - 1, 1 << 33)) for k in uniques]
+        labels = [self._api_label(*divmod(int(key) - 1, 1 << 33)) for key in uniques]
         codes, names = pd.factorize(pd.Index(labels))
         out = pd.DataFrame({
             "pid": self.pid, "tid": frame["thread_id"], "start_ns": frame["start_ns"],
@@ -232,8 +234,8 @@ class CuptiConverter:
         """Synchronize-family calls by correlation: syncs take their kind and thread from
         them, call sites their span (also when the other record comes a batch later)."""
         names = api["name"].cat.categories  # decided once per distinct name
-        blocking = [n for n in names if base_api_name(n) in SYNC_CALLS
-                    or BLOCKING_CALLS.match(base_api_name(n))]
+        blocking = [category for category in names if base_api_name(category) in SYNC_CALLS
+                    or BLOCKING_CALLS.match(base_api_name(category))]
         wanted = api["name"].isin(blocking) & api["correlation"].notna()
         for corr, name, tid, start, end in api.loc[wanted.to_numpy(bool), [
                 "correlation", "name", "tid", "start_ns", "end_ns"]].itertuples(index=False):
@@ -252,9 +254,9 @@ class CuptiConverter:
         keys = pd.Index(list(self.calls), dtype="int64")
         pos = keys.get_indexer(frame["correlation_id"].fillna(-1).to_numpy(np.int64))
         calls = list(self.calls.values())  # position -1 picks the None appended last
-        names = np.array([c[0] for c in calls] + [None], dtype=object)[pos]
-        tid = pd.array([c[1] for c in calls] + [None], dtype="Int64")[pos]
-        kinds = {n: SYNC_CALLS.get(base_api_name(n)) for n in set(names) if n}
+        names = np.array([call[0] for call in calls] + [None], dtype=object)[pos]
+        tid = pd.array([call[1] for call in calls] + [None], dtype="Int64")[pos]
+        kinds = {name: SYNC_CALLS.get(base_api_name(name)) for name in set(names) if name}
         by_call = pd.Series(names, dtype=object).map(kinds).astype(object)
         sync_id, event = valid_ids(frame["cuda_event_sync_id"]), valid_ids(frame["cuda_event_id"])
         return pd.DataFrame({
@@ -271,9 +273,9 @@ class CuptiConverter:
         driver-level allocations a caching allocator carves its blocks from."""
         if frame.empty:
             return None
-        op, ts = frame["memory_operation_type"], frame["timestamp"]
-        known = op.isin([ALLOCATION, RELEASE]).fillna(False).to_numpy(bool)
-        timed = (ts.notna() & (ts != 0)).fillna(False).to_numpy(bool)
+        operation, timestamps = frame["memory_operation_type"], frame["timestamp"]
+        known = operation.isin([ALLOCATION, RELEASE]).fillna(False).to_numpy(bool)
+        timed = (timestamps.notna() & (timestamps != 0)).fillna(False).to_numpy(bool)
         self.warnings["CUPTI memory records of an unknown operation dropped"] += int(
             (~known).sum())
         self.warnings["CUPTI memory records without timestamps dropped"] += int(
@@ -309,15 +311,15 @@ class CuptiConverter:
         gpudiag's own markers (domain "gpudiag") are left out: the bootstrap records them."""
         out: list[tuple[Any, ...]] = []
         markers = markers.astype(object).where(markers.notna(), None).sort_values(
-            "timestamp", kind="stable", key=lambda t: t.fillna(0).astype("int64"))
-        for ts, flags, mark, name, domain, kind, thread in markers[[
+            "timestamp", kind="stable", key=lambda stamps: stamps.fillna(0).astype("int64"))
+        for timestamp, flags, mark, name, domain, kind, thread in markers[[
                 "timestamp", "flags", "id", "name", "domain", "object_kind",
                 "thread_id"]].itertuples(index=False):  # one per NVTX push or pop
             tid = thread if kind == OBJECT_THREAD else None
-            if not ts or flags is None:
+            if not timestamp or flags is None:
                 self.warnings["NVTX markers without timestamps dropped"] += 1
             elif flags & MARKER_START:
-                self._open[mark] = (ts + self.offset_ns, name, domain, tid, self._depth[tid])
+                self._open[mark] = (timestamp + self.offset_ns, name, domain, tid, self._depth[tid])
                 self._depth[tid] += 1
             elif flags & MARKER_END:
                 begun = self._open.pop(mark, None)
@@ -327,7 +329,8 @@ class CuptiConverter:
                 start, label, space, tid, depth = begun
                 self._depth[tid] -= 1
                 if space != MARKERS_DOMAIN:
-                    out.append((tid, start, ts + self.offset_ns, label, depth, "nvtx", space))
+                    out.append((tid, start, timestamp + self.offset_ns, label, depth, "nvtx",
+                                space))
         return out
 
     def _python(self, callsites: Sequence[CallSite]) -> list[tuple[Any, ...]]:
@@ -349,7 +352,8 @@ class CuptiConverter:
         if frame.empty:
             return None
         major, minor = frame["compute_capability_major"], frame["compute_capability_minor"]
-        optin = [_optin(a, b) for a, b in zip(major, minor, strict=True)]  # one per GPU
+        optin = [_optin(cc_major, cc_minor)  # one per GPU
+                 for cc_major, cc_minor in zip(major, minor, strict=True)]
         out = pd.DataFrame({
             "device": frame["id"].astype("int64"), "name": frame["name"], "vendor": "nvidia",
             "sm_count": frame["num_multiprocessors"], "cc_major": major, "cc_minor": minor,

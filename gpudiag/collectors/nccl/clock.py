@@ -145,7 +145,7 @@ class GpuClock:
         return rows
 
     def waiting(self) -> int:
-        return sum(len(f) for f in self.pending.values())
+        return sum(len(fifo) for fifo in self.pending.values())
 
 
 def _take_anchor(cuda: Any, stream: Any, clock: Callable[[], int]) -> Anchor:
@@ -168,11 +168,11 @@ def _take_anchor(cuda: Any, stream: Any, clock: Callable[[], int]) -> Anchor:
 
 def _gpu_row(token: Token) -> Row:
     """The row of a GPU call whose events all completed; () while any is still pending."""
-    if len(token.ends) < token.expected or not all(e.query() for e in token.ends):
+    if len(token.ends) < token.expected or not all(event.query() for event in token.ends):
         return ()
     anchor = token.anchor
     assert anchor is not None
     start_ns = anchor.ns + round(anchor.event.elapsed_time(token.start) * 1e6)
-    dur_ns = max(round(token.start.elapsed_time(e) * 1e6) for e in token.ends)
+    dur_ns = max(round(token.start.elapsed_time(event) * 1e6) for event in token.ends)
     return token.row(start_ns, start_ns + max(dur_ns, 0))
 

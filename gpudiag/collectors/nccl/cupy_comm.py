@@ -205,7 +205,7 @@ class CupyTiming:
     def named(self, comm: Any, unique_id: Any) -> None:
         """A communicator made from an NCCL unique id: the id names it on every rank."""
         try:
-            digest = hashlib.blake2b(bytes(int(b) & 0xFF for b in unique_id), digest_size=6)
+            digest = hashlib.blake2b(bytes(int(byte) & 0xFF for byte in unique_id), digest_size=6)
             self.comms[id(comm)] = _Comm(f"cupy-{digest.hexdigest()}")
         except Exception as exc:
             self.shared.fail(exc)

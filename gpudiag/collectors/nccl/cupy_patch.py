@@ -59,10 +59,10 @@ class Method:
 
     @classmethod
     def of(cls, name: str) -> Method:
-        op, names, per_rank = METHODS[name]
+        operation, names, per_rank = METHODS[name]
         params = names.split()
         count = "recvcount" if "recvcount" in params else "count"
-        return cls(Call(name, op, "cupy", None, None), (params.index(count), count),
+        return cls(Call(name, operation, "cupy", None, None), (params.index(count), count),
                    (params.index("datatype"), "datatype"), (params.index("stream"), "stream"),
                    per_rank)
 
@@ -78,8 +78,9 @@ class Patcher:
         cls = nccl.NcclCommunicator
         if getattr(cls, MARK, False) or getattr(getattr(cls, "allReduce", None), MARK, False):
             return  # installed already
-        found = [nccl, *(m for m in map(sys.modules.get, MODULES) if m is not None)]
-        modules = list({id(m): m for m in found}.values())
+        found = [nccl, *(candidate for candidate in map(sys.modules.get, MODULES)
+                         if candidate is not None)]
+        modules = list({id(candidate): candidate for candidate in found}.values())
         if not self._on_class(cls):
             timed = self._subclass(cls)
             for module in modules:

@@ -77,13 +77,13 @@ class Call:
 
     @classmethod
     def of(cls, name: str, original: Callable[..., Any]) -> Call:
-        op, param, kind = CALLS[name]
+        operation, param, kind = CALLS[name]
         names = list(inspect.signature(original).parameters)
 
-        def where(p: str) -> tuple[int, str] | None:
-            return (names.index(p), p) if p in names else None
+        def where(parameter: str) -> tuple[int, str] | None:
+            return (names.index(parameter), parameter) if parameter in names else None
 
-        return cls(name, op, kind, where(param) if param else None, where("group"))
+        return cls(name, operation, kind, where(param) if param else None, where("group"))
 
 
 @dataclass(eq=False)
@@ -173,13 +173,13 @@ def tensors_of(kind: str, value: Any) -> list[Any]:
     if kind == "tensor":
         return [value]
     if kind == "p2p":  # S of a send/recv batch: the bytes sent (received when it only receives)
-        sent = [op.tensor for op in value if "send" in getattr(op.op, "__name__", "")]
-        return sent or [op.tensor for op in value]
+        sent = [p2p.tensor for p2p in value if "send" in getattr(p2p.op, "__name__", "")]
+        return sent or [p2p.tensor for p2p in value]
     return list(value)
 
 
 def nbytes_of(tensors: list[Any]) -> int:
-    return sum(int(t.numel()) * int(t.element_size()) for t in tensors)
+    return sum(int(tensor.numel()) * int(tensor.element_size()) for tensor in tensors)
 
 
 def dtype_of(tensors: list[Any]) -> str | None:
@@ -191,4 +191,4 @@ def works_of(result: Any) -> list[Any]:
     if result is None:
         return []
     items = result if isinstance(result, list | tuple) else [result]
-    return [w for w in items if hasattr(w, "get_future")]
+    return [work for work in items if hasattr(work, "get_future")]

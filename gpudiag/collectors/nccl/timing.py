@@ -186,7 +186,7 @@ class NcclTiming:
                 self._chunks += 1
             number = self._chunks
         if rows or warnings:
-            self._write_chunk(number, rows, {k: int(v) for k, v in warnings.items()})
+            self._write_chunk(number, rows, {kind: int(count) for kind, count in warnings.items()})
 
     # -- patching -----------------------------------------------------------------------------
 

@@ -79,9 +79,9 @@ class NvmlSampler:
 
     def sample(self) -> int:
         """Read every GPU once (one timestamp for all); the number of rows added."""
-        ts = self.clock()
-        rows = [(gpu.device, ts, metric, value, unit) for gpu in self.source.gpus
-                for metric, value, unit in self.source.read(gpu, ts)]
+        timestamp = self.clock()
+        rows = [(gpu.device, timestamp, metric, value, unit) for gpu in self.source.gpus
+                for metric, value, unit in self.source.read(gpu, timestamp)]
         with self._lock:
             self._rows += rows
         return len(rows)
@@ -167,9 +167,9 @@ class NvmlSampler:
 
 
 def _samples_frame(rows: list[Row]) -> pd.DataFrame:
-    device, ts, metric, value, unit = zip(*rows, strict=True)
+    device, timestamps, metric, value, unit = zip(*rows, strict=True)
     return pd.DataFrame({
-        "device": pd.array(device, dtype="Int64"), "ts_ns": np.asarray(ts, dtype=np.int64),
+        "device": pd.array(device, dtype="Int64"), "ts_ns": np.asarray(timestamps, dtype=np.int64),
         "metric": pd.Categorical(metric), "value": np.asarray(value, dtype=np.float64),
         "unit": pd.Categorical(unit),
     })

@@ -102,7 +102,7 @@ class NvmlSource:
         self.unavailable: dict[int, list[str]] = {}
         self.notes: list[str] = []
         self.driver: str | None = None
-        self._throttle = [n for n in THROTTLE_CALLS if hasattr(nvml, n)]
+        self._throttle = [name for name in THROTTLE_CALLS if hasattr(nvml, name)]
         self._special: dict[str, Callable[[Gpu, int], list[Reading] | None]] = {
             "throttle": self._throttle_reasons, "counters": self._counters,
             "pcie_fallback": self._pcie_fallback,
@@ -119,9 +119,9 @@ class NvmlSource:
         count = self.call("nvmlDeviceGetCount")
         if count is None:
             return "NVML could not start: no NVIDIA driver (`gpudiag doctor` says more)"
-        handles = [self.call("nvmlDeviceGetHandleByIndex", i) for i in range(count)]
-        uuids = [nvml_text(self.call("nvmlDeviceGetUUID", h)) if h is not None else ""
-                 for h in handles]
+        handles = [self.call("nvmlDeviceGetHandleByIndex", position) for position in range(count)]
+        uuids = [nvml_text(self.call("nvmlDeviceGetUUID", handle)) if handle is not None else ""
+                 for handle in handles]
         spec = env.get("CUDA_VISIBLE_DEVICES")
         indices, self.notes = visible_indices(spec, uuids)
         for device, index in enumerate(indices):
@@ -145,7 +145,8 @@ class NvmlSource:
         by PCI bus. The two agree when the GPUs are alike, so only mixed models get a note."""
         if env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
             return
-        names = {nvml_text(self.call("nvmlDeviceGetName", h)) for h in handles if h is not None}
+        names = {nvml_text(self.call("nvmlDeviceGetName", handle)) for handle in handles
+                 if handle is not None}
         if len(names) > 1:
             self.notes.append("mixed GPU models: CUDA may number them differently from NVML "
                               "(set CUDA_DEVICE_ORDER=PCI_BUS_ID to be sure)")
@@ -154,12 +155,12 @@ class NvmlSource:
         """Which cumulative counters this GPU answers; their first reading is the base of the
         first rate. PCIe counters refused: nvmlDeviceGetPcieThroughput stands in."""
         values = self.call("nvmlDeviceGetFieldValues", gpu.handle,
-                           [(f, COUNTERS[f][2]) for f in COUNTERS]) or []
-        answered = {int(v.fieldId) for v in values if int(v.nvmlReturn) == 0}
-        gpu.fields = [f for f in COUNTERS if f in answered]
+                           [(field_id, COUNTERS[field_id][2]) for field_id in COUNTERS]) or []
+        answered = {int(value.fieldId) for value in values if int(value.nvmlReturn) == 0}
+        gpu.fields = [field_id for field_id in COUNTERS if field_id in answered]
         gpu.pcie_fallback = not set(PCIE_FIELDS) <= answered
-        self._note(gpu, [COUNTERS[f][0] for f in COUNTERS
-                         if f not in answered and f not in PCIE_FIELDS])
+        self._note(gpu, [COUNTERS[field_id][0] for field_id in COUNTERS
+                         if field_id not in answered and field_id not in PCIE_FIELDS])
         if gpu.fields:
             self._rates(gpu, values, time.time_ns())
 
@@ -213,7 +214,7 @@ class NvmlSource:
         if not gpu.fields:
             return []
         values = self.call("nvmlDeviceGetFieldValues", gpu.handle,
-                           [(f, COUNTERS[f][2]) for f in gpu.fields])
+                           [(field_id, COUNTERS[field_id][2]) for field_id in gpu.fields])
         return None if values is None else self._rates(gpu, values, ts_ns)
 
     def _rates(self, gpu: Gpu, values: Sequence[Any], ts_ns: int) -> list[Reading]:
@@ -221,13 +222,13 @@ class NvmlSource:
         not refreshed since (same timestamp) waits; one that went back wrapped (32- and
         16-bit values) or was reset (wider ones: no rate this time)."""
         out: list[Reading] = []
-        for v in values:
-            fid = int(v.fieldId)
-            if fid not in COUNTERS or int(v.nvmlReturn) != 0:
+        for field_value in values:
+            fid = int(field_value.fieldId)
+            if fid not in COUNTERS or int(field_value.nvmlReturn) != 0:
                 continue
-            kind = int(v.valueType)
-            raw = float(getattr(v.value, VALUE_MEMBERS[kind]))
-            ts_us = int(v.timestamp) or ts_ns // 1000
+            kind = int(field_value.valueType)
+            raw = float(getattr(field_value.value, VALUE_MEMBERS[kind]))
+            ts_us = int(field_value.timestamp) or ts_ns // 1000
             prev = gpu.last.get(fid)
             if prev is not None and ts_us <= prev[0]:
                 continue
@@ -246,31 +247,35 @@ class NvmlSource:
         if not gpu.pcie_fallback or ts_ns - gpu.pcie_fallback_ns < PCIE_FALLBACK_PERIOD_NS:
             return []
         gpu.pcie_fallback_ns = ts_ns
-        tx = self.call("nvmlDeviceGetPcieThroughput", gpu.handle, PCIE_UTIL_TX)
-        rx = self.call("nvmlDeviceGetPcieThroughput", gpu.handle, PCIE_UTIL_RX)
-        if tx is None or rx is None:
+        sent = self.call("nvmlDeviceGetPcieThroughput", gpu.handle, PCIE_UTIL_TX)
+        received = self.call("nvmlDeviceGetPcieThroughput", gpu.handle, PCIE_UTIL_RX)
+        if sent is None or received is None:
             return None
-        return [("pcie_tx", float(tx) * KIB, "bytes/s"), ("pcie_rx", float(rx) * KIB, "bytes/s")]
+        return [("pcie_tx", float(sent) * KIB, "bytes/s"),
+                ("pcie_rx", float(received) * KIB, "bytes/s")]
 
     # -- description ------------------------------------------------------------------------
 
     def devices(self) -> pd.DataFrame:
         """The `devices` table of the visible GPUs (per-SM limits from the compute capability)."""
-        return fill_from_compute_capability(pd.DataFrame([self._device_row(g) for g in self.gpus]))
+        return fill_from_compute_capability(
+            pd.DataFrame([self._device_row(gpu) for gpu in self.gpus]))
 
     def _device_row(self, gpu: Gpu) -> dict[str, Any]:
-        h = gpu.handle
-        name, memory = self.call("nvmlDeviceGetName", h), self.call("nvmlDeviceGetMemoryInfo", h)
-        cc = self.call("nvmlDeviceGetCudaComputeCapability", h) or (None, None)
-        attributes = self.call("nvmlDeviceGetAttributes", h)  # MIG handles only, on most drivers
-        sm_mhz = self.call("nvmlDeviceGetMaxClockInfo", h, CLOCK_SM)
-        mem_mhz = self.call("nvmlDeviceGetMaxClockInfo", h, CLOCK_MEM)
-        bus_bits = self.call("nvmlDeviceGetMemoryBusWidth", h)
+        handle = gpu.handle
+        name, memory = (self.call("nvmlDeviceGetName", handle),
+                        self.call("nvmlDeviceGetMemoryInfo", handle))
+        capability = self.call("nvmlDeviceGetCudaComputeCapability", handle) or (None, None)
+        # MIG handles only, on most drivers
+        attributes = self.call("nvmlDeviceGetAttributes", handle)
+        sm_mhz = self.call("nvmlDeviceGetMaxClockInfo", handle, CLOCK_SM)
+        mem_mhz = self.call("nvmlDeviceGetMaxClockInfo", handle, CLOCK_MEM)
+        bus_bits = self.call("nvmlDeviceGetMemoryBusWidth", handle)
         bandwidth = peak_bandwidth(mem_mhz * 1000 if mem_mhz else None, bus_bits)
         return {
             "device": gpu.device,
             "name": nvml_text(name) if name is not None else f"GPU {gpu.index}",
-            "vendor": "nvidia", "cc_major": cc[0], "cc_minor": cc[1],
+            "vendor": "nvidia", "cc_major": capability[0], "cc_minor": capability[1],
             "sm_count": getattr(attributes, "multiprocessorCount", None),
             "mem_bytes": None if memory is None else int(memory.total),
             "clock_khz": None if sm_mhz is None else int(sm_mhz) * 1000,
@@ -279,9 +284,10 @@ class NvmlSource:
 
     def meta(self) -> dict[str, Any]:
         return {
-            "gpus": [{"device": g.device, "nvml_index": g.index, "uuid": g.uuid}
-                     for g in self.gpus],
-            "unavailable": {str(d): sorted(set(m)) for d, m in self.unavailable.items()},
+            "gpus": [{"device": gpu.device, "nvml_index": gpu.index, "uuid": gpu.uuid}
+                     for gpu in self.gpus],
+            "unavailable": {str(device): sorted(set(metrics))
+                            for device, metrics in self.unavailable.items()},
             "notes": list(self.notes), "driver": self.driver,
         }
 
@@ -315,6 +321,6 @@ def _match(entry: str, uuids: Sequence[str]) -> int | None:
     if entry.isdigit():
         return int(entry) if int(entry) < len(uuids) else None
     if entry.upper().startswith("GPU-"):
-        hits = [i for i, u in enumerate(uuids) if u.upper().startswith(entry.upper())]
+        hits = [index for index, uuid in enumerate(uuids) if uuid.upper().startswith(entry.upper())]
         return hits[0] if len(hits) == 1 else None
     return None

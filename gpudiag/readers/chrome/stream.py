@@ -275,14 +275,14 @@ class _Text:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def consume(self, n: int) -> None:
-        del self.buf[:n]
+    def consume(self, count: int) -> None:
+        del self.buf[:count]
 
-    def bracketed(self, n: int) -> bytearray:
-        """'[' + the first n bytes + ']', a copy (decoded events keep references into it)."""
-        piece = bytearray(n + 2)
+    def bracketed(self, count: int) -> bytearray:
+        """'[' + the first `count` bytes + ']', a copy (decoded events keep references into it)."""
+        piece = bytearray(count + 2)
         piece[0], piece[-1] = 0x5B, 0x5D  # [ and ]
-        piece[1:-1] = self.buf[:n]
+        piece[1:-1] = self.buf[:count]
         return piece
 
     def rest(self) -> bytes:

@@ -168,7 +168,7 @@ def codes_of(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     try:
         index = dict.fromkeys(values)
     except TypeError:
-        return codes_of([v if v is None else str(v) for v in values])
+        return codes_of([value if value is None else str(value) for value in values])
     index.pop(None, None)
     for code, key in enumerate(index):
         index[key] = code
@@ -191,7 +191,7 @@ def take(table: Any, codes: np.ndarray, missing: Any = None) -> np.ndarray:
 
 def categorical(codes: np.ndarray, uniques: np.ndarray) -> pd.Series:
     """A category Series of string values from factorized codes (no re-hashing)."""
-    cats = pd.Index([str(u) for u in uniques])
+    cats = pd.Index([str(unique) for unique in uniques])
     if cats.has_duplicates:  # e.g. 1 and "1" both present: fall back to hashing strings
         return pd.Series(np.where(codes >= 0, np.asarray(cats)[codes], None)).astype("category")
     cat = pd.Categorical.from_codes(codes, categories=cats)
@@ -205,12 +205,13 @@ def triple(values: list[Any]) -> tuple[pd.Series, pd.Series, pd.Series]:
     except (TypeError, ValueError):  # ragged or mixed: some events lack the list
         arr = None
     if arr is not None and arr.ndim == 2 and arr.shape[1] == 3:
-        cols = [arr[:, i] for i in range(3)]
+        cols = [arr[:, axis] for axis in range(3)]
     elif arr is not None and arr.ndim == 1:  # no event has the list
         cols = [arr, arr, arr]
     else:
         series = pd.Series(values, dtype=object)
-        cols = [pd.to_numeric(series.str[i], errors="coerce").to_numpy(float) for i in range(3)]
+        cols = [pd.to_numeric(series.str[axis], errors="coerce").to_numpy(float)
+                for axis in range(3)]
     return integers(cols[0]), integers(cols[1]), integers(cols[2])
 
 
@@ -225,8 +226,9 @@ class ArgDecoder:
         self.struct = struct
         self.strict = msgspec.json.Decoder(struct)
         fields = [
-            (f.name, Any, msgspec.field(default=_default(f), name=f.encode_name))
-            for f in msgspec.structs.fields(struct)
+            (field_info.name, Any,
+             msgspec.field(default=_default(field_info), name=field_info.encode_name))
+            for field_info in msgspec.structs.fields(struct)
         ]
         self.lenient_type = msgspec.defstruct(f"Lenient{struct.__name__}", fields, gc=False)
         self.lenient = msgspec.json.Decoder(self.lenient_type)

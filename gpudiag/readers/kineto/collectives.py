@@ -60,7 +60,7 @@ def op_of(text: pd.Series) -> pd.Series:
     """Map collective names ('_allgather_base', 'nccl:all_reduce', kernel names) to ops,
     matching each distinct name once (a handful per trace: plain Python is fastest)."""
     codes, uniques = pd.factorize(text.astype(object), use_na_sentinel=True)
-    ops = [_op(normalize(u)) for u in uniques]
+    ops = [_op(normalize(name)) for name in uniques]
     return pd.Series(take(np.array(ops, dtype=object), codes), index=text.index, dtype=object)
 
 
@@ -70,7 +70,8 @@ def _op(norm: str) -> str | None:
 
 def element_bytes(dtype: pd.Series) -> pd.Series:
     """Bytes per element of each dtype name ('Float', 'long int', 'c10::BFloat16'); NA: unknown."""
-    return dtype.astype(object).map(lambda d: DTYPE_BYTES.get(normalize(d)), na_action="ignore")
+    return dtype.astype(object).map(lambda name: DTYPE_BYTES.get(normalize(name)),
+                                    na_action="ignore")
 
 
 def collectives(
@@ -86,8 +87,8 @@ def collectives(
     """
     nccl = _nccl_rows(ev, kernels, kernel_idx, calls)
     launches = (pd.DataFrame() if nccl is None else
-                pd.DataFrame({c: calls.lookup(nccl["_correlation"], c)
-                              for c in ("pid", "tid", "start_ns")}))
+                pd.DataFrame({column: calls.lookup(nccl["_correlation"], column)
+                              for column in ("pid", "tid", "start_ns")}))
     host = host_collectives(ev, launches)
     if nccl is None and host is None:
         return None  # an empty collectives table
@@ -95,7 +96,7 @@ def collectives(
         out = nccl.drop(columns=["_correlation", "_issue_ns"])  # type: ignore[union-attr]
         out = out.sort_values("start_ns", kind="stable").reset_index(drop=True)
         return with_seq(out)
-    parts = [f.drop(columns="_correlation") for f in (nccl,) if f is not None] + [host]
+    parts = [frame.drop(columns="_correlation") for frame in (nccl,) if frame is not None] + [host]
     out = pd.concat(parts, ignore_index=True).sort_values("_issue_ns", kind="stable")
     out = with_seq(out.drop(columns="_issue_ns"))
     return out.sort_values("start_ns", kind="stable").reset_index(drop=True)
@@ -109,16 +110,16 @@ def with_seq(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _nccl_rows(
-    ev: Events, kernels: pd.DataFrame, kernel_idx: np.ndarray, calls: Calls
+    events: Events, kernels: pd.DataFrame, kernel_idx: np.ndarray, calls: Calls
 ) -> pd.DataFrame | None:
     """One row per NCCL kernel (no seq yet), with `_correlation` and `_issue_ns` (the launch
     call's start, else the kernel's) for `collectives`."""
-    is_nccl = on_categories(kernels["name"], lambda c: c.str.contains("nccl", case=False))
+    is_nccl = on_categories(kernels["name"], lambda cats: cats.str.contains("nccl", case=False))
     if not is_nccl.any():
         return None
-    k = kernels[is_nccl].reset_index(drop=True)
-    k["name"] = k["name"].cat.remove_unused_categories()
-    args = ev.args(kernel_idx[is_nccl])
+    nccl = kernels[is_nccl].reset_index(drop=True)
+    nccl["name"] = nccl["name"].cat.remove_unused_categories()
+    args = events.args(kernel_idx[is_nccl])
     info = pd.DataFrame({
         "collective": pd.Series(args.values("collective"), dtype=object),
         "in_nelems": args.num("in_nelems"),
@@ -127,27 +128,28 @@ def _nccl_rows(
         "dtype": pd.Series(args.values("dtype"), dtype=object),
         "comm": pd.Series(args.values("pg_name"), dtype=object),
     })
-    info = _fill_from_annotation(info, k, ev, calls)
+    info = _fill_from_annotation(info, nccl, events, calls)
     kernel_name = pd.Series(on_categories(
-        k["name"], lambda c: c.str.extract(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")[0]), dtype=object)
-    op = op_of(info["collective"].astype(object)).fillna(op_of(kernel_name.astype(object)))
-    dtype = info["dtype"].fillna(_dtype_from_kernel_name(k["name"]))
+        nccl["name"], lambda cats: cats.str.extract(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")[0]),
+        dtype=object)
+    ops = op_of(info["collective"].astype(object)).fillna(op_of(kernel_name.astype(object)))
+    dtype = info["dtype"].fillna(_dtype_from_kernel_name(nccl["name"]))
     size = element_bytes(dtype)
-    nelems = info["in_nelems"].where(op != "all_gather", info["out_nelems"])
-    comm = info["comm"].astype(object).fillna("stream " + k["stream"].astype("string"))
-    issue = calls.lookup(k["correlation"], "start_ns")
+    nelems = info["in_nelems"].where(ops != "all_gather", info["out_nelems"])
+    comm = info["comm"].astype(object).fillna("stream " + nccl["stream"].astype("string"))
+    issue = calls.lookup(nccl["correlation"], "start_ns")
     return pd.DataFrame({
-        "pid": k["pid"], "device": k["device"], "stream": k["stream"],
-        "start_ns": k["start_ns"], "end_ns": k["end_ns"],
-        "op": op.fillna("other").to_numpy(),
+        "pid": nccl["pid"], "device": nccl["device"], "stream": nccl["stream"],
+        "start_ns": nccl["start_ns"], "end_ns": nccl["end_ns"],
+        "op": ops.fillna("other").to_numpy(),
         "bytes": (nelems.astype("Float64") * size.astype("Float64")).round().astype("Int64"),
         "dtype": dtype.to_numpy(),
         "group_size": info["group_size"],
         "comm": comm.to_numpy(),
-        "kernel_id": k["kernel_id"].astype("Int64"),
-        "name": k["name"].to_numpy(),
-        "_correlation": k["correlation"],
-        "_issue_ns": np.where(np.isfinite(issue), issue, k["start_ns"]).astype(np.int64),
+        "kernel_id": nccl["kernel_id"].astype("Int64"),
+        "name": nccl["name"].to_numpy(),
+        "_correlation": nccl["correlation"],
+        "_issue_ns": np.where(np.isfinite(issue), issue, nccl["start_ns"]).astype(np.int64),
     })
 
 
@@ -156,7 +158,7 @@ def on_categories(names: pd.Series, func: Callable[[pd.Series], pd.Series]) -> n
     cats = pd.Series(names.cat.categories, dtype=object)
     result = func(cats).to_numpy(dtype=object)
     out = take(result, names.cat.codes.to_numpy())
-    if all(isinstance(v, bool | np.bool_) for v in result):
+    if all(isinstance(value, bool | np.bool_) for value in result):
         return np.where(pd.isna(out), False, out).astype(bool)
     return out
 
@@ -165,26 +167,26 @@ def _dtype_from_kernel_name(names: pd.Series) -> pd.Series:
     """'ncclKernel_AllReduce_RING_LL_Sum_float(...)' -> 'float'."""
     pattern = r"_(?:Sum|Prod|Min|Max|Avg|PreMulSum|SumPostDiv)_(\w+)$"
     return pd.Series(on_categories(
-        names, lambda c: c.str.split("(", n=1).str[0].str.extract(pattern)[0]), dtype=object)
+        names, lambda cats: cats.str.split("(", n=1).str[0].str.extract(pattern)[0]), dtype=object)
 
 
 def _fill_from_annotation(
-    info: pd.DataFrame, k: pd.DataFrame, ev: Events, calls: Calls
+    info: pd.DataFrame, kernels: pd.DataFrame, events: Events, calls: Calls
 ) -> pd.DataFrame:
     """Fill missing args from the `nccl:*` annotation around each kernel's launch call: the
     last such annotation that started on the launching thread before the launch and had not
     ended yet."""
     missing = (info["collective"].isna() & info["in_nelems"].isna()).to_numpy()
-    ann_idx = ev.where("annotation")
-    names = pd.Series(ev.name_values(ann_idx), dtype=object).astype(str)
+    ann_idx = events.where("annotation")
+    names = pd.Series(events.name_values(ann_idx), dtype=object).astype(str)
     nccl = names.str.startswith("nccl:").to_numpy()
     if not missing.any() or not nccl.any():
         return info
     ann_idx = ann_idx[nccl]
     ann_names = names[nccl].to_numpy()
-    args = ev.args(ann_idx)
-    launch = {col: calls.lookup(k["correlation"], col) for col in ("pid", "tid", "start_ns")}
-    hit = Spans(ev, ann_idx).enclosing(launch["pid"], launch["tid"], launch["start_ns"])
+    args = events.args(ann_idx)
+    launch = {col: calls.lookup(kernels["correlation"], col) for col in ("pid", "tid", "start_ns")}
+    hit = Spans(events, ann_idx).enclosing(launch["pid"], launch["tid"], launch["start_ns"])
     fill = missing & (hit >= 0)
     if fill.any():
         rows = hit[fill]
@@ -217,13 +219,13 @@ class Spans:
         thread = thread_key(pid, tid)
         at = np.asarray(at, dtype=np.float64)
         out = np.full(len(at), -1, dtype=np.int64)
-        for t in np.unique(thread[np.isfinite(thread)]):  # a few launching threads
-            lo = np.searchsorted(self.thread, t, side="left")
-            hi = np.searchsorted(self.thread, t, side="right")
-            rows = np.flatnonzero((thread == t) & np.isfinite(at))
-            last = np.searchsorted(self.start[lo:hi], at[rows], side="right") - 1 + lo
-            ok = (last >= lo) & (self.end[np.maximum(last, 0)] >= at[rows])
-            out[rows[ok]] = self.order[last[ok]]
+        for key in np.unique(thread[np.isfinite(thread)]):  # a few launching threads
+            low = np.searchsorted(self.thread, key, side="left")
+            high = np.searchsorted(self.thread, key, side="right")
+            rows = np.flatnonzero((thread == key) & np.isfinite(at))
+            last = np.searchsorted(self.start[low:high], at[rows], side="right") - 1 + low
+            found = (last >= low) & (self.end[np.maximum(last, 0)] >= at[rows])
+            out[rows[found]] = self.order[last[found]]
         return out
 
 
@@ -235,8 +237,8 @@ def thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
 def first_input_elements(dims: list[Any]) -> pd.Series:
     """Element count of the first input of each event ('Input Dims': [[n, m], ...])."""
     first = pd.Series(dims, dtype=object).str[0]
-    valid = first.map(lambda d: isinstance(d, list) and len(d) > 0, na_action="ignore")
-    prod = first[valid.fillna(False).astype(bool)].map(lambda d: float(np.prod(d)))
+    valid = first.map(lambda shape: isinstance(shape, list) and len(shape) > 0, na_action="ignore")
+    prod = first[valid.fillna(False).astype(bool)].map(lambda shape: float(np.prod(shape)))
     return prod.reindex(first.index).astype("Float64")
 
 
@@ -296,33 +298,34 @@ def host_collectives(ev: Events, nccl_launches: pd.DataFrame) -> pd.DataFrame | 
     }).astype({"device": "Int64", "stream": "Int64", "kernel_id": "Int64"})
 
 
-def _events(ev: Events, group: str, prefixes: tuple[str, ...]) -> np.ndarray:
+def _events(events: Events, group: str, prefixes: tuple[str, ...]) -> np.ndarray:
     """Rows of `group` whose name starts with one of `prefixes`, in start order."""
-    idx = ev.where(group)
-    return idx[on_categories(ev.names(idx), lambda c: c.str.startswith(prefixes))]
+    idx = events.where(group)
+    return idx[on_categories(events.names(idx), lambda cats: cats.str.startswith(prefixes))]
 
 
-def _call_events(ev: Events) -> np.ndarray:
+def _call_events(events: Events) -> np.ndarray:
     """The outermost collective op of each call (waits are not calls), in start order."""
-    idx = _events(ev, "op", CALL_PREFIXES)
-    waits = on_categories(ev.names(idx), lambda c: c.str.contains("wait"))
+    idx = _events(events, "op", CALL_PREFIXES)
+    waits = on_categories(events.names(idx), lambda cats: cats.str.contains("wait"))
     idx = idx[~waits]
-    end = ev.start[idx] + ev.dur[idx]
-    return idx[nesting_depth(thread_key(ev.pid[idx], ev.tid[idx]), ev.start[idx], end) == 0]
+    end = events.start[idx] + events.dur[idx]
+    return idx[nesting_depth(thread_key(events.pid[idx], events.tid[idx]),
+                             events.start[idx], end) == 0]
 
 
-def _nccl_marks(ev: Events, call_idx: np.ndarray,
+def _nccl_marks(events: Events, call_idx: np.ndarray,
                 launches: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Pids that ran NCCL, and which calls are NCCL's (enclose an `nccl:*` annotation or an
     NCCL kernel's launch)."""
-    ann = _events(ev, "annotation", ("nccl:",))
+    ann = _events(events, "annotation", ("nccl:",))
     marked = np.zeros(len(call_idx), dtype=bool)
-    pids = ev.pid[ann]
+    pids = events.pid[ann]
     if len(call_idx):
-        spans = Spans(ev, call_idx)
-        hits = [spans.enclosing(ev.pid[ann], ev.tid[ann], ev.start[ann])]
+        spans = Spans(events, call_idx)
+        hits = [spans.enclosing(events.pid[ann], events.tid[ann], events.start[ann])]
         if len(launches):
-            hits.append(spans.enclosing(*(launches[c].to_numpy() for c in
+            hits.append(spans.enclosing(*(launches[column].to_numpy() for column in
                                           ("pid", "tid", "start_ns"))))
         for hit in hits:
             marked[hit[hit >= 0]] = True
@@ -331,20 +334,20 @@ def _nccl_marks(ev: Events, call_idx: np.ndarray,
     return np.unique(pids[np.isfinite(pids)]), marked
 
 
-def _owners(ev: Events, call_idx: np.ndarray, work_idx: np.ndarray) -> np.ndarray:
+def _owners(events: Events, call_idx: np.ndarray, work_idx: np.ndarray) -> np.ndarray:
     """Position in `call_idx` of each work's call (-1: none); see `host_collectives`."""
     owner = np.full(len(work_idx), -1, dtype=np.int64)
     if not len(call_idx) or not len(work_idx):
         return owner
-    owner = Spans(ev, call_idx).enclosing(ev.pid[work_idx], ev.tid[work_idx],
-                                          ev.start[work_idx])
+    owner = Spans(events, call_idx).enclosing(events.pid[work_idx], events.tid[work_idx],
+                                          events.start[work_idx])
     free = np.ones(len(call_idx), dtype=bool)
     free[owner[owner >= 0]] = False  # calls with nested works run no asynchronous one
-    for pid in np.unique(ev.pid[call_idx]):
-        calls = np.flatnonzero(free & (ev.pid[call_idx] == pid))
-        works = np.flatnonzero((owner < 0) & (ev.pid[work_idx] == pid))
+    for pid in np.unique(events.pid[call_idx]):
+        calls = np.flatnonzero(free & (events.pid[call_idx] == pid))
+        works = np.flatnonzero((owner < 0) & (events.pid[work_idx] == pid))
         if len(calls) and len(works):
-            served = fifo(ev.start[call_idx[calls]], ev.start[work_idx[works]])
+            served = fifo(events.start[call_idx[calls]], events.start[work_idx[works]])
             owner[works[served >= 0]] = calls[served[served >= 0]]
     return owner
 
@@ -358,32 +361,35 @@ def fifo(call_start: np.ndarray, work_start: np.ndarray) -> np.ndarray:
         fifo(np.array([10, 20]), np.array([5, 12, 13, 25]))   # [-1, 0, 0, 1]
     """
     started = np.searchsorted(call_start, work_start, side="right")
-    j = np.arange(1, len(work_start) + 1)
-    return j + np.minimum.accumulate(np.minimum(0, started - j)) - 1
+    ordinal = np.arange(1, len(work_start) + 1)
+    return ordinal + np.minimum.accumulate(np.minimum(0, started - ordinal)) - 1
 
 
-def _rows(ev: Events, call_idx: np.ndarray, work_idx: np.ndarray,
+def _rows(events: Events, call_idx: np.ndarray, work_idx: np.ndarray,
           owner: np.ndarray) -> pd.DataFrame:
     """One row per call and per work without one: pid, issue and own times, op, name,
     elements_bytes, dtype, has_work."""
-    n = len(call_idx)
-    key = np.where(owner >= 0, owner, n + np.arange(len(work_idx)))  # orphans: own rows
-    args = ev.args(work_idx)
+    call_count = len(call_idx)
+    key = np.where(owner >= 0, owner, call_count + np.arange(len(work_idx)))  # orphans: own rows
+    args = events.args(work_idx)
     work = pd.DataFrame({
-        "key": key, "work_start": ev.start[work_idx],
-        "work_end": ev.start[work_idx] + ev.dur[work_idx], "name": ev.name_values(work_idx),
+        "key": key, "work_start": events.start[work_idx],
+        "work_end": events.start[work_idx] + events.dur[work_idx],
+        "name": events.name_values(work_idx),
         "elements_bytes": tensor_bytes(args.values("input_dims"), args.values("input_type")),
         "dtype": pd.Series(args.values("input_type"), dtype=object).map(_first_tensor_type),
     }).groupby("key", sort=True).agg(
         work_start=("work_start", "min"), work_end=("work_end", "max"), name=("name", "first"),
         works=("name", "size"), elements_bytes=("elements_bytes", "sum"),
         sized=("elements_bytes", "count"), dtype=("dtype", "first"))
-    head = np.concatenate([call_idx, work_idx[key[key >= n] - n]])  # the call, or the work
+    # the call, or the work
+    head = np.concatenate([call_idx, work_idx[key[key >= call_count] - call_count]])
     rows = pd.DataFrame({
-        "pid": ev.pid[head], "issue_ns": ev.start[head], "start_ns": ev.start[head],
-        "end_ns": ev.start[head] + ev.dur[head],
-        "call": np.concatenate([ev.name_values(call_idx), np.full(len(head) - n, None)]),
-    }, index=np.concatenate([np.arange(n), key[key >= n]])).join(work)
+        "pid": events.pid[head], "issue_ns": events.start[head], "start_ns": events.start[head],
+        "end_ns": events.start[head] + events.dur[head],
+        "call": np.concatenate([events.name_values(call_idx),
+                                np.full(len(head) - call_count, None)]),
+    }, index=np.concatenate([np.arange(call_count), key[key >= call_count]])).join(work)
     rows["has_work"] = rows["works"].notna()
     rows["start_ns"] = rows["work_start"].fillna(rows["start_ns"])
     rows["end_ns"] = rows["work_end"].fillna(rows["end_ns"])
@@ -397,14 +403,16 @@ def tensor_bytes(dims: list[Any], types: list[Any]) -> pd.Series:
     """Σ elements x element size over each event's tensor inputs ('Input Dims' with an
     'Input type' that is an element type; 'Scalar', '' and lists are not); NaN if none.
     One Python step per event: these are the collectives' few, not every op."""
-    return pd.Series([_input_bytes(d, t) for d, t in zip(dims, types, strict=True)],
+    return pd.Series([_input_bytes(event_dims, event_types)
+                      for event_dims, event_types in zip(dims, types, strict=True)],
                      dtype="float64")
 
 
 def _input_bytes(dims: Any, types: Any) -> float:
     if not isinstance(dims, list) or not isinstance(types, list):
         return math.nan
-    sized = [(shape, DTYPE_BYTES.get(normalize(t))) for shape, t in zip(dims, types, strict=False)]
+    sized = [(shape, DTYPE_BYTES.get(normalize(type_name)))
+             for shape, type_name in zip(dims, types, strict=False)]
     total = [math.prod(shape) * size for shape, size in sized if size and isinstance(shape, list)]
     return float(sum(total)) if total else math.nan
 
@@ -412,16 +420,16 @@ def _input_bytes(dims: Any, types: Any) -> float:
 def _first_tensor_type(types: Any) -> Any:
     if not isinstance(types, list):
         return None
-    return next((t for t in types if DTYPE_BYTES.get(normalize(t))), None)
+    return next((type_name for type_name in types if DTYPE_BYTES.get(normalize(type_name))), None)
 
 
 def _process_group(info: dict[str, Any]) -> tuple[str, int | None]:
     """The communicator name and size of the trace's gloo calls, from the header's
     'distributedInfo': its one gloo process group when it has one (else the backend's name,
     calls of several groups counted together), and the size all its gloo groups share."""
-    groups = [g for g in info.get("pg_config") or [] if isinstance(g, dict)]
-    gloo = [g for g in groups if "gloo" in str(g.get("backend_config", "gloo"))]
-    sizes = {g.get("pg_size") for g in gloo}
+    groups = [group for group in info.get("pg_config") or [] if isinstance(group, dict)]
+    gloo = [group for group in groups if "gloo" in str(group.get("backend_config", "gloo"))]
+    sizes = {group.get("pg_size") for group in gloo}
     size = sizes.pop() if len(sizes) == 1 else None
     name = gloo[0].get("pg_name") if len(gloo) == 1 else None
     backend = info.get("backend")

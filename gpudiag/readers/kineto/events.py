@@ -141,7 +141,8 @@ class Interner:
         try:
             seen = dict.fromkeys(values)
         except TypeError:
-            return self.codes([value if value is None or _hashable(value) else str(value) for value in values])
+            return self.codes([value if value is None or _hashable(value) else str(value)
+                               for value in values])
         index = self.index
         for key in seen:
             if key is not None and key not in index:
@@ -173,14 +174,15 @@ class Events:
         stream = ChromeTraceStream(path)
         self._names, self._ids, self._categories, self._phases = (
             Interner(), Interner(), Interner(), Interner())
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in (
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in (
             "group", "name", "ts", "dur", "pid", "tid")}
-        self._arg_parts: dict[str, dict[str, list[Any]]] = {g: {} for g in ARGS}
+        self._arg_parts: dict[str, dict[str, list[Any]]] = {group: {} for group in ARGS}
         for events in stream.pieces():
             for key, values in self._piece(events).items():
                 parts[key].append(values)
         self.header: Document = stream.header
-        self._finish({k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()})
+        self._finish({name: np.concatenate(chunks) if chunks else np.zeros(0)
+                      for name, chunks in parts.items()})
 
     def _piece(self, events: list[Event]) -> dict[str, np.ndarray]:
         """Columns of the events that matter in one piece; their args go to `_arg_parts`."""
@@ -191,8 +193,8 @@ class Events:
         memory = self._names.index.get("[memory]", -2)
         instant = group == GROUP_IDS["memory"]
         group[instant & (names != memory)] = 0  # instants other than allocator events
-        for g in np.unique(group[group > 0]):
-            self._add_args(GROUP_NAMES[g], list(compress(kept, group == g)))
+        for group_id in np.unique(group[group > 0]):
+            self._add_args(GROUP_NAMES[group_id], list(compress(kept, group == group_id)))
         return {
             "group": group, "name": names,
             "ts": _float_column(kept, "ts"), "dur": _float_column(kept, "dur"),
@@ -205,12 +207,13 @@ class Events:
         instants (narrowed to allocator events later), 'meta' for metadata; else 0."""
         cats = self._categories.codes(column(events, "cat"))
         phases = self._phases.codes(column(events, "ph"))
-        by_cat = np.array([GROUP_IDS[GROUPS.get(c, "")] if isinstance(c, str) else 0
-                           for c in self._categories.index] + [0], dtype=np.int8)
+        by_cat = np.array([GROUP_IDS[GROUPS.get(category, "")] if isinstance(category, str) else 0
+                           for category in self._categories.index] + [0], dtype=np.int8)
         # group of a (phase code): 'X' takes the category's group, 'i' and 'M' their own
-        by_phase = np.array([{"X": -1, "i": GROUP_IDS["memory"], "M": GROUP_IDS["meta"]}.get(p, 0)
-                             if isinstance(p, str) else 0 for p in self._phases.index] + [0],
-                            dtype=np.int8)
+        by_phase = np.array(
+            [{"X": -1, "i": GROUP_IDS["memory"], "M": GROUP_IDS["meta"]}.get(phase, 0)
+             if isinstance(phase, str) else 0 for phase in self._phases.index] + [0],
+            dtype=np.int8)
         group = by_phase[phases]
         complete = group == -1
         group[complete] = by_cat[cats[complete]]
@@ -235,15 +238,16 @@ class Events:
         self.name_uniques = self._names.values()
         base = int(self.header.baseTimeNanoseconds or 0)
         self.bad_base = not 0 <= base < MAX_US * 1000
-        ts = cols["ts"][keep]
+        timestamps = cols["ts"][keep]
         raw_dur = cols["dur"][keep]
-        self.valid_ts = np.isfinite(ts) & (np.abs(ts) < MAX_US)
+        self.valid_ts = np.isfinite(timestamps) & (np.abs(timestamps) < MAX_US)
         # a duration that is not a number, infinite or over MAX_DUR_US (1e300 was once read
         # as 142 years of kernel, and the diagnosis called the GPU 99.99999% busy): dropped
         self.bad_dur = self.valid_ts & ~(np.abs(raw_dur) <= max_dur_us())
         self.usable = self.valid_ts & ~self.bad_dur
         dur = np.where(self.usable, raw_dur, 0.0)
-        self.start = us_to_ns(np.where(self.valid_ts, ts, 0.0)) + (0 if self.bad_base else base)
+        self.start = (us_to_ns(np.where(self.valid_ts, timestamps, 0.0))
+                      + (0 if self.bad_base else base))
         self.dur = us_to_ns(dur)
         self.negative_dur = int((self.dur < 0).sum())
         self.dur = np.maximum(self.dur, 0)
@@ -262,7 +266,7 @@ class Events:
 
     def where(self, *groups: str) -> np.ndarray:
         """Rows of the given groups (with a usable timestamp and duration), in time order."""
-        wanted = [GROUP_IDS[g] for g in groups]
+        wanted = [GROUP_IDS[group] for group in groups]
         idx = np.flatnonzero(np.isin(self.group_code, wanted) & self.usable)
         return idx[np.argsort(self.start[idx], kind="stable")]
 
@@ -311,10 +315,10 @@ class ArgColumns:
 
     def _gather(self, field: str, kind: type) -> np.ndarray:
         out: np.ndarray = np.full(len(self._rows), np.nan if kind is float else None, dtype=kind)
-        for g in np.unique(self._groups):
-            column = self._table.get(GROUP_NAMES[g], {}).get(field)
+        for group_id in np.unique(self._groups):
+            column = self._table.get(GROUP_NAMES[group_id], {}).get(field)
             if column is not None:
-                mask = self._groups == g
+                mask = self._groups == group_id
                 out[mask] = column[self._rows[mask]]
         return out
 
@@ -324,11 +328,11 @@ def _arg_table(parts: dict[str, dict[str, list[Any]]], kept_groups: np.ndarray,
     """Concatenate each group's arg columns; `_row` maps an event to its row in them."""
     table: dict[str, Any] = {}
     for group, fields in parts.items():
-        table[group] = {f: np.concatenate(chunks) for f, chunks in fields.items()}
+        table[group] = {field: np.concatenate(chunks) for field, chunks in fields.items()}
     # rows within each group, counted over every event that had args decoded (kept or not)
     row_all = np.zeros(len(all_groups), dtype=np.int64)
-    for g in np.unique(all_groups[all_groups > 0]):
-        mask = all_groups == g
+    for group_id in np.unique(all_groups[all_groups > 0]):
+        mask = all_groups == group_id
         row_all[mask] = np.arange(int(mask.sum()))
     table["_row"] = row_all[keep]
     return table

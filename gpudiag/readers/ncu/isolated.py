@@ -96,8 +96,8 @@ def _load(out: Path) -> Trace:
 def _run(path: Path, command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     seconds = _seconds()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH"))
-        if p)}
+        part for part in (str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH"))
+        if part)}
     try:
         return subprocess.run(command, capture_output=True, text=True, errors="replace",
                               timeout=seconds, check=False, env=env, stdin=subprocess.DEVNULL,

@@ -153,9 +153,9 @@ class MetricRows:
         name has one unit throughout a report, so units are looked up once per name.
         """
         listed = list(action.metric_names())
-        names = [n for n in listed if clean_name(n)]
+        names = [metric_name for metric_name in listed if clean_name(metric_name)]
         if self.keep is not None:
-            names = [n for n in names if n in self.keep]
+            names = [metric_name for metric_name in names if metric_name in self.keep]
         get, kinds, known = action.metric_by_name, self.kinds, self.units
         values, units, texts = self.value, self.unit, self.text
         found = []
@@ -175,7 +175,8 @@ class MetricRows:
                 unit = metric.unit()
                 known[name] = clean_text(unit) if unit else None
             units.append(known[name])
-        self.skipped += sum(not clean_name(n) for n in listed) + len(names) - len(found)
+        self.skipped += (sum(not clean_name(metric_name) for metric_name in listed)
+                         + len(names) - len(found))
         self.metric += found
         self.kernel_id += [kernel_id] * len(found)
         self.per_kernel.append(len(found))
@@ -220,8 +221,8 @@ def device_row(action: Action, device: int, kinds: ValueKinds) -> dict[str, Any]
     """One `devices` row from the device__attribute_* metrics that every action carries."""
     row: dict[str, Any] = {"device": device}
     for column, names in DEVICE_ATTRIBUTES.items():
-        values = (number(action, f"device__attribute_{n}", kinds) for n in names)
-        row[column] = next((v for v in values if v is not None), None)
+        values = (number(action, f"device__attribute_{attribute}", kinds) for attribute in names)
+        row[column] = next((value for value in values if value is not None), None)
     name = scalar(action, "device__attribute_display_name", kinds)
     row["name"] = name if isinstance(name, str) and name else None
     row["vendor"] = vendor_of(row["name"] or "nvidia")  # ncu profiles only NVIDIA GPUs

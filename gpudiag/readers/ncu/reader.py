@@ -92,7 +92,8 @@ def read_in_process(path: Path, metrics: Iterable[str] | None = None) -> Trace:
     trace = Trace(
         meta=_meta(ncu, context, ranges, _rules(ncu, actions)),
         kernels=kernels,
-        metrics=rows.frame([k["name"] for k in launches], [k["device"] for k in launches]),
+        metrics=rows.frame([entry["name"] for entry in launches],
+                           [entry["device"] for entry in launches]),
         devices=_devices(actions, kernels, kinds),
     )
     notes[NATIVE_MESSAGES] += len(native.messages())
@@ -132,14 +133,15 @@ def _open(ncu: Any, path: Path, native: NativeStderr) -> Any:
 def _actions(context: Any, ranges: int, path: Path, native: NativeStderr) -> list[Action]:
     """Every action of every range, in report order; InputError for none or a damaged one."""
     actions: list[Action] = []
-    for r in range(ranges):
-        report_range = context.range_by_idx(r)
-        for j in range(int(report_range.num_actions())):
-            action = report_range.action_by_idx(j)
+    for range_index in range(ranges):
+        report_range = context.range_by_idx(range_index)
+        for action_index in range(int(report_range.num_actions())):
+            action = report_range.action_by_idx(action_index)
             if action is None or action.name() is None:
                 raise InputError(
-                    path, f"is truncated or damaged: result {j} of range {r} has no kernel "
-                    f"name and no metrics{_detail(native)}", DAMAGED_FIX,
+                    path, f"is truncated or damaged: result {action_index} of range "
+                    f"{range_index} has no kernel name and no metrics{_detail(native)}",
+                    DAMAGED_FIX,
                 )
             actions.append(action)
     if not actions:
@@ -226,17 +228,17 @@ def nvtx_text(state: Any) -> str | None:
 
 
 def _range_names(domain: Any) -> list[str]:
-    pushed = (domain.push_pop_range(i) for i in range(len(domain.push_pop_ranges())))
-    names = [r.name() for r in pushed if r is not None]
+    pushed = (domain.push_pop_range(index) for index in range(len(domain.push_pop_ranges())))
+    names = [pushed_range.name() for pushed_range in pushed if pushed_range is not None]
     names += list(domain.start_end_ranges())
-    return [clean_text(n) for n in names if n]
+    return [clean_text(name) for name in names if name]
 
 
 def _devices(actions: list[Action], kernels: pd.DataFrame, kinds: ValueKinds) -> pd.DataFrame:
     """One devices row per device the kernels ran on, from its first kernel's attributes."""
     first = kernels.dropna(subset=["device"]).drop_duplicates("device")
-    rows = [device_row(actions[int(i)], int(d), kinds)
-            for i, d in zip(first["kernel_id"], first["device"], strict=True)]
+    rows = [device_row(actions[int(kernel_id)], int(device), kinds)
+            for kernel_id, device in zip(first["kernel_id"], first["device"], strict=True)]
     return devices_frame(rows)
 
 
@@ -270,7 +272,7 @@ def rule_row(kernel_id: int, result: dict[str, Any], msg_types: dict[int, str],
         "type": _label(message.get("type"), msg_types),
         "speedup_type": _label(speedup.get("type"), speedup_types),
         "speedup": None if speedup.get("speedup") is None else float(speedup["speedup"]),
-        "focus_metrics": [_focus(m) for m in result.get("focus_metrics") or []] or None,
+        "focus_metrics": [_focus(metric) for metric in result.get("focus_metrics") or []] or None,
     }
 
 

@@ -49,15 +49,15 @@ LOCK_WAIT_S = 5.0
 def read_sqlite(path: Path) -> Trace:
     """Read an Nsight Systems SQLite export into a Trace."""
     with open_export(path) as con:
-        db = ns.Export(con)
-        if not db.is_nsys():
+        database = ns.Export(con)
+        if not database.is_nsys():
             raise InputError(
                 path, "is an SQLite database but not an Nsight Systems export (no "
                 "CUPTI_ACTIVITY_KIND_*, NVTX_*, TARGET_INFO_*, StringIds or META_DATA_EXPORT "
                 "tables)",
                 "export a report with: " + EXPORT_HINT.format(stem=path.stem),
             )
-        return _read(db)
+        return _read(database)
 
 
 def read_report(path: Path) -> Trace:
@@ -121,17 +121,17 @@ def _db_error(path: Path, exc: BaseException) -> InputError:
                       "export it again: " + EXPORT_HINT.format(stem=path.stem))
 
 
-def _read(db: ns.Export) -> Trace:
+def _read(database: ns.Export) -> Trace:
     repairs: Repairs = Counter()
-    api = _api(db, repairs)
+    api = _api(database, repairs)
     tables: dict[str, pd.DataFrame | None] = {
-        "kernels": _kernels(db, api, repairs),
-        "copies": _copies(db, api, repairs),
-        "syncs": _syncs(db, api, repairs),
-        "ranges": _ranges(db, repairs),
+        "kernels": _kernels(database, api, repairs),
+        "copies": _copies(database, api, repairs),
+        "syncs": _syncs(database, api, repairs),
+        "ranges": _ranges(database, repairs),
         "api": api,
     }
-    trace = Trace(meta=_meta(db, tables), devices=_devices(db), **tables)
+    trace = Trace(meta=_meta(database, tables), devices=_devices(database), **tables)
     for kind, count in repairs.items():
         trace.warn(kind, count)
     return trace
@@ -155,8 +155,9 @@ def _timed(frame: pd.DataFrame, what: str, repairs: Repairs) -> pd.DataFrame:
 # -- host API calls -----------------------------------------------------------------------
 
 
-def _api(db: ns.Export, repairs: Repairs) -> pd.DataFrame:
-    frames = [_api_rows(db, table) for table in (ns.RUNTIME, ns.DRIVER) if db.has(table)]
+def _api(database: ns.Export, repairs: Repairs) -> pd.DataFrame:
+    frames = [_api_rows(database, table) for table in (ns.RUNTIME, ns.DRIVER)
+              if database.has(table)]
     if not frames:
         return TABLES["api"].empty()
     frame = pd.concat(frames, ignore_index=True)
@@ -168,8 +169,8 @@ def _api(db: ns.Export, repairs: Repairs) -> pd.DataFrame:
     return frame.assign(name=names, kind=np.where(driver, "driver", "runtime"))
 
 
-def _api_rows(db: ns.Export, table: str) -> pd.DataFrame:
-    frame = db.rows(table, ns.API_FIELDS, ("nameId",))
+def _api_rows(database: ns.Export, table: str) -> pd.DataFrame:
+    frame = database.rows(table, ns.API_FIELDS, ("nameId",))
     frame["driver_table"] = table == ns.DRIVER
     return frame
 
@@ -236,10 +237,10 @@ IMPLAUSIBLE_CARVEOUT = ("kernels whose sharedMemoryExecuted is not above zero or
                         "shared memory per block (carveout left NA)")
 
 
-def _kernels(db: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame | None:
-    if not db.has(ns.KERNEL):
+def _kernels(database: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame | None:
+    if not database.has(ns.KERNEL):
         return None
-    frame = db.rows(ns.KERNEL, {**ns.KERNEL_FIELDS, **CARVEOUT_FIELD}, ns.KERNEL_NAME_IDS,
+    frame = database.rows(ns.KERNEL, {**ns.KERNEL_FIELDS, **CARVEOUT_FIELD}, ns.KERNEL_NAME_IDS,
                     order='ORDER BY t."start", t."end"')
     frame = _fill_pid(_timed(frame, "kernels", repairs), api)
     repairs["kernels whose name id is not in StringIds"] += int(frame["name"].isna().sum())
@@ -258,9 +259,9 @@ def _carveout(executed: pd.Series, smem: pd.Series, repairs: Repairs) -> pd.Seri
     return executed.where(plausible)
 
 
-def _copies(db: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame | None:
-    parts = [reader(db) for table, reader in ((ns.MEMCPY, _memcpy), (ns.MEMSET, _memset))
-             if db.has(table)]
+def _copies(database: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame | None:
+    parts = [reader(database) for table, reader in ((ns.MEMCPY, _memcpy), (ns.MEMSET, _memset))
+             if database.has(table)]
     if not parts:
         return None
     frame = pd.concat(parts, ignore_index=True)
@@ -270,15 +271,15 @@ def _copies(db: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame 
     return frame
 
 
-def _memcpy(db: ns.Export) -> pd.DataFrame:
-    frame = db.rows(ns.MEMCPY, ns.MEMCPY_FIELDS)
+def _memcpy(database: ns.Export) -> pd.DataFrame:
+    frame = database.rows(ns.MEMCPY, ns.MEMCPY_FIELDS)
     kind = frame.pop("copy_kind").map(ns.COPY_KINDS).fillna("other")
     return frame.assign(kind=kind.astype(object), src_mem=_mem(frame.pop("src_kind")),
                         dst_mem=_mem(frame.pop("dst_kind")))
 
 
-def _memset(db: ns.Export) -> pd.DataFrame:
-    frame = db.rows(ns.MEMSET, ns.MEMSET_FIELDS)
+def _memset(database: ns.Export) -> pd.DataFrame:
+    frame = database.rows(ns.MEMSET, ns.MEMSET_FIELDS)
     return frame.assign(kind="memset", src_mem=pd.Series(None, index=frame.index, dtype=object),
                         dst_mem=_mem(frame.pop("mem_kind")))
 
@@ -294,16 +295,16 @@ def _host_side(copies: pd.DataFrame) -> pd.Series:
     return host.where(host.isin(["pageable", "pinned"]))
 
 
-def _syncs(db: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame | None:
-    if not db.has(ns.SYNC):
+def _syncs(database: ns.Export, api: pd.DataFrame, repairs: Repairs) -> pd.DataFrame | None:
+    if not database.has(ns.SYNC):
         return None
-    frame = db.rows(ns.SYNC, ns.SYNC_FIELDS, order='ORDER BY t."start"')
+    frame = database.rows(ns.SYNC, ns.SYNC_FIELDS, order='ORDER BY t."start"')
     frame = _timed(frame, "syncs", repairs)
     keys = ["pid", "correlation"] if frame["pid"].notna().all() else ["correlation"]
     call = _calls_of(frame, api, keys)
     called = pd.Series(_take(api["name"], call), index=frame.index, dtype=object)
     # Event handles are reused; nsys 2024+ adds eventSyncId, unique per event record.
-    unique_ids = "eventSyncId" in db.columns(ns.SYNC)
+    unique_ids = "eventSyncId" in database.columns(ns.SYNC)
     return frame.assign(
         pid=frame["pid"].astype("Int64").fillna(pd.Series(_take(api["pid"], call),
                                                           index=frame.index)),
@@ -334,16 +335,16 @@ def _sync_kinds(frame: pd.DataFrame, called: pd.Series, repairs: Repairs) -> np.
 # -- host ranges, devices, meta -----------------------------------------------------------
 
 
-def _ranges(db: ns.Export, repairs: Repairs) -> pd.DataFrame | None:
+def _ranges(database: ns.Export, repairs: Repairs) -> pd.DataFrame | None:
     """NVTX push/pop and start/end ranges, with their domain's name and nesting depth."""
-    if not db.has(ns.NVTX):
+    if not database.has(ns.NVTX):
         return None
-    etype = db.expr(ns.NVTX, "t", ("eventType",)) or "NULL"
-    frame = _nvtx_rows(db, f"{etype} IN {ns.NVTX_RANGE_TYPES}", 'ORDER BY t."start"')
+    etype = database.expr(ns.NVTX, "t", ("eventType",)) or "NULL"
+    frame = _nvtx_rows(database, f"{etype} IN {ns.NVTX_RANGE_TYPES}", 'ORDER BY t."start"')
     open_ended = frame["end_ns"].isna().to_numpy()
     repairs["NVTX ranges without an end skipped"] += int(open_ended.sum())
     frame = _timed(frame[~open_ended], "NVTX ranges", repairs)
-    domains = _nvtx_rows(db, f"{etype} = {ns.NVTX_DOMAIN_CREATE}")
+    domains = _nvtx_rows(database, f"{etype} = {ns.NVTX_DOMAIN_CREATE}")
     domains = domains.rename(columns={"name": "domain"})
     keys = ["pid", "domain_id"]
     domains = domains[[*keys, "domain"]].dropna(subset=keys).drop_duplicates(keys)
@@ -354,19 +355,19 @@ def _ranges(db: ns.Export, repairs: Repairs) -> pd.DataFrame | None:
         depth=nesting_depth(lane, frame["start_ns"], frame["end_ns"]), source="nvtx")
 
 
-def _nvtx_rows(db: ns.Export, where: str, order: str = "") -> pd.DataFrame:
+def _nvtx_rows(database: ns.Export, where: str, order: str = "") -> pd.DataFrame:
     """NVTX rows named by their inline `text`, else by their registered string `textId`."""
-    frame = db.rows(ns.NVTX, ns.NVTX_FIELDS, ("textId",), where=where, order=order)
+    frame = database.rows(ns.NVTX, ns.NVTX_FIELDS, ("textId",), where=where, order=order)
     text = frame.pop("text")
     frame["name"] = text.astype(object).where(text.notna(), frame["name"].astype(object))
     return frame
 
 
-def _devices(db: ns.Export) -> pd.DataFrame | None:
-    table = db.first_table(ns.GPU_TABLES)
+def _devices(database: ns.Export) -> pd.DataFrame | None:
+    table = database.first_table(ns.GPU_TABLES)
     if table is None:
         return None
-    frame = db.rows(table, ns.DEVICE_FIELDS)
+    frame = database.rows(table, ns.DEVICE_FIELDS)
     frame = frame.dropna(subset=["device"]).drop_duplicates("device")
     frame = frame.sort_values("device", ignore_index=True)
     frame["max_threads_per_sm"] = frame.pop("warps_per_sm") * frame["warp_size"]
@@ -377,10 +378,11 @@ def _devices(db: ns.Export) -> pd.DataFrame | None:
     return fill_from_compute_capability(frame)
 
 
-def _meta(db: ns.Export, tables: dict[str, pd.DataFrame | None]) -> dict[str, Any]:
-    export = _name_values(db, db.first_table(ns.META_TABLES),
+def _meta(database: ns.Export, tables: dict[str, pd.DataFrame | None]) -> dict[str, Any]:
+    export = _name_values(database, database.first_table(ns.META_TABLES),
                           ("EXPORT_PRODUCT_VERSION", "EXPORT_SCHEMA_VERSION"))
-    env = _name_values(db, ns.SYSTEM_ENV, ("CudaDriverVersion", "NvDriverVersion", "Hostname"))
+    env = _name_values(database, ns.SYSTEM_ENV,
+                       ("CudaDriverVersion", "NvDriverVersion", "Hostname"))
     versions = {
         "nsys": export.get("EXPORT_PRODUCT_VERSION"),
         "nsys_export_schema": export.get("EXPORT_SCHEMA_VERSION"),
@@ -389,35 +391,36 @@ def _meta(db: ns.Export, tables: dict[str, pd.DataFrame | None]) -> dict[str, An
     }
     meta: dict[str, Any] = {
         "format": "nsys-sqlite", "vendor": "nvidia", "timeline": True,
-        "tool_versions": {k: v for k, v in versions.items() if v is not None},
-        "process_names": _process_names(db, tables),
+        "tool_versions": {tool: version for tool, version in versions.items()
+                          if version is not None},
+        "process_names": _process_names(database, tables),
     }
     if "Hostname" in env:
         meta["hostname"] = env["Hostname"]
-    if db.has(ns.SESSION_START) and "utcEpochNs" in db.columns(ns.SESSION_START):
-        start = db.execute(f"SELECT utcEpochNs FROM {ns.SESSION_START} "
+    if database.has(ns.SESSION_START) and "utcEpochNs" in database.columns(ns.SESSION_START):
+        start = database.execute(f"SELECT utcEpochNs FROM {ns.SESSION_START} "
                            "WHERE typeof(utcEpochNs) = 'integer' LIMIT 1").fetchone()
         if start and start[0] is not None:
             meta["session_start_epoch_ns"] = int(start[0])
     return meta
 
 
-def _name_values(db: ns.Export, table: str | None, names: tuple[str, ...]) -> dict[str, str]:
+def _name_values(database: ns.Export, table: str | None, names: tuple[str, ...]) -> dict[str, str]:
     """name -> value rows of a key/value table (export metadata, system environment)."""
-    if table is None or not db.has(table) or not {"name", "value"} <= db.columns(table):
+    if table is None or not database.has(table) or not {"name", "value"} <= database.columns(table):
         return {}
     marks = ", ".join("?" * len(names))
-    rows = db.execute(f"SELECT name, value FROM {table} WHERE name IN ({marks})", names)
+    rows = database.execute(f"SELECT name, value FROM {table} WHERE name IN ({marks})", names)
     return {str(name): str(value) for name, value in rows if value is not None}
 
 
-def _process_names(db: ns.Export, tables: dict[str, pd.DataFrame | None]) -> dict[str, str]:
+def _process_names(database: ns.Export, tables: dict[str, pd.DataFrame | None]) -> dict[str, str]:
     """Names of the processes that rows of the trace belong to, by pid (as a string)."""
-    if not db.has(ns.PROCESSES):
+    if not database.has(ns.PROCESSES):
         return {}
     fields = {"pid": ("pid", ("globalPid", ns.PID_OF)), "name": ("name",)}
-    procs = db.rows(ns.PROCESSES, fields)
-    pids = [f["pid"] for f in tables.values() if f is not None and len(f)]
+    procs = database.rows(ns.PROCESSES, fields)
+    pids = [frame["pid"] for frame in tables.values() if frame is not None and len(frame)]
     if not pids:
         return {}
     used = pd.concat(pids)

@@ -207,7 +207,7 @@ class Export:
         # Schema-defined SQL (generated columns) may then call no function with side effects.
         con.execute("PRAGMA trusted_schema = OFF")
         rows = self.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        self.tables = frozenset(r[0] for r in rows)
+        self.tables = frozenset(row[0] for row in rows)
         self._columns: dict[str, frozenset[str]] = {}
 
     def _over_budget(self) -> int:
@@ -221,18 +221,19 @@ class Export:
     def is_nsys(self) -> bool:
         """True when some table only an Nsight Systems export has is present."""
         named = {STRINGS, *META_TABLES}
-        return bool(named & self.tables) or any(t.startswith(NSYS_PREFIXES) for t in self.tables)
+        return bool(named & self.tables) or any(table.startswith(NSYS_PREFIXES)
+                                                for table in self.tables)
 
     def has(self, table: str) -> bool:
         return table in self.tables
 
     def first_table(self, candidates: Iterable[str]) -> str | None:
-        return next((t for t in candidates if t in self.tables), None)
+        return next((table for table in candidates if table in self.tables), None)
 
     def columns(self, table: str) -> frozenset[str]:
         if table not in self._columns:
             rows = self.execute(f'PRAGMA table_info("{table}")')
-            self._columns[table] = frozenset(r[1] for r in rows)
+            self._columns[table] = frozenset(row[1] for row in rows)
         return self._columns[table]
 
     def expr(self, table: str, alias: str, spellings: tuple[Spelling, ...],
@@ -263,10 +264,10 @@ class Export:
         """SQL of (id, value) for the StringIds rows that `id_columns` of `table` refer to."""
         value = self.expr(STRINGS, "s", STRING_VALUE, text=True) if STRINGS in self.tables \
             else None
-        present = [c for c in id_columns if c in self.columns(table)]
+        present = [column for column in id_columns if column in self.columns(table)]
         if value is None or not present:
             return None
-        used = " UNION ".join(f'SELECT "{c}" FROM {table}' for c in present)
+        used = " UNION ".join(f'SELECT "{column}" FROM {table}' for column in present)
         sid = AS_INTEGER.format(c="s.id")
         return f"SELECT {sid} AS id, {value} AS value FROM {STRINGS} AS s WHERE s.id IN ({used})"
 
@@ -282,7 +283,7 @@ class Export:
         Ids are read, not strings: each distinct string is then fetched once (a kernel name
         repeated a million times costs one Python object, not a million).
         """
-        ids = {f"string_id_{i}": (column,) for i, column in enumerate(names)}
+        ids = {f"string_id_{position}": (column,) for position, column in enumerate(names)}
         frame = self.query(f"SELECT {self.select(table, {**fields, **ids})} FROM {table} AS t "
                            f"WHERE {where} {order}")
         if names:

@@ -99,7 +99,7 @@ def _parts(path: Path, data: Any) -> tuple[list[Any], list[list[Any]]]:
     traces = data.get("device_traces", []) if isinstance(data, dict) else None
     keyed = isinstance(data, dict) and ("segments" in data or "device_traces" in data)
     if not keyed or not isinstance(segments, list) or not isinstance(traces, list) or any(
-        not isinstance(t, list) for t in traces
+        not isinstance(device_trace, list) for device_trace in traces
     ):
         what = type(data).__name__ if not isinstance(data, dict) else (
             "a dict without a 'segments' list or 'device_traces' list of lists")
@@ -115,7 +115,7 @@ def row_budget(path: Path, max_rows: int | None = None) -> int:
 
 def _check_size(path: Path, segments: list[Any], traces: list[list[Any]], budget: int) -> None:
     """InputError when the entries and blocks to walk exceed `budget` (counted, not walked)."""
-    rows = sum(len(t) for t in traces)
+    rows = sum(len(device_trace) for device_trace in traces)
     for seg in segments:
         blocks = seg.get("blocks") if type(seg) is dict else None
         rows += len(blocks) if type(blocks) is list else 0
@@ -148,54 +148,54 @@ def _entries(
     device_traces: list[list[Any]], sites: Sites, warnings: Counter[str]
 ) -> tuple[dict[str, Any], bool]:
     """`memory` columns from every trace entry, and whether times are real."""
-    cols: dict[str, list[Any]] = {k: [] for k in (
+    cols: dict[str, list[Any]] = {key: [] for key in (
         "device", "ts_ns", "action", "addr", "bytes", "delta_bytes", "stream", "site",
         "device_free_bytes")}
-    device, ts, action, addr, size, delta, stream, site, free = cols.values()
+    device, times, action, addr, size, delta, stream, site, free = cols.values()
     timed = untimed = 0
     for position, entries in enumerate(device_traces):
-        first = len(ts)
-        for e in entries:
-            if type(e) is not dict:
+        first = len(times)
+        for entry in entries:
+            if type(entry) is not dict:
                 warnings["trace entries that are not dicts skipped"] += 1
                 continue
-            name = e.get("action")
+            name = entry.get("action")
             if type(name) is not str or name not in ACTIONS:
                 warnings["trace entries with an unknown action kept without one"] += 1
                 name = None
-            nbytes = _int(e.get("size"))
+            nbytes = _int(entry.get("size"))
             sign = DELTA_SIGN.get(name) if name and nbytes is not None else None
-            device.append(_int(e.get("device", position)))
-            ts.append(_time_ns(e.get("time_us")))
+            device.append(_int(entry.get("device", position)))
+            times.append(_time_ns(entry.get("time_us")))
             action.append(name)
-            addr.append(_int(e.get("addr")))
+            addr.append(_int(entry.get("addr")))
             size.append(nbytes)
             delta.append(sign * nbytes if sign and nbytes is not None else None)
-            stream.append(_int(e.get("stream")))
-            site.append(sites.of(e.get("frames")))
-            free.append(_int(e.get("device_free")))
-        missing = ts[first:].count(None)
-        timed += len(ts) - first - missing
+            stream.append(_int(entry.get("stream")))
+            site.append(sites.of(entry.get("frames")))
+            free.append(_int(entry.get("device_free")))
+        missing = times[first:].count(None)
+        timed += len(times) - first - missing
         untimed += missing
-        ts[first:] = _fill_times(ts[first:])
+        times[first:] = _fill_times(times[first:])
     return _columns(cols), _time_warnings(timed, untimed, warnings)
 
 
-def _fill_times(ts: list[int | None]) -> list[int]:
+def _fill_times(times: list[int | None]) -> list[int]:
     """One device's times with gaps filled, so rows stay in order on one clock.
 
     An entry without a time takes the time of the entry before it (the first ones, of the
     first timed entry); when no entry has a time (torch < 2.1), times are the entry order.
     """
-    if None not in ts:
-        return ts  # type: ignore[return-value]
-    known = [t for t in ts if t is not None]
+    if None not in times:
+        return times  # type: ignore[return-value]
+    known = [time for time in times if time is not None]
     if not known:
-        return list(range(len(ts)))
+        return list(range(len(times)))
     last = known[0]
     filled = []
-    for t in ts:
-        last = last if t is None else t
+    for time in times:
+        last = last if time is None else time
         filled.append(last)
     return filled
 
@@ -228,7 +228,7 @@ def _columns(cols: dict[str, list[Any]]) -> dict[str, Any]:
 
 def _blocks(segments: list[Any], sites: Sites, warnings: Counter[str]) -> dict[str, Any]:
     """`memory_blocks` columns: one row per block of every segment."""
-    cols: dict[str, list[Any]] = {k: [] for k in (
+    cols: dict[str, list[Any]] = {key: [] for key in (
         "device", "pool", "segment_addr", "segment_bytes", "addr", "bytes",
         "requested_bytes", "state", "stream", "expandable", "site")}
     for seg in segments:
@@ -253,23 +253,23 @@ def _segment_blocks(
         seg.get("is_expandable") if type(seg.get("is_expandable")) is bool else None,
     )
     cursor = segment[2]  # blocks tile the segment: each starts where the one before ended
-    for b in blocks:
-        if type(b) is not dict:
+    for block in blocks:
+        if type(block) is not dict:
             warnings["blocks that are not dicts skipped"] += 1
             continue
-        nbytes, start = _int(b.get("size")), _int(b.get("address"))
+        nbytes, start = _int(block.get("size")), _int(block.get("address"))
         if start is None and cursor is not None:
             start = cursor
             warnings["block addresses computed from the segment address (older snapshot)"] += 1
         cursor = _int(start + nbytes) if start is not None and nbytes is not None else None
-        frames, asked = _block_extra(b)
+        frames, asked = _block_extra(block)
         for column, value in zip(
             (device, pool, seg_addr, seg_bytes, stream, expandable), segment, strict=True):
             column.append(value)
         addr.append(start)
         size.append(nbytes)
         requested.append(asked)
-        state.append(_state(b.get("state"), warnings))
+        state.append(_state(block.get("state"), warnings))
         site.append(sites.of(frames))
 
 

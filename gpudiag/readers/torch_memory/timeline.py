@@ -103,7 +103,7 @@ def _memory(path: Path, doc: list[Any]) -> tuple[dict[str, Any] | None, dict[str
     rows = _integers(path, doc, 2, "rows")
     if rows.shape[1] != 4:
         raise _not_timeline(path, f"rows have {rows.shape[1]} values, expected 4")
-    ts, action, numbytes, category = rows.T
+    times, action, numbytes, category = rows.T
     action_code = np.where((action >= 1) & (action <= len(ACTIONS)), action - 1, -1)
     category_code = np.where((category >= 0) & (category < len(CATEGORIES)), category, -1)
     warnings = {
@@ -113,7 +113,7 @@ def _memory(path: Path, doc: list[Any]) -> tuple[dict[str, Any] | None, dict[str
             int((category_code < 0).sum()),
     }
     columns = {
-        "ts_ns": np.where(ts < 0, -1, ts),
+        "ts_ns": np.where(times < 0, -1, times),
         "action": pd.Categorical.from_codes(action_code, categories=list(ACTIONS)),
         "bytes": np.abs(numbytes),
         "delta_bytes": numbytes,
@@ -134,7 +134,7 @@ def _samples(path: Path, doc: list[Any]) -> pd.DataFrame | None:
             path, f"sizes have shape {sizes.shape}, expected ({len(times)}, {width})")
     if (np.abs(times) > INT64_MAX // 1000).any():
         raise _not_timeline(path, "times are out of range")
-    metrics = [f"memory.{c}" for c in CATEGORIES]
+    metrics = [f"memory.{category}" for category in CATEGORIES]
     return pd.DataFrame({
         "ts_ns": np.repeat(np.where(times < 0, -1, times * 1000), len(CATEGORIES)),
         "metric": pd.Categorical.from_codes(

@@ -120,9 +120,9 @@ def _copy(value: Any, depth: int, budget: list[int]) -> Any:
         return None
     if isinstance(value, Mapping):
         items = islice(value.items(), max(budget[0], 0))
-        return {_key(k): _copy(v, depth + 1, budget) for k, v in items}
+        return {_key(key): _copy(item, depth + 1, budget) for key, item in items}
     if isinstance(value, list | tuple | set | frozenset):
-        return [_copy(v, depth + 1, budget) for v in islice(value, max(budget[0], 0))]
+        return [_copy(item, depth + 1, budget) for item in islice(value, max(budget[0], 0))]
     return _scalar(value)
 
 

@@ -60,14 +60,14 @@ def read(path: Path) -> Trace:
             path, f"is not a valid XSpace protobuf or is truncated ({exc})",
             "pass the .xplane.pb that jax.profiler / tf.profiler wrote, copied completely",
         ) from exc
-    if not any(p.name.startswith(("/device:", "/host:")) for p in space.planes):
+    if not any(plane.name.startswith(("/device:", "/host:")) for plane in space.planes):
         raise InputError(
             path, "is an XSpace protobuf with no /device: or /host: planes (nothing profiled)",
             "profile a run that executes on the GPU, e.g. inside jax.profiler.trace(dir)",
         )
     offset_ns = epoch_offset_ns(space)
     cols, repairs = _space_columns(space, offset_ns)
-    planes = [(p.name, p.stats) for p in space.planes]
+    planes = [(plane.name, plane.stats) for plane in space.planes]
     meta = {"format": "xplane", "hostnames": space.hostnames, "clock_offset_ns": offset_ns}
     trace = _build(cols, planes, meta, repairs)
     for text in space.errors + space.warnings:
@@ -158,8 +158,8 @@ def _space_columns(space: Space, offset_ns: int = 0) -> tuple[Columns, dict[str,
 
 def _merge_stats(ids: list[int], own: list[Any], shared: dict[int, dict[str, Any]]) -> list[Any]:
     """Event stats over its metadata's stats (the order xprof applies them in)."""
-    return [{**shared[m], **(s or EMPTY)} if m in shared else s
-            for m, s in zip(ids, own, strict=True)]
+    return [{**shared[meta_id], **(event_stats or EMPTY)} if meta_id in shared else event_stats
+            for meta_id, event_stats in zip(ids, own, strict=True)]
 
 
 def _event_times(line_ts: list[int], counts: list[int], offsets: list[int],
@@ -175,8 +175,8 @@ def _event_times(line_ts: list[int], counts: list[int], offsets: list[int],
     return start, _ps_to_ns(dur), clipped
 
 
-def _ps_to_ns(ps: np.ndarray) -> np.ndarray:
-    whole, rest = np.divmod(ps, 1000)
+def _ps_to_ns(picoseconds: np.ndarray) -> np.ndarray:
+    whole, rest = np.divmod(picoseconds, 1000)
     return whole + (rest >= 500)
 
 
@@ -188,7 +188,7 @@ class DictStats:
 
     def get(self, idx: np.ndarray, key: str) -> list[Any]:
         rows = self.rows
-        return [(r.get(key) if r else None) for r in map(rows.__getitem__, idx.tolist())]
+        return [(row.get(key) if row else None) for row in map(rows.__getitem__, idx.tolist())]
 
 # -- Chrome JSON (perfetto_trace.json.gz) -------------------------------------------------
 
@@ -231,12 +231,13 @@ class StructStats:
 def _json_columns(doc: Document) -> tuple[Columns, list[tuple[str, Any]], dict[str, int]]:
     """Event columns of a trace-viewer JSON: process names are planes, thread names lines."""
     events = doc.traceEvents or []
-    ph = column(events, "ph")
-    processes, threads = _labels([e for e, p in zip(events, ph, strict=True) if p == "M"])
-    complete = [e for e, p in zip(events, ph, strict=True) if p == "X"]
-    ts = floats(column(complete, "ts"))
-    valid = np.abs(ts) < TIME_LIMIT_US  # False for NaN too
-    kept = [e for e, ok in zip(complete, valid.tolist(), strict=True) if ok]
+    phases = column(events, "ph")
+    processes, threads = _labels([event for event, phase in zip(events, phases, strict=True)
+                                  if phase == "M"])
+    complete = [event for event, phase in zip(events, phases, strict=True) if phase == "X"]
+    timestamps = floats(column(complete, "ts"))
+    valid = np.abs(timestamps) < TIME_LIMIT_US  # False for NaN too
+    kept = [event for event, keep in zip(complete, valid.tolist(), strict=True) if keep]
     keys = list(zip(map(_hashable, column(kept, "pid")), map(_hashable, column(kept, "tid")),
                     strict=True))
     lane, uniques = codes_of(keys)
@@ -244,7 +245,7 @@ def _json_columns(doc: Document) -> tuple[Columns, list[tuple[str, Any]], dict[s
                   tid if isinstance(tid, int) else None) for pid, tid in uniques]
     dur = np.nan_to_num(floats(column(kept, "dur")), nan=0.0)
     cols = Columns(
-        lanes, lane, column(kept, "name"), us_to_ns(ts[valid]),
+        lanes, lane, column(kept, "name"), us_to_ns(timestamps[valid]),
         us_to_ns(np.clip(dur, 0, TIME_LIMIT_US)),
         StructStats(_STATS.decode(column(kept, "args"))),
     )
@@ -257,7 +258,7 @@ def _json_columns(doc: Document) -> tuple[Columns, list[tuple[str, Any]], dict[s
 def _labels(meta: list[Any]) -> tuple[dict[Any, Any], dict[tuple[Any, Any], Any]]:
     """pid -> process name and (pid, tid) -> thread name, from the metadata events."""
     names = column(meta, "name")
-    labels = [a.name for a in _LABELS.decode(column(meta, "args"))]
+    labels = [args.name for args in _LABELS.decode(column(meta, "args"))]
     processes: dict[Any, Any] = {}
     threads: dict[tuple[Any, Any], Any] = {}
     for event, kind, label in zip(meta, names, labels, strict=True):
@@ -278,12 +279,12 @@ def _hashable(value: Any) -> Any:
 
 def _devices(planes: list[tuple[str, dict[str, Any]]], vendor: str) -> pd.DataFrame:
     """One row per /device:GPU:N plane, with the capabilities XLA records as plane stats."""
-    rows = [(int(m[1]), stats) for name, stats in planes if (m := GPU_PLANE.match(name))]
+    rows = [(int(match[1]), stats) for name, stats in planes if (match := GPU_PLANE.match(name))]
     frame = pd.DataFrame({
-        "device": np.array([d for d, _ in rows], dtype=np.int64),
-        "vendor": [_plane_vendor(s.get("device_vendor")) or vendor for _, s in rows],
-        **{col: ints([s.get(stat) for _, s in rows]) for stat, col in DEVICE_STATS.items()},
-        "mem_bandwidth_bytes_per_s": floats([s.get("memory_bandwidth") for _, s in rows]),
+        "device": np.array([device for device, _ in rows], dtype=np.int64),
+        "vendor": [_plane_vendor(props.get("device_vendor")) or vendor for _, props in rows],
+        **{col: ints([props.get(stat) for _, props in rows]) for stat, col in DEVICE_STATS.items()},
+        "mem_bandwidth_bytes_per_s": floats([props.get("memory_bandwidth") for _, props in rows]),
     })
     return fill_from_compute_capability(frame.drop_duplicates("device"))
 

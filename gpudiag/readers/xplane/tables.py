@@ -101,10 +101,10 @@ class LaneInfo:
     @classmethod
     def of(cls, lanes: list[Lane]) -> LaneInfo:
         parsed = [_classify(lane) for lane in lanes]
-        return cls(np.array([p[0] for p in parsed], dtype=np.int8),
-                   np.array([p[1] for p in parsed], dtype=np.float64),
-                   np.array([p[2] for p in parsed], dtype=np.float64),
-                   pd.array([p[3] for p in parsed], dtype="Int64"))
+        return cls(np.array([entry[0] for entry in parsed], dtype=np.int8),
+                   np.array([entry[1] for entry in parsed], dtype=np.float64),
+                   np.array([entry[2] for entry in parsed], dtype=np.float64),
+                   pd.array([entry[3] for entry in parsed], dtype="Int64"))
 
     def tids(self, lane: np.ndarray) -> pd.Series:
         return pd.Series(self.tid.take(lane))
@@ -156,7 +156,7 @@ def _ordered(cols: Columns, mask: np.ndarray) -> np.ndarray:
 
 
 def _present(values: list[Any]) -> np.ndarray:
-    return np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    return np.fromiter((value is not None for value in values), dtype=bool, count=len(values))
 
 
 def _times(cols: Columns, idx: np.ndarray) -> dict[str, np.ndarray]:
@@ -182,15 +182,15 @@ def _kernels(cols: Columns, info: LaneInfo, names: _NameFlags, idx: np.ndarray) 
 def _copies(cols: Columns, info: LaneInfo, names: _NameFlags, idx: np.ndarray) -> pd.DataFrame:
     """Copies; the direction comes from the activity name ('MemcpyH2D'), else from a
     `kind:` in memcpy_details (ROCm), else it is 'other'."""
-    details = [_fields(v) for v in cols.stats.get(idx, "memcpy_details")]
+    details = [_fields(text) for text in cols.stats.get(idx, "memcpy_details")]
     kind = names.copy_kind[idx]
-    stated = np.array([d.get("kind") for d in details] + [None], dtype=object)[:-1]
+    stated = np.array([fields.get("kind") for fields in details] + [None], dtype=object)[:-1]
     unknown = (kind == None) | (kind == "other")  # noqa: E711
     kind = np.where(unknown, np.where(np.isin(stated, list(COPY_KINDS)), stated, "other"), kind)
     return pd.DataFrame({
         **_times(cols, idx), **_gpu(cols, info, idx),
         "kind": kind,
-        "bytes": ints([d.get("size") for d in details]),
+        "bytes": ints([fields.get("size") for fields in details]),
     })
 
 
@@ -211,10 +211,11 @@ def _api(cols: Columns, info: LaneInfo, names: _NameFlags, idx: np.ndarray) -> p
     driver call it records, so `api.name` always names an API function."""
     name = names.api_name[idx]
     details = cols.stats.get(idx, "memcpy_details")
-    for i in np.flatnonzero(name == None):  # noqa: E711 (TF launch records only)
-        copy = details[i] is not None or names.is_copy[idx[i]]
-        name[i] = _copy_call(names.copy_kind[idx[i]], details[i]) if copy else "cuLaunchKernel"
-    driver = np.array([n.startswith("cu") and not n.startswith("cuda") for n in name],
+    for row in np.flatnonzero(name == None):  # noqa: E711 (TF launch records only)
+        copy = details[row] is not None or names.is_copy[idx[row]]
+        name[row] = (_copy_call(names.copy_kind[idx[row]], details[row]) if copy
+                     else "cuLaunchKernel")
+    driver = np.array([call.startswith("cu") and not call.startswith("cuda") for call in name],
                       dtype=bool)
     return pd.DataFrame({
         **_times(cols, idx),
@@ -239,7 +240,8 @@ def _memory(cols: Columns, names: _NameFlags, idx: np.ndarray) -> pd.DataFrame:
     size = ints(cols.stats.get(idx, "allocation_bytes"))
     sign = np.where(action == "free", -1, 1)
     return pd.DataFrame({
-        "device": ints([_allocator_device(v) for v in cols.stats.get(idx, "allocator_name")]),
+        "device": ints([_allocator_device(allocator)
+                        for allocator in cols.stats.get(idx, "allocator_name")]),
         "ts_ns": cols.start_ns[idx],
         "action": action,
         "addr": ints(cols.stats.get(idx, "addr")),
@@ -270,11 +272,12 @@ def _ranges(cols: Columns, info: LaneInfo, names: _NameFlags, idx: np.ndarray) -
     on_device = kind != HOST
     steps = np.flatnonzero(kind == STEPS)
     step_names = cols.stats.get(idx[steps], "step_name")
-    label = names.labels(idx, {int(i): str(n) for i, n in zip(steps, step_names, strict=True)
-                               if n is not None})
+    label = names.labels(idx, {int(position): str(step_name)
+                               for position, step_name in zip(steps, step_names, strict=True)
+                               if step_name is not None})
     source = np.where(on_device, np.where(kind == STEPS, "step", "device_op"),
                       np.where(names.python[idx], "python", "host"))
-    lines = np.array([ln.line for ln in cols.lanes], dtype=object)
+    lines = np.array([lane_entry.line for lane_entry in cols.lanes], dtype=object)
     frame = pd.DataFrame({
         "tid": info.tids(lane), "device": ints(info.device[lane]),
         **_times(cols, idx), "name": label, "source": source,
@@ -290,19 +293,19 @@ class _NameFlags:
 
     def __init__(self, names: list[Any]) -> None:
         codes, uniques = codes_of(names)
-        text = [u if isinstance(u, str) else str(u) for u in uniques]
+        text = [unique if isinstance(unique, str) else str(unique) for unique in uniques]
         self.codes = codes
         self.text = text
 
         def spread(values: list[Any], missing: Any, dtype: Any = object) -> np.ndarray:
             return np.array([*values, missing], dtype=dtype)[codes]
 
-        kinds = [_copy_kind(t) for t in text]
-        self.is_copy = spread([k is not None for k in kinds], False, bool)
+        kinds = [_copy_kind(name) for name in text]
+        self.is_copy = spread([kind is not None for kind in kinds], False, bool)
         self.copy_kind = spread(kinds, None)
-        self.memory_action = spread([MEMORY_EVENTS.get(t) for t in text], None)
-        self.api_name = spread([_api_name(t) for t in text], None)
-        self.python = spread([t.startswith("$") for t in text], False, bool)
+        self.memory_action = spread([MEMORY_EVENTS.get(name) for name in text], None)
+        self.api_name = spread([_api_name(name) for name in text], None)
+        self.python = spread([name.startswith("$") for name in text], False, bool)
 
     def labels(self, idx: np.ndarray, replace: dict[int, str] | None = None) -> pd.Series:
         """Names of rows `idx` as a category column, straight from the factorized codes
@@ -311,7 +314,7 @@ class _NameFlags:
         codes = self.codes[idx]
         categories = list(self.text)
         if replace:
-            extra = {name: len(categories) + i for i, name in enumerate(dict.fromkeys(
+            extra = {name: len(categories) + offset for offset, name in enumerate(dict.fromkeys(
                 replace.values()))}
             categories += list(extra)
             codes[list(replace)] = [extra[name] for name in replace.values()]
@@ -338,8 +341,8 @@ def ints(values: Any) -> pd.Series:
     non-integers and values too large to be real become NA."""
     arr = values if isinstance(values, np.ndarray) and values.dtype.kind == "f" else floats(
         list(values))
-    ok = np.isfinite(arr) & (np.abs(arr) < LIMIT) & (arr == np.floor(arr))
-    return pd.Series(np.where(ok, arr, np.nan)).astype("Int64")
+    valid = np.isfinite(arr) & (np.abs(arr) < LIMIT) & (arr == np.floor(arr))
+    return pd.Series(np.where(valid, arr, np.nan)).astype("Int64")
 
 
 def _fields(details: Any) -> dict[str, str]:
@@ -353,10 +356,10 @@ def kernel_details(values: list[Any]) -> dict[str, pd.Series]:
     """Launch geometry, registers and shared memory from `kernel_details` strings, parsed
     once per distinct string (a few launch shapes repeat across thousands of kernels)."""
     codes, uniques = codes_of(values)
-    parsed = np.array([_kernel_detail_row(u) for u in uniques]
+    parsed = np.array([_kernel_detail_row(unique) for unique in uniques]
                       + [[np.nan] * len(DETAIL_COLUMNS)], dtype=np.float64)
     rows = parsed[codes]
-    return {col: ints(rows[:, i]) for i, col in enumerate(DETAIL_COLUMNS)}
+    return {col: ints(rows[:, position]) for position, col in enumerate(DETAIL_COLUMNS)}
 
 
 def _kernel_detail_row(text: Any) -> list[float]:
@@ -373,7 +376,7 @@ def _kernel_detail_row(text: Any) -> list[float]:
 
 def _triple(text: str | None) -> list[float]:
     parts = text.split(",") if text else []
-    return [_num(p) for p in parts] if len(parts) == 3 else [np.nan] * 3
+    return [_num(part) for part in parts] if len(parts) == 3 else [np.nan] * 3
 
 
 def _num(text: str | None) -> float:

@@ -74,17 +74,17 @@ class Line:
 
 def varint(buf: bytes, pos: int) -> tuple[int, int]:
     """(value, next position) of the unsigned varint at `pos`."""
-    b = buf[pos]
-    if b < 0x80:
-        return b, pos + 1
-    result = b & 0x7F
+    byte = buf[pos]
+    if byte < 0x80:
+        return byte, pos + 1
+    result = byte & 0x7F
     shift = 7
     pos += 1
     while True:
-        b = buf[pos]
+        byte = buf[pos]
         pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
             return result & _UINT64_MASK, pos
         shift += 7
         if shift > 63:
@@ -98,8 +98,8 @@ def int64(value: int) -> int:
 
 def length(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     """(end of the length-delimited field at `pos`, its start); checked against `end`."""
-    n, pos = varint(buf, pos)
-    stop = pos + n
+    size, pos = varint(buf, pos)
+    stop = pos + size
     if stop > end:
         raise WireError("length-delimited field runs past the end of its message")
     return stop, pos
@@ -126,8 +126,8 @@ def skip(buf: bytes, pos: int, end: int, tag: int) -> int:
 
 
 def tag_at(buf: bytes, pos: int) -> tuple[int, int]:
-    b = buf[pos]
-    return (b, pos + 1) if b < 0x80 else varint(buf, pos)
+    byte = buf[pos]
+    return (byte, pos + 1) if byte < 0x80 else varint(buf, pos)
 
 
 def text(buf: bytes, start: int, stop: int) -> str:
@@ -156,17 +156,17 @@ def decode_stat(  # noqa: PLR0912
     value: Any = None
     while pos < end:
         tag = buf[pos]
-        b = buf[pos + 1]
+        next_byte = buf[pos + 1]
         if tag == 0x08:
-            if b < 0x80:
-                mid = b
+            if next_byte < 0x80:
+                mid = next_byte
                 pos += 2
             else:
                 mid, pos = varint(buf, pos + 1)
                 mid = int64(mid)  # map keys are int64: negative ids must match them
         elif tag in {0x38, 0x18, 0x20}:
-            if b < 0x80:
-                raw = b
+            if next_byte < 0x80:
+                raw = next_byte
                 pos += 2
             else:
                 raw, pos = varint(buf, pos + 1)
@@ -175,9 +175,9 @@ def decode_stat(  # noqa: PLR0912
             else:
                 value = raw - _UINT64 if tag == 0x20 and raw >= _INT64_SIGN else raw
         elif tag in {0x2A, 0x32}:
-            if b < 0x80:
+            if next_byte < 0x80:
                 start = pos + 2
-                stop = start + b
+                stop = start + next_byte
                 if stop > end:
                     raise WireError("string runs past the end of its stat")
             else:
@@ -208,9 +208,9 @@ def decode_line(
         pos += 1
         if tag == 0x22:
             stop, start = length(buf, pos, end)
-            md, off, dur, ev_stats, timed = _event(buf, start, stop, names, cache)
+            metadata_id, off, dur, ev_stats, timed = _event(buf, start, stop, names, cache)
             if timed:
-                mids.append(md)
+                mids.append(metadata_id)
                 offs.append(off)
                 durs.append(dur)
                 stats.append(ev_stats)
@@ -253,16 +253,16 @@ def _event(  # noqa: PLR0912
     Most stats repeat byte for byte (the same interned kernel_details ref, group_id 0,
     ...), so each distinct encoding is decoded once per plane: `cache` maps the stat's
     bytes to its (name, value), which are immutable and safe to share."""
-    md = off = dur = 0
+    metadata_id = off = dur = 0
     stats: Stats | None = None
     timed = True
     while pos < end:
         tag = buf[pos]
-        b = buf[pos + 1]
+        next_byte = buf[pos + 1]
         if tag == 0x22:
-            if b < 0x80:
+            if next_byte < 0x80:
                 start = pos + 2
-                stop = start + b
+                stop = start + next_byte
                 if stop > end:
                     raise WireError("stat runs past the end of its event")
             else:
@@ -277,12 +277,12 @@ def _event(  # noqa: PLR0912
                 stats[pair[0]] = pair[1]
             pos = stop
         elif tag == 0x08:
-            if b < 0x80:
-                md = b
+            if next_byte < 0x80:
+                metadata_id = next_byte
                 pos += 2
             else:
-                md, pos = varint(buf, pos + 1)
-                md = int64(md)
+                metadata_id, pos = varint(buf, pos + 1)
+                metadata_id = int64(metadata_id)
         elif tag == 0x10:
             off, pos = varint(buf, pos + 1)
         elif tag == 0x18:
@@ -295,4 +295,4 @@ def _event(  # noqa: PLR0912
             pos = skip(buf, pos, end, tag)
     if pos != end:
         raise WireError("event runs past the end of its message")
-    return md, off, dur, stats, timed
+    return metadata_id, off, dur, stats, timed
