@@ -346,10 +346,11 @@ def doctor() -> None:
 
 @cli.command()
 def schema() -> None:
-    """Print the Trace schema (every table and column) as Markdown."""
-    from gpudiag.schema import markdown
+    """Print the Trace schema, then the Diagnosis schema (every table and column), as
+    Markdown: docs/schema.md."""
+    from gpudiag.diagnosis_schema import full_markdown
 
-    click.echo(markdown(), nl=False)
+    click.echo(full_markdown(), nl=False)
 
 
 def _load(paths: list[Path]) -> Trace:

@@ -103,7 +103,7 @@ class Table:
             return [f"{self.name}: columns {list(frame.columns)} != declared {self.names}"]
         for col in self.columns:
             series = frame[col.name]
-            if str(series.dtype) != col.dtype:
+            if str(series.dtype) != dtype_name(col.dtype):
                 issues.append(f"{self.name}.{col.name}: dtype {series.dtype} != {col.dtype}")
                 continue
             if col.values and len(series):
@@ -122,6 +122,21 @@ _EMPTY: dict[str, pd.DataFrame] = {}
 #: categories of an all-NA category column (the default string dtype, so Parquet round-trips)
 NO_CATEGORIES = pd.Index([], dtype=str)
 
+#: how `str(dtype)` spells pandas' default string dtype, which a column declares as "str":
+#: 'str' from pandas 3 on, 'object' before it
+DEFAULT_STR = str(pd.Series([], dtype=str).dtype)
+
+
+def dtype_name(declared: str) -> str:
+    """What `str(series.dtype)` reads for a column declared with `declared`."""
+    return DEFAULT_STR if declared == "str" else declared
+
+
+def conform_column(series: pd.Series, col: Column, table: str) -> pd.Series:
+    """`series` at `col`'s declared dtype: itself when it already is, else cast (a
+    `SchemaError` when it cannot be, e.g. missing values in an `int64` or `bool` column)."""
+    return series if _conforms(series, col) else _cast(series, col, table)
+
 
 #: nanoseconds per time unit, in the spellings ncu has used across versions (the `metrics`
 #: table keeps ncu's own unit; readers and analyzers convert through this one table)
@@ -135,7 +150,7 @@ NS_PER_UNIT: dict[str, float] = {
 
 def _conforms(series: pd.Series, col: Column) -> bool:
     """True when `series` already has the column's dtype (and declared categories)."""
-    if str(series.dtype) != col.dtype:
+    if str(series.dtype) != dtype_name(col.dtype):
         return False
     if col.dtype != "category":
         return True
@@ -173,10 +188,12 @@ def _cast(series: pd.Series, col: Column, table: str) -> pd.Series:
     try:
         if col.dtype == "category":
             return _as_category(series, col, table)
-        if col.dtype == "int64":
+        if col.dtype in ("int64", "bool"):
             if series.isna().any():
                 raise SchemaError(f"{table}.{col.name} has missing values")
-            return series.astype("int64")
+            return series.astype(col.dtype)
+        if col.dtype == "str":  # missing values stay missing (astype(str) would spell them)
+            return series.astype(str) if DEFAULT_STR == "str" else series.astype(object)
         if col.dtype == "Int64" and series.dtype == object:
             series = pd.to_numeric(series, errors="raise")
         return series.astype(col.dtype)
@@ -408,11 +425,17 @@ def markdown() -> str:
     ]
     for table in TABLES.values():
         lines += [f"## `{table.name}`", "", f"One row per {table.row}.", ""]
-        lines += ["| column | dtype | unit | meaning |", "|---|---|---|---|"]
-        for col in table.columns:
-            meaning = col.meaning
-            if col.values:
-                meaning += ": " + ", ".join(f"`{v}`" for v in col.values)
-            lines.append(f"| `{col.name}` | {col.dtype} | {col.unit} | {meaning} |")
+        lines += column_lines(table.columns)
         lines.append("")
     return "\n".join(lines)
+
+
+def column_lines(columns: tuple[Column, ...]) -> list[str]:
+    """The Markdown table of `columns`, header first (one line per column)."""
+    lines = ["| column | dtype | unit | meaning |", "|---|---|---|---|"]
+    for col in columns:
+        meaning = col.meaning
+        if col.values:
+            meaning += ": " + ", ".join(f"`{v}`" for v in col.values)
+        lines.append(f"| `{col.name}` | {col.dtype} | {col.unit} | {meaning} |")
+    return lines

@@ -133,6 +133,20 @@ def test_steps_outside_the_profiled_window_do_not_count() -> None:
     assert host_steps.host_breakdown(t)["steps"].iloc[0] == 4
 
 
+def test_steps_none_of_which_was_profiled_give_an_empty_breakdown() -> None:
+    """Step markers for a stretch of the run the framework did not record (or a window
+    that holds only such steps): no step counts, so the breakdown is empty, not an error."""
+    t = loop(steps=1)
+    marks = pd.DataFrame([r(f"step {k}", 10_000 * k, 10_000 * k + 5_000, "step")
+                          for k in range(2, 5)])
+    t.ranges = pd.concat([t.ranges, marks], ignore_index=True)
+    assert not host_steps.host_by_step(t)["profiled"].any()
+    empty = host_steps.host_breakdown(t)
+    assert empty.empty and list(empty.columns) == [
+        "rank", "pid", "category", "time_ns", "share", "per_step_ns", "warmup_ns", "steps"]
+    diagnose(t, window=(20_000, 45_000))  # the whole pipeline, on such a window
+
+
 def test_diagnose_registers_the_analyzer_and_reports_its_tables() -> None:
     dx = diagnose(loop(), steps=True)
     assert {"host_breakdown", "host_by_step", "host_top_ops", "host_memory"} <= set(dx.tables)

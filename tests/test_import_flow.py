@@ -13,8 +13,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "gpudiag"
 
 #: modules every layer may use; they import only each other
-GROUND = frozenset({"schema", "trace", "trace_meta", "errors", "optional", "devices", "names",
-                    "markers", "commands", "intervals"})
+GROUND = frozenset({"schema", "diagnosis_schema", "trace", "trace_meta", "errors", "optional",
+                    "devices", "names", "markers", "commands", "intervals"})
 #: what each folder may import, besides itself (the wiring layer imports anything)
 ALLOWED = {
     "ground": {"ground"},

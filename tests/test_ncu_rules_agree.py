@@ -126,13 +126,19 @@ def test_rule_findings_are_the_actionable_rules_most_speedup_first(path: Path | 
     trace = real_report(path)
     every = km.rules(trace)
     found = rule_findings(trace)
-    assert len(found) == int(every["type"].isin(ACTIONABLE_RULE_TYPES).sum())
+    actionable = every[every["type"].isin(ACTIONABLE_RULE_TYPES).to_numpy(bool)]
+    repeated_errors = actionable["type"].eq("error").to_numpy(bool) & \
+        actionable.duplicated(["kernel_id", "rule"]).to_numpy(bool)
+    assert len(found) == len(actionable) - int(repeated_errors.sum())
     assert found["type"].isin(ACTIONABLE_RULE_TYPES).all()
+    assert not found[found["type"] == "error"].duplicated(["kernel_id", "rule"]).any()
     assert found.dtypes.astype(str).to_dict() == {
         c: str(pd.Series(dtype=t).dtype) for c, t in km.RULE_FINDING_COLUMNS.items()}
-    assert found["speedup_pct"].dropna().is_monotonic_decreasing
-    known = found["speedup_pct"].notna().tolist()
-    assert known == sorted(known, reverse=True)  # results without an estimate last
+    scope = found["speedup_type"].where(found["speedup_pct"].notna()).fillna("none")
+    groups = scope.map({"global": 0, "local": 1, "none": 2}).tolist()
+    assert groups == sorted(groups)  # global estimates, then local ones, then none
+    for kind in ("global", "local"):
+        assert found.loc[scope == kind, "speedup_pct"].is_monotonic_decreasing
 
 
 # -- synthetic rule results: the exact filter and order ------------------------------------
@@ -179,6 +185,22 @@ def test_rule_findings_keep_warnings_optimizations_and_errors_by_speedup() -> No
     assert found["short_name"].tolist()[:2] == ["gemm<float, 128>", "relu_kernel"]
     assert found["message"].iloc[-1] == "see the Occupancy section"  # plain text
     assert list(found.columns) == list(km.RULE_FINDING_COLUMNS)
+
+
+def test_a_failed_rule_is_one_error_row_and_local_estimates_follow_global_ones() -> None:
+    """ncu reports a failed rule twice (its own line, then the rule script's exception with
+    the recording machine's paths, as in the a10g fixture): one row is kept, the first. A
+    local speedup is a share of one unit's work, never ranked among global ones."""
+    local = {**rule(0, "LocalBig", "optimization", 90.0), "speedup_type": "local"}
+    found = rule_findings(rules_trace([
+        rule(1, "Occupancy", "error", message="Rule Occupancy returned an error: Metric x"),
+        rule(1, "Occupancy", "error", message="exception set\n/root/Sections/Occ.py:45"),
+        local, rule(0, "GlobalSmall", "optimization", 2.0),
+        rule(0, "Occupancy", "error", message="Rule Occupancy returned an error: Metric y")]))
+    assert found["rule"].tolist() == ["GlobalSmall", "LocalBig", "Occupancy", "Occupancy"]
+    errors = found[found["type"] == "error"]
+    assert errors["kernel_id"].tolist() == [1, 0]  # one per (kernel, rule), in ncu's order
+    assert errors["message"].str.startswith("Rule Occupancy").all()
 
 
 def test_rule_findings_of_a_trace_without_problems_is_empty_and_typed() -> None:

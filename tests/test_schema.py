@@ -8,6 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
+from gpudiag.diagnosis_schema import full_markdown
 from gpudiag.errors import SchemaError
 from gpudiag.schema import TABLE_NAMES, TABLES, markdown
 from tests.conftest import ROOT
@@ -71,10 +72,11 @@ def test_problems_reports_rows_that_end_before_they_start() -> None:
 
 def test_docs_schema_table_is_generated_from_the_declaration() -> None:
     text = (ROOT / "docs" / "schema.md").read_text()
-    assert text == markdown(), "docs/schema.md is stale: run `gpudiag schema > docs/schema.md`"
+    assert text == full_markdown(), "docs/schema.md is stale: run `gpudiag schema > docs/schema.md`"
+    assert text.startswith(markdown()) and "\n# Diagnosis schema\n" in text  # both parts
 
 
 def test_schema_command_prints_the_docs_table() -> None:
     out = subprocess.run([sys.executable, "-m", "gpudiag", "schema"], capture_output=True,
                          text=True, check=True, cwd=ROOT)
-    assert out.stdout == markdown()
+    assert out.stdout == full_markdown()

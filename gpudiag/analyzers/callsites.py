@@ -58,10 +58,11 @@ def launch_calls(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _rank(frame: pd.DataFrame) -> pd.Series:
-    """The rank column with NA as -1 (the analyzers' convention), or -1 without one."""
+    """The rank column as Int64 (NA where unknown), or all NA without one: `keys.join`
+    matches NA with NA."""
     if "rank" not in frame:
-        return pd.Series(-1, index=frame.index, dtype="int64")
-    return frame["rank"].astype("Int64").fillna(-1).astype("int64")
+        return pd.Series(pd.NA, index=frame.index, dtype="Int64")
+    return frame["rank"].astype("Int64")
 
 
 def kernel_launches(trace: Trace) -> pd.DataFrame:
@@ -73,15 +74,17 @@ def kernel_launches(trace: Trace) -> pd.DataFrame:
 def where_at(trace: Trace, pid: npt.ArrayLike, tid: npt.ArrayLike, t: npt.ArrayLike,
              rank: npt.ArrayLike | None = None) -> npt.NDArray[np.object_]:
     """The call site label at each host time (None where nothing is known). With `rank`
-    (NA or -1: none), threads of different ranks that reuse a pid are kept apart."""
-    t_a = np.asarray(t, dtype=np.int64)
-    out = np.full(len(t_a), None, dtype=object)
+    (NA, or `keys.MISSING` from numpy code: none), threads of different ranks that reuse a
+    pid are kept apart."""
+    times = np.asarray(t, dtype=np.int64)
+    out = np.full(len(times), None, dtype=object)
     ranges = trace.ranges
-    if ranges.empty or len(t_a) == 0:
+    if ranges.empty or len(times) == 0:
         return out
+    ranks = (keys.key_column(np.asarray(rank)).array if rank is not None
+             else pd.array([pd.NA] * len(times), dtype="Int64"))
     query = pd.DataFrame({"pid": pd.array(pid, dtype="Int64"), "tid": pd.array(tid, dtype="Int64"),
-                          "rank": pd.array(rank if rank is not None else [pd.NA] * len(t_a),
-                                           dtype="Int64")})
+                          "rank": ranks})
     host = ranges[ranges["tid"].notna() & ranges["pid"].notna()]
     python = host[host["source"] == "python"]
     user = python[keys.matches(python["name"], USER_FRAME)] if len(python) else python
@@ -91,12 +94,12 @@ def where_at(trace: Trace, pid: npt.ArrayLike, tid: npt.ArrayLike, t: npt.ArrayL
         missing = pd.isna(out)
         if not missing.any() or layer.empty:
             continue
-        found = innermost(layer, query[missing], t_a[missing],
+        found = innermost(layer, query[missing], times[missing],
                           ("rank", "pid", "tid") if rank is not None else ("pid", "tid"))
         hit = np.unique(found[found >= 0])
         names = layer["name"].astype(str).to_numpy()
         labels = np.full(len(names), None, dtype=object)
-        labels[hit] = [label(names[i]) for i in hit]  # one per distinct range hit
+        labels[hit] = [label(names[row]) for row in hit]  # one per distinct range hit
         picked = labels[np.maximum(found, 0)]
         picked[found < 0] = None
         out[missing] = picked
@@ -112,13 +115,13 @@ def innermost(ranges: pd.DataFrame, query: pd.DataFrame, t: npt.NDArray[np.int64
     both = pd.concat([ranges[cols].reset_index(drop=True), query[cols].reset_index(drop=True)],
                      ignore_index=True)
     if "rank" in cols:
-        both["rank"] = both["rank"].astype("Int64").fillna(-1)
-    codes_all = keys.codes(*(both[c] for c in cols))
+        both["rank"] = both["rank"].astype("Int64")  # NA is a rank of its own in keys.codes
+    codes_all = keys.codes(*(both[col] for col in cols))
     codes_, qcodes = codes_all[:len(ranges)], codes_all[len(ranges):]
     unknown = np.zeros(len(query), dtype=bool)
-    for c in cols:
-        if c != "rank":
-            unknown |= query[c].isna().to_numpy()
+    for col in cols:
+        if col != "rank":
+            unknown |= query[col].isna().to_numpy()
     qcodes = np.where(unknown, -1, qcodes)
     start = ranges["start_ns"].to_numpy(np.int64)
     end = ranges["end_ns"].to_numpy(np.int64)
@@ -126,14 +129,14 @@ def innermost(ranges: pd.DataFrame, query: pd.DataFrame, t: npt.NDArray[np.int64
     (rkey, qkey), _ = keys.time_keys([codes_, qcodes], [start, t])
     best = np.full(len(t), -1, dtype=np.int64)
     best_depth = np.full(len(t), -1, dtype=np.int64)
-    for d in np.unique(depth):  # ranges of one depth on one thread never overlap
-        rows = np.flatnonzero(depth == d)
+    for level in np.unique(depth):  # ranges of one depth on one thread never overlap
+        rows = np.flatnonzero(depth == level)
         order = np.argsort(rkey[rows], kind="stable")
         rows = rows[order]
-        i = np.searchsorted(rkey[rows], qkey, side="right") - 1
-        cand = rows[np.maximum(i, 0)]
-        hit = ((i >= 0) & (qcodes >= 0) & (codes_[cand] == qcodes) & (end[cand] > t)
-               & (d > best_depth))
+        before = np.searchsorted(rkey[rows], qkey, side="right") - 1
+        cand = rows[np.maximum(before, 0)]
+        hit = ((before >= 0) & (qcodes >= 0) & (codes_[cand] == qcodes) & (end[cand] > t)
+               & (level > best_depth))
         best = np.where(hit, cand, best)
-        best_depth = np.where(hit, d, best_depth)
+        best_depth = np.where(hit, level, best_depth)
     return best

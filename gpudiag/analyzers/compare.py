@@ -124,21 +124,22 @@ def compare(traces: Sequence[Trace], labels: Sequence[str], *, step_size: int | 
     the runs' `diagnose()` results when the caller already has them (else computed).
     """
     labels = _check(traces, labels, step_size)
-    dxs = list(diagnoses) if diagnoses is not None else [diagnose(t) for t in traces]
+    dxs = list(diagnoses) if diagnoses is not None else [diagnose(trace) for trace in traces]
     if len(dxs) != len(labels):
         raise ValueError("compare: one diagnosis per trace, in the same order")
     notes: list[str] = []
-    summary = pd.DataFrame({label: _summary(t, dx, step_size, label, notes)
-                            for label, t, dx in zip(labels, traces, dxs, strict=True)})
+    summary = pd.DataFrame({label: _summary(trace, diagnosis, step_size, label, notes)
+                            for label, trace, diagnosis in zip(labels, traces, dxs, strict=True)})
     summary.index.name = "metric"
-    lost = pd.DataFrame({label: _lost(dx) for label, dx in zip(labels, dxs, strict=True)})
+    lost = pd.DataFrame({label: _lost(diagnosis)
+                         for label, diagnosis in zip(labels, dxs, strict=True)})
     shares = lost / lost.sum(min_count=1)
     return Comparison(
         labels=labels, summary=versus(summary.loc[list(SUMMARY_ROWS)], labels),
         losses=versus(lost, labels), shares=versus(shares, labels, points=True),
         kernels=_kernels(traces, labels, top, notes),
-        collectives=_per_key(labels, [_collectives(dx) for dx in dxs], "op"),
-        syncs=_per_key(labels, [_syncs(dx) for dx in dxs], "kind"),
+        collectives=_per_key(labels, [_collectives(diagnosis) for diagnosis in dxs], "op"),
+        syncs=_per_key(labels, [_syncs(diagnosis) for diagnosis in dxs], "kind"),
         step_size=step_size, notes=notes)
 
 
@@ -180,14 +181,14 @@ def _check(traces: Sequence[Trace], labels: Sequence[str], step_size: int | None
     return [str(label) for label in labels]
 
 
-def _summary(trace: Trace, dx: Diagnosis, step_size: int | None, label: str,
+def _summary(trace: Trace, diagnosis: Diagnosis, step_size: int | None, label: str,
              notes: list[str]) -> pd.Series:
     """One run's SUMMARY_ROWS (NaN where not available, with a note saying why)."""
     window = trace.gpu_window_ns()
     if window is None:
         notes.append(f"{label}: no kernels or copies on a timeline, so no wall time or "
                      "waterfall (process time, steps and CPU memory still compare)")
-    steps = dx.steps if dx.steps is not None else training_steps(trace)
+    steps = diagnosis.steps if diagnosis.steps is not None else training_steps(trace)
     info = step_summary(steps)
     step = math.nan if info["median_ns"] is None else float(info["median_ns"])
     if not info["count"]:
@@ -195,8 +196,8 @@ def _summary(trace: Trace, dx: Diagnosis, step_size: int | None, label: str,
                      "step or repeating ops), so no step time or samples/s")
     elif info["method"] != "markers":
         notes.append(f"{label}: steps are {info['method_text']} ({info['detail']})")
-    reserved, allocated = _peaks(trace, dx)
-    cpu = _cpu_peak(trace, dx)
+    reserved, allocated = _peaks(trace, diagnosis)
+    cpu = _cpu_peak(trace, diagnosis)
     if math.isnan(reserved) and math.isnan(allocated) and math.isnan(cpu):
         notes.append(f"{label}: no memory totals or snapshot, so no peak memory")
     dur = trace.kernels["end_ns"] - trace.kernels["start_ns"]
@@ -216,10 +217,10 @@ def _summary(trace: Trace, dx: Diagnosis, step_size: int | None, label: str,
 def _process_time(trace: Trace) -> float:
     """The longest profiled process's wall time (run metadata), else the span of the host
     events; NaN without either."""
-    spans = [p.get("end_ns", 0) - p.get("start_ns", 0)
-             for p in trace.meta.get("processes", []) or []
-             if isinstance(p, dict) and isinstance(p.get("start_ns"), int)
-             and isinstance(p.get("end_ns"), int)]
+    spans = [process.get("end_ns", 0) - process.get("start_ns", 0)
+             for process in trace.meta.get("processes", []) or []
+             if isinstance(process, dict) and isinstance(process.get("start_ns"), int)
+             and isinstance(process.get("end_ns"), int)]
     if spans and max(spans) > 0:
         return float(max(spans))
     host = trace.ranges[trace.ranges["tid"].notna()]
@@ -228,9 +229,9 @@ def _process_time(trace: Trace) -> float:
     return float(host["end_ns"].max() - host["start_ns"].min())
 
 
-def _cpu_peak(trace: Trace, dx: Diagnosis) -> float:
+def _cpu_peak(trace: Trace, diagnosis: Diagnosis) -> float:
     """The highest CPU allocation total of any one process; NaN when unknown."""
-    memory = dx.tables.get("host_memory")
+    memory = diagnosis.tables.get("host_memory")
     if memory is None:
         from gpudiag.analyzers.host.steps import host_memory
 
@@ -239,36 +240,37 @@ def _cpu_peak(trace: Trace, dx: Diagnosis) -> float:
     return float(peak.max()) if len(peak) else math.nan
 
 
-def _peaks(trace: Trace, dx: Diagnosis) -> tuple[float, float]:
+def _peaks(trace: Trace, diagnosis: Diagnosis) -> tuple[float, float]:
     """(reserved, allocated) peaks of the busiest device; NaN when unknown."""
     if trace.memory.empty and trace.memory_blocks.empty:
         return math.nan, math.nan
-    frag = dx.tables.get("fragmentation")
+    frag = diagnosis.tables.get("fragmentation")
     if frag is None:
         frag = fragmentation(trace)
     frag = frag[frag["source"] != "deltas"]
-    peak = [frag[c].max() if len(frag) else pd.NA
-            for c in ("reserved_bytes", "allocated_bytes")]
-    return tuple(math.nan if pd.isna(v) else float(v) for v in peak)  # type: ignore[return-value]
+    peak = [frag[col].max() if len(frag) else pd.NA
+            for col in ("reserved_bytes", "allocated_bytes")]
+    return tuple(math.nan if pd.isna(value) else float(value)  # type: ignore[return-value]
+                 for value in peak)
 
 
-def _lost(dx: Diagnosis) -> pd.Series:
+def _lost(diagnosis: Diagnosis) -> pd.Series:
     """Lost ns per cause summed over devices; NaN for every cause without a timeline."""
-    if dx.losses.empty:
+    if diagnosis.losses.empty:
         return pd.Series(math.nan, index=list(LOSS_CAUSES), dtype="float64")
-    by_cause = dx.losses.groupby("cause")["lost_ns"].sum()
+    by_cause = diagnosis.losses.groupby("cause")["lost_ns"].sum()
     return by_cause.reindex(list(LOSS_CAUSES), fill_value=0).astype("float64")
 
 
-def _collectives(dx: Diagnosis) -> pd.DataFrame:
-    stats = dx.tables.get("collective_stats")
+def _collectives(diagnosis: Diagnosis) -> pd.DataFrame:
+    stats = diagnosis.tables.get("collective_stats")
     if stats is None or stats.empty:
         return pd.DataFrame({"count": [], "total_ns": []})
     return stats.groupby("op", observed=True)[["count", "total_ns"]].sum()
 
 
-def _syncs(dx: Diagnosis) -> pd.DataFrame:
-    points = dx.tables.get("sync_points")
+def _syncs(diagnosis: Diagnosis) -> pd.DataFrame:
+    points = diagnosis.tables.get("sync_points")
     if points is None or points.empty:
         return pd.DataFrame({"count": [], "host_wait_ns": []})
     return points.groupby("kind", observed=True)[["count", "host_wait_ns"]].sum()
@@ -280,9 +282,9 @@ def _syncs(dx: Diagnosis) -> pd.DataFrame:
 def _per_key(labels: list[str], frames: list[pd.DataFrame], key: str) -> pd.DataFrame:
     """Per-run `key x quantity` tables as one `(key, quantity)` x run table with deltas; a
     key a run lacks counts 0 there (it made no such call)."""
-    long = {label: f.rename_axis(key).reset_index().melt(id_vars=key, var_name="quantity")
+    long = {label: frame.rename_axis(key).reset_index().melt(id_vars=key, var_name="quantity")
             .set_index([key, "quantity"])["value"]
-            for label, f in zip(labels, frames, strict=True)}
+            for label, frame in zip(labels, frames, strict=True)}
     return versus(pd.DataFrame(long).astype("float64").fillna(0.0).sort_index(), labels)
 
 
@@ -292,12 +294,12 @@ def _kernels(traces: Sequence[Trace], labels: list[str], top: int,
     `count:<label>` launches per run; `short_name` for display. Kernels are matched by name,
     NCCL's by what they do (`kernel_key`), which stays when their signature changes."""
     time, count = {}, {}
-    for label, t in zip(labels, traces, strict=True):
-        grouped = (t.kernels["end_ns"] - t.kernels["start_ns"]).groupby(
-            kernel_key(t.kernels["name"])).agg(["sum", "size"])
+    for label, trace in zip(labels, traces, strict=True):
+        grouped = (trace.kernels["end_ns"] - trace.kernels["start_ns"]).groupby(
+            kernel_key(trace.kernels["name"])).agg(["sum", "size"])
         time[label], count[label] = grouped["sum"], grouped["size"]
     times = pd.DataFrame(time).astype("float64").fillna(0.0)
-    names = [set(s.index) for s in time.values()]
+    names = [set(series.index) for series in time.values()]
     if all(names) and not set.intersection(*names):
         notes.append("the runs share no kernel names (another framework or compiler?): "
                      "compare kernel_time_ns and the waterfall instead")
@@ -341,28 +343,28 @@ def kernel_key(names: pd.Series) -> pd.Series:
     (ncclWorkElem)` and `ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, ...)` are
     both 'nccl AllReduce RING LL Sum f32'. Computed once per distinct name."""
     cat = names.astype(str).astype("category")
-    keys = [_nccl_key(str(c)) or str(c) for c in cat.cat.categories]
+    keys = [_nccl_key(str(category)) or str(category) for category in cat.cat.categories]
     return pd.Series(np.asarray(keys, dtype=object)[cat.cat.codes.to_numpy()],
                      index=names.index, dtype=object)
 
 
 def _nccl_key(name: str) -> str | None:
     head = name.strip().removeprefix("void ").split("(", 1)[0].strip()
-    m = next((m for p in _NCCL_NAMES if (m := p.fullmatch(head))), None)
-    if m is None:
+    match = next((found for pattern in _NCCL_NAMES if (found := pattern.fullmatch(head))), None)
+    if match is None:
         return None
-    parts = m.groupdict()
+    parts = match.groupdict()
     if parts["op"] in _NCCL_P2P_OPS:
         return f"nccl {parts['op']}"
     words = [parts["op"], parts.get("algo"), parts.get("proto")]
     if parts["op"] not in _NCCL_COPY_OPS:
         words += [parts.get("redop"), _NCCL_TYPES.get(parts.get("type") or "", parts.get("type"))]
-    return " ".join(["nccl", *(w for w in words if w)])
+    return " ".join(["nccl", *(word for word in words if word)])
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     flat = frame.reset_index()
-    return [{str(k): _plain(v) for k, v in row.items()}
+    return [{str(column): _plain(value) for column, value in row.items()}
             for row in flat.to_dict(orient="records")]
 
 
@@ -404,25 +406,27 @@ def parse_fail_on(spec: str) -> list[RelativeBudget]:
         parse_fail_on("host_bound>+20%")       # host_bound time (not share) up 20%
     """
     budgets = []
-    for part in filter(None, (p.replace(" ", "") for p in spec.split(","))):
-        m = _SPEC.match(part)
-        problem = _spec_problem(m)
+    for part in filter(None, (piece.replace(" ", "") for piece in spec.split(","))):
+        match = _SPEC.match(part)
+        problem = _spec_problem(match)
         if problem:
             raise InputError("--fail-on", f"cannot read budget '{part}': {problem}", _GRAMMAR)
-        assert m is not None  # _spec_problem said so
-        budgets.append(RelativeBudget(m["metric"], m["op"], float(m["value"]), m["unit"]))
+        assert match is not None  # _spec_problem said so
+        budgets.append(RelativeBudget(match["metric"], match["op"], float(match["value"]),
+                                      match["unit"]))
     return budgets
 
 
-def _spec_problem(m: re.Match[str] | None) -> str:
-    if m is None:
+def _spec_problem(match: re.Match[str] | None) -> str:
+    if match is None:
         return "not of the form METRIC>+N% or METRIC<-N%"
-    if m["metric"] not in BUDGET_METRICS and m["metric"] not in LOSS_CAUSES:
-        return f"unknown metric '{m['metric']}'"
-    if m["unit"] == "pp" and m["metric"] not in LOSS_CAUSES:
+    if match["metric"] not in BUDGET_METRICS and match["metric"] not in LOSS_CAUSES:
+        return f"unknown metric '{match['metric']}'"
+    if match["unit"] == "pp" and match["metric"] not in LOSS_CAUSES:
         return "pp (percentage points) applies to loss-cause shares only"
-    if (m["op"], m["sign"]) in ((">", "-"), ("<", "+")):
-        return f"'{m['op']}{m['sign']}' cannot happen: use >+N for a rise, <-N for a drop"
+    if (match["op"], match["sign"]) in ((">", "-"), ("<", "+")):
+        return (f"'{match['op']}{match['sign']}' cannot happen: use >+N for a rise, <-N "
+                "for a drop")
     return ""
 
 

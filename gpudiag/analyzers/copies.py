@@ -80,21 +80,23 @@ def copy_stats(trace: Trace) -> pd.DataFrame:
     Host<->device copies go over the host link, whose peak no profile records: they get
     achieved bandwidth only (`peak_ref` NA).
     """
-    c = trace.copies
-    dur = (c["end_ns"] - c["start_ns"]).to_numpy(np.int64)
-    rated = (c["bytes"].notna() & (dur > 0)).to_numpy()
-    nbytes = c["bytes"].fillna(0).to_numpy(np.int64)
+    copies = trace.copies
+    dur = (copies["end_ns"] - copies["start_ns"]).to_numpy(np.int64)
+    rated = (copies["bytes"].notna() & (dur > 0)).to_numpy()
+    nbytes = copies["bytes"].fillna(0).to_numpy(np.int64)
     rows = pd.DataFrame({
-        "rank": c["rank"], "device": c["device"], "kind": c["kind"].astype("string"),
-        "host_mem": c["host_mem"].astype("string"), "bytes": c["bytes"], "dur_ns": dur,
+        "rank": copies["rank"], "device": copies["device"],
+        "kind": copies["kind"].astype("string"),
+        "host_mem": copies["host_mem"].astype("string"), "bytes": copies["bytes"], "dur_ns": dur,
         "rated_bytes": np.where(rated, nbytes, 0), "rated_ns": np.where(rated, dur, 0),
         "rate": np.where(rated, nbytes / np.maximum(dur, 1) * 1e9, np.nan),
     })
     keys = ["rank", "device", "kind", "host_mem"]
-    g = rows.groupby(keys, dropna=False, sort=True)
-    out = g.agg(count=("dur_ns", "size"), bytes=("bytes", lambda b: b.sum(min_count=1)),
-                dur_ns=("dur_ns", "sum"), rated_bytes=("rated_bytes", "sum"),
-                rated_ns=("rated_ns", "sum"), median_bytes_per_s=("rate", "median"))
+    grouped = rows.groupby(keys, dropna=False, sort=True)
+    out = grouped.agg(count=("dur_ns", "size"),
+                      bytes=("bytes", lambda values: values.sum(min_count=1)),
+                      dur_ns=("dur_ns", "sum"), rated_bytes=("rated_bytes", "sum"),
+                      rated_ns=("rated_ns", "sum"), median_bytes_per_s=("rate", "median"))
     out = out.reset_index()
     out["bytes_per_s"] = out["rated_bytes"] / out["rated_ns"].where(out["rated_ns"] > 0)
     out["bytes_per_s"] *= 1e9
@@ -102,14 +104,13 @@ def copy_stats(trace: Trace) -> pd.DataFrame:
 
 
 def _with_peak(stats: pd.DataFrame, devices: pd.DataFrame) -> pd.DataFrame:
-    """Add the DRAM peak and the share of it for DtoD rows (see `copy_stats`)."""
+    """Add the DRAM peak and the share of it for DtoD rows (see `copy_stats`). The merge
+    matches a rank NA with a rank NA (one unranked process)."""
     peaks = devices[["rank", "device", "mem_bandwidth_bytes_per_s"]].astype(
-        {"rank": "Int64", "device": "Int64"}).fillna({"rank": -1})
+        {"rank": "Int64", "device": "Int64"})
     peaks = peaks.drop_duplicates(["rank", "device"])
-    keyed = stats.astype({"rank": "Int64", "device": "Int64"}).assign(
-        _rank=lambda f: f["rank"].fillna(-1))
-    merged = keyed.merge(peaks.rename(columns={"rank": "_rank"}), on=["_rank", "device"],
-                         how="left")
+    keyed = stats.astype({"rank": "Int64", "device": "Int64"})
+    merged = keyed.merge(peaks, on=["rank", "device"], how="left")
     dtod = (merged["kind"] == "DtoD").fillna(False).to_numpy(bool)
     peak = merged["mem_bandwidth_bytes_per_s"].to_numpy(np.float64)
     has_peak = dtod & np.isfinite(peak) & (peak > 0)
@@ -156,42 +157,44 @@ def problem_copies(trace: Trace, *, small_bytes: int = SMALL_BYTES,
     - `idle_blocked_ns`: the part of that call during which the device ran nothing at all
       (no kernel, no copy) — GPU time lost while the host was stuck in the call.
     """
-    c = trace.copies
-    calls = callsites.launch_calls(trace, c)
-    flags = _flags(c, calls["api_name"], small_bytes, sync_h2d_exempt_bytes)
-    start, end = c["start_ns"].to_numpy(np.int64), c["end_ns"].to_numpy(np.int64)
-    exposed, share = _exposure(trace, c)
-    blocked, idle = _blocked(trace, c, calls)
+    copies = trace.copies
+    calls = callsites.launch_calls(trace, copies)
+    flags = _flags(copies, calls["api_name"], small_bytes, sync_h2d_exempt_bytes)
+    start, end = copies["start_ns"].to_numpy(np.int64), copies["end_ns"].to_numpy(np.int64)
+    exposed, share = _exposure(trace, copies)
+    blocked, idle = _blocked(trace, copies, calls)
     out = pd.DataFrame({
-        "rank": c["rank"], "pid": c["pid"], "tid": calls["tid"], "device": c["device"],
-        "stream": c["stream"], "start_ns": start, "end_ns": end, "dur_ns": end - start,
-        "kind": c["kind"], "bytes": c["bytes"], "src_mem": c["src_mem"],
-        "dst_mem": c["dst_mem"], "host_mem": c["host_mem"], "correlation": c["correlation"],
+        "rank": copies["rank"], "pid": copies["pid"], "tid": calls["tid"],
+        "device": copies["device"], "stream": copies["stream"], "start_ns": start,
+        "end_ns": end, "dur_ns": end - start, "kind": copies["kind"], "bytes": copies["bytes"],
+        "src_mem": copies["src_mem"], "dst_mem": copies["dst_mem"],
+        "host_mem": copies["host_mem"], "correlation": copies["correlation"],
         "api_name": calls["api_name"], "api_start_ns": calls["api_start_ns"],
-        "api_end_ns": calls["api_end_ns"], "where": _where(trace, c, calls), **flags,
+        "api_end_ns": calls["api_end_ns"], "where": _where(trace, copies, calls), **flags,
         "exposed_ns": exposed, "exposed_share_ns": share, "blocked_ns": blocked,
         "idle_blocked_ns": idle,
-    }, index=c.index)
+    }, index=copies.index)
     return _typed(out, PROBLEM_COLUMNS)
 
 
-def _flags(c: pd.DataFrame, api_name: pd.Series, small_bytes: int,
+def _flags(copies: pd.DataFrame, api_name: pd.Series, small_bytes: int,
            exempt_bytes: int) -> dict[str, pd.Series]:
     """The three flags with Kleene logic: an unknown API name makes a flag NA only where
     the answer depends on it."""
-    kind = c["kind"].to_numpy(dtype=object)  # plain numpy compares: no NA to propagate
+    kind = copies["kind"].to_numpy(dtype=object)  # plain numpy compares: no NA to propagate
     is_set = kind == "memset"
-    is_copy = c["kind"].notna().to_numpy(bool) & ~is_set
+    is_copy = copies["kind"].notna().to_numpy(bool) & ~is_set
     memcpy_api = _name_matches(api_name, _MEMCPY_API)
     async_api = _name_matches(api_name, _ASYNC)
-    src, dst = c["src_mem"].to_numpy(dtype=object), c["dst_mem"].to_numpy(dtype=object)
+    src = copies["src_mem"].to_numpy(dtype=object)
+    dst = copies["dst_mem"].to_numpy(dtype=object)
     pageable = memcpy_api & async_api & ((src == "pageable") | (dst == "pageable")) & is_copy
-    small_h2d = (c["bytes"] <= exempt_bytes).astype("boolean")  # NA where bytes unknown
+    small_h2d = (copies["bytes"] <= exempt_bytes).astype("boolean")  # NA where bytes unknown
     exempt = (small_h2d & (kind == "HtoD")) | (kind == "DtoD")
     sync_copy = memcpy_api & ~async_api & ~exempt & is_copy
     set_mem = (dst == "pinned") | (dst == "managed")
     sync_set = _name_matches(api_name, _MEMSET_API) & ~async_api & set_mem & is_set
-    small = (c["bytes"] < small_bytes).astype("boolean") & is_copy
+    small = (copies["bytes"] < small_bytes).astype("boolean") & is_copy
     return {"pageable": pageable, "synchronous": sync_copy | sync_set, "small": small}
 
 
@@ -208,84 +211,99 @@ def _name_matches(names: pd.Series, pattern: str) -> pd.Series:
 
 
 def _device_codes(*frames: pd.DataFrame) -> list[npt.NDArray[np.int64]]:
-    """One code per (rank, device), shared by all frames: rows that share a GPU."""
-    keys = pd.concat([f[["rank", "device"]].astype("Int64") for f in frames],
-                     ignore_index=True).fillna(-1)
+    """One code per (rank, device), shared by all frames: rows that share a GPU (NA is a
+    rank or device of its own)."""
+    keys = pd.concat([frame[["rank", "device"]].astype("Int64") for frame in frames],
+                     ignore_index=True)
     codes = key_codes(keys["rank"], keys["device"])
-    return np.split(codes, np.cumsum([len(f) for f in frames])[:-1])
+    return np.split(codes, np.cumsum([len(frame) for frame in frames])[:-1])
 
 
-def _exposure(trace: Trace, c: pd.DataFrame) -> tuple[npt.NDArray[np.int64],
-                                                       npt.NDArray[np.int64]]:
+def _exposure(trace: Trace, copies: pd.DataFrame) -> tuple[npt.NDArray[np.int64],
+                                                            npt.NDArray[np.int64]]:
     """`exposed_ns` and `exposed_share_ns` of every copy, one pass per device."""
-    cs, ce = c["start_ns"].to_numpy(np.int64), c["end_ns"].to_numpy(np.int64)
-    k = trace.kernels
-    k = k[_touching(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64), cs, ce)]
-    ks, ke = k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)
-    ccode, kcode = _device_codes(c, k)  # only kernels that overlap some copy matter
-    exposed = ce - cs
-    share = np.zeros(len(c), dtype=np.int64)
+    copy_start = copies["start_ns"].to_numpy(np.int64)
+    copy_end = copies["end_ns"].to_numpy(np.int64)
+    kernels = trace.kernels
+    kernels = kernels[_touching(kernels["start_ns"].to_numpy(np.int64),
+                                kernels["end_ns"].to_numpy(np.int64), copy_start, copy_end)]
+    kernel_start = kernels["start_ns"].to_numpy(np.int64)
+    kernel_end = kernels["end_ns"].to_numpy(np.int64)
+    ccode, kcode = _device_codes(copies, kernels)  # only kernels that overlap some copy matter
+    exposed = copy_end - copy_start
+    share = np.zeros(len(copies), dtype=np.int64)
     for code in np.unique(ccode):  # a handful of devices, never a loop per copy
         rows, busy = ccode == code, kcode == code
-        spans = intervals.union(ks[busy], ke[busy])
-        exposed[rows] -= intervals.overlap(cs[rows], ce[rows], spans)
-        share[rows] = _shared(cs[rows], ce[rows], ks[busy], ke[busy])
+        spans = intervals.union(kernel_start[busy], kernel_end[busy])
+        exposed[rows] -= intervals.overlap(copy_start[rows], copy_end[rows], spans)
+        share[rows] = _shared(copy_start[rows], copy_end[rows],
+                              kernel_start[busy], kernel_end[busy])
     return exposed, share
 
 
 def _touching(starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
-              qs: npt.NDArray[np.int64], qe: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+              query_starts: npt.NDArray[np.int64],
+              query_ends: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
     """Which intervals overlap the union of the query intervals: copies are few and
     kernels many, so the per-device sweeps only need the kernels near some copy."""
-    spans = intervals.union(qs, qe)
+    spans = intervals.union(query_starts, query_ends)
     return intervals.overlap(starts, ends, spans) > 0
 
 
-def _shared(cs: npt.NDArray[np.int64], ce: npt.NDArray[np.int64],
-            ks: npt.NDArray[np.int64], ke: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def _shared(copy_start: npt.NDArray[np.int64], copy_end: npt.NDArray[np.int64],
+            kernel_start: npt.NDArray[np.int64],
+            kernel_end: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Each copy's share of the copy-only time: elementary segments with no kernel are
     divided equally among the copies running in them, integrated with one cumulative sum."""
-    is_copy = np.concatenate([np.ones(len(cs)), np.zeros(len(ks))])
+    is_copy = np.concatenate([np.ones(len(copy_start)), np.zeros(len(kernel_start))])
     weights = np.column_stack([is_copy, 1.0 - is_copy])  # copies, kernels covering
-    s, e, n = intervals.segments(np.concatenate([cs, ks]), np.concatenate([ce, ke]), weights)
-    n_copy, n_kernel = n[:, 0], n[:, 1]
+    seg_start, seg_end, covering = intervals.segments(
+        np.concatenate([copy_start, kernel_start]), np.concatenate([copy_end, kernel_end]),
+        weights)
+    n_copy, n_kernel = covering[:, 0], covering[:, 1]
     copy_only = (n_kernel < 0.5) & (n_copy > 0.5)
     density = np.where(copy_only, 1.0 / np.maximum(n_copy, 1.0), 0.0)
-    cum = np.concatenate([[0.0], np.cumsum((e - s) * density)])
-    at = cum[np.searchsorted(s, cs)], cum[np.searchsorted(s, ce)]
-    return np.where(ce > cs, np.rint(at[1] - at[0]), 0).astype(np.int64)
+    cum = np.concatenate([[0.0], np.cumsum((seg_end - seg_start) * density)])
+    before = cum[np.searchsorted(seg_start, copy_start)]
+    after = cum[np.searchsorted(seg_start, copy_end)]
+    return np.where(copy_end > copy_start, np.rint(after - before), 0).astype(np.int64)
 
 
-def _blocked(trace: Trace, c: pd.DataFrame, calls: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+def _blocked(trace: Trace, copies: pd.DataFrame,
+             calls: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """`blocked_ns` and `idle_blocked_ns` (see `problem_copies`), NA without the API call."""
     known = calls["api_start_ns"].notna() & calls["api_end_ns"].notna()
-    a0 = calls["api_start_ns"].fillna(0).to_numpy(np.int64)
-    a1 = np.maximum(calls["api_end_ns"].fillna(0).to_numpy(np.int64), a0)
-    cs, ce = c["start_ns"].to_numpy(np.int64), c["end_ns"].to_numpy(np.int64)
-    own = np.maximum(np.minimum(a1, ce) - np.maximum(a0, cs), 0)
-    k = trace.kernels
-    near = _touching(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64), a0, a1)
-    gpu = pd.concat([k.loc[near, ["rank", "device", "start_ns", "end_ns"]],
-                     c[["rank", "device", "start_ns", "end_ns"]]], ignore_index=True)
-    ccode, gcode = _device_codes(c, gpu)
-    gs, ge = gpu["start_ns"].to_numpy(np.int64), gpu["end_ns"].to_numpy(np.int64)
-    busy = np.zeros(len(c), dtype=np.int64)
+    api_start = calls["api_start_ns"].fillna(0).to_numpy(np.int64)
+    api_end = np.maximum(calls["api_end_ns"].fillna(0).to_numpy(np.int64), api_start)
+    copy_start = copies["start_ns"].to_numpy(np.int64)
+    copy_end = copies["end_ns"].to_numpy(np.int64)
+    own = np.maximum(np.minimum(api_end, copy_end) - np.maximum(api_start, copy_start), 0)
+    kernels = trace.kernels
+    near = _touching(kernels["start_ns"].to_numpy(np.int64),
+                     kernels["end_ns"].to_numpy(np.int64), api_start, api_end)
+    gpu = pd.concat([kernels.loc[near, ["rank", "device", "start_ns", "end_ns"]],
+                     copies[["rank", "device", "start_ns", "end_ns"]]], ignore_index=True)
+    ccode, gcode = _device_codes(copies, gpu)
+    gpu_start, gpu_end = gpu["start_ns"].to_numpy(np.int64), gpu["end_ns"].to_numpy(np.int64)
+    busy = np.zeros(len(copies), dtype=np.int64)
     for code in np.unique(ccode):  # one pass per device
-        rows, on = ccode == code, gcode == code
-        busy[rows] = intervals.overlap(a0[rows], a1[rows], intervals.union(gs[on], ge[on]))
-    blocked = pd.Series(a1 - a0 - own, index=c.index, dtype="Int64").where(known)
-    idle = pd.Series(a1 - a0 - busy, index=c.index, dtype="Int64").where(known)
+        rows, same = ccode == code, gcode == code
+        busy[rows] = intervals.overlap(api_start[rows], api_end[rows],
+                                       intervals.union(gpu_start[same], gpu_end[same]))
+    held = api_end - api_start
+    blocked = pd.Series(held - own, index=copies.index, dtype="Int64").where(known)
+    idle = pd.Series(held - busy, index=copies.index, dtype="Int64").where(known)
     return blocked, idle
 
 
-def _where(trace: Trace, c: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
+def _where(trace: Trace, copies: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
     """The user's call site at the API call's start (callsites.where_at), NA without one."""
-    out = pd.Series(pd.NA, index=c.index, dtype="string")
-    known = (calls["api_start_ns"].notna() & calls["tid"].notna() & c["pid"].notna())
+    out = pd.Series(pd.NA, index=copies.index, dtype="string")
+    known = (calls["api_start_ns"].notna() & calls["tid"].notna() & copies["pid"].notna())
     if known.any():
-        sites = callsites.where_at(trace, c["pid"][known], calls["tid"][known],
+        sites = callsites.where_at(trace, copies["pid"][known], calls["tid"][known],
                                    calls["api_start_ns"][known].to_numpy(np.int64),
-                                   c["rank"][known])
+                                   copies["rank"][known])
         out[known] = pd.array(sites, dtype="string")
     return out
 
@@ -330,7 +348,7 @@ def findings(trace: Trace, *, small_bytes: int = SMALL_BYTES,
     groups = _grouped(rows, count_host_blocked)
     return found.frame(pd.DataFrame({
         "cause": "copy", "lost_ns": groups["lost_ns"], "where": groups["site"],
-        "count": groups["count"], "evidence": [_evidence(g) for g in groups.itertuples()],
+        "count": groups["count"], "evidence": [_evidence(group) for group in groups.itertuples()],
         "advice": groups["problem"].map(found.ADVICE),
     }, index=groups.index)).sort_values("lost_ns", ascending=False, kind="stable",
                                         ignore_index=True)
@@ -353,23 +371,23 @@ def _grouped(rows: pd.DataFrame, count_host_blocked: bool) -> pd.DataFrame:
         lost_ns=("lost", "sum"), count=("lost", "size"), nbytes=("nbytes", "sum"),
         dur_ns=("dur_ns", "sum"), exposed_ns=("exposed_share_ns", "sum"),
         pageable_n=("pageable_n", "sum"), pinned_n=("pinned_n", "sum"), idle=("idle", "sum"),
-        kinds=("kind", lambda k: ", ".join(sorted(k.dropna().unique()))))  # per group
+        kinds=("kind", lambda kinds: ", ".join(sorted(kinds.dropna().unique()))))  # per group
     return groups[groups["lost_ns"] > 0].reset_index()
 
 
-def _evidence(g: Any) -> str:
+def _evidence(group: Any) -> str:
     """One finding's numbers in words (one call per finding, not per copy)."""
-    noun = "copy" if g.count == 1 else "copies"
-    text = f"{g.count} {g.kinds} {noun}, {_size(g.nbytes)}"
-    if g.dur_ns:
-        text += f" at {_rate(g.nbytes / g.dur_ns * 1e9)}"
-    memory = [f"{n} {name}" for n, name in ((g.pageable_n, "pageable"), (g.pinned_n, "pinned"))
-              if n]
+    noun = "copy" if group.count == 1 else "copies"
+    text = f"{group.count} {group.kinds} {noun}, {_size(group.nbytes)}"
+    if group.dur_ns:
+        text += f" at {_rate(group.nbytes / group.dur_ns * 1e9)}"
+    memory = [f"{count} {name}" for count, name in ((group.pageable_n, "pageable"),
+                                                    (group.pinned_n, "pinned")) if count]
     if memory:
         text += "; host memory: " + ", ".join(memory)
-    text += f"; {found.format_ns(g.exposed_ns)} with no kernel running"
-    if g.problem == "copy_sync" and g.idle:
-        text += f"; GPU idle {found.format_ns(g.idle)} while the host was held in the call"
+    text += f"; {found.format_ns(group.exposed_ns)} with no kernel running"
+    if group.problem == "copy_sync" and group.idle:
+        text += f"; GPU idle {found.format_ns(group.idle)} while the host was held in the call"
     return text
 
 
@@ -380,12 +398,12 @@ def _rate(bytes_per_s: float) -> str:
     return f"{bytes_per_s:.3g} B/s"
 
 
-def _size(n: float) -> str:
+def _size(size: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} TiB"
+        if size < 1024:
+            return f"{size:.3g} {unit}"
+        size /= 1024
+    return f"{size:.3g} TiB"
 
 
 def _typed(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpudiag import diagnosis_schema as declared
 from gpudiag.analyzers import findings as findings_mod
 from gpudiag.analyzers import window as window_mod
 from gpudiag.analyzers.losses.gaps import idle_gaps
@@ -145,7 +146,7 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     notes: list[str] = []
     tables: dict[str, pd.DataFrame] = {}
     timeline, all_gaps = _timeline(whole, gap_options, notes)
-    gaps = _cut(all_gaps, bounds)
+    gaps = declared.conform_frame("gaps", _cut(all_gaps, bounds))
     gpu, host = _findings(trace, whole, gaps, notes, tables, gap_options=gap_options)
     loss = timeline.totals(bounds) if timeline is not None else losses_frame()
     total = int(loss.groupby(["rank", "device"], dropna=False)["lost_ns"].sum().sum())
@@ -157,11 +158,12 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
         warm_bounds = (max(warm[0], bounds[0]), min(warm[1], bounds[1])) if bounds else warm
         found = _flag_warmup(found, whole, all_gaps, warm_bounds, training,
                              gap_options=gap_options)
-    dx = Diagnosis(losses=loss, findings=_rank(found, host), tables=tables, notes=notes,
-                   window_ns=bounds, timeline=timeline, gaps=gaps, steps=training,
-                   per_step=steps)
+    dx = Diagnosis(losses=declared.conform_frame("losses", loss),
+                   findings=declared.conform_frame("findings", _rank(found, host)),
+                   tables=tables, notes=notes, window_ns=bounds, timeline=timeline, gaps=gaps,
+                   steps=declared.conform_frame("steps", training), per_step=steps)
     if steps and timeline is not None:
-        dx.by_step = steps_mod.losses_by_step(trace, timeline)
+        dx.by_step = declared.conform_frame("by_step", steps_mod.losses_by_step(trace, timeline))
     return dx
 
 
@@ -204,8 +206,9 @@ def _findings(trace: Trace, whole: Trace, gaps: pd.DataFrame | None, notes: list
         else:
             continue
         (host if analyzer.name in HOST_ANALYZERS else gpu).append(result.findings)
-        if tables is not None:
-            tables.update(result.tables)
+        if tables is not None:  # each checked against gpudiag/diagnosis_schema.py
+            tables.update({name: declared.conform_table(name, table, analyzer.name)
+                           for name, table in result.tables.items()})
     return gpu, host
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 
 from gpudiag import intervals
 from gpudiag.analyzers import findings as found
+from gpudiag.analyzers import keys
 from gpudiag.analyzers.findings import Result
 from gpudiag.trace import Trace
 
@@ -82,37 +83,40 @@ def nvml_rows(trace: Trace) -> pd.DataFrame:
         rows[rows.metric == "power"].groupby("device")["value"].max()
         rows[["rank", "device", "ts_ns", "metric", "value"]]
 
-    Columns rank, device (int64, -1 where NA: the session's sampler records no rank),
-    ts_ns, metric (category), value; sorted by rank, device, metric, time. Rows of another
-    metric, or of an NVML metric in another unit, are left out (one check per distinct
-    metric and unit, not per row). Computed once per trace (the summary, the findings and
-    the figure share it); each call returns a copy.
+    Columns rank, device (Int64, NA where not recorded: the session's sampler records no
+    rank), ts_ns, metric (category), value; sorted by rank (NA first), device, metric,
+    time. Rows of another metric, or of an NVML metric in another unit, are left out (one
+    check per distinct metric and unit, not per row). Computed once per trace (the summary,
+    the findings and the figure share it); each call returns a copy.
     """
-    return _shared_rows(trace).copy()
+    rows = _shared_rows(trace)
+    return rows.assign(rank=keys.key_column(rows["rank"]), device=keys.key_column(rows["device"]))
 
 
 def _shared_rows(trace: Trace) -> pd.DataFrame:
-    """`nvml_rows` computed once per trace; callers here only read it."""
+    """`nvml_rows` computed once per trace, rank and device as `keys.key_array` gives them
+    (the numpy code here groups on them); callers here only read it."""
     return trace.derived("nvml_rows", lambda: _select(trace))
 
 
 def _select(trace: Trace) -> pd.DataFrame:
-    s = trace.samples
-    metric, unit = s["metric"].astype("category"), s["unit"].astype("category")
-    units = [str(u) for u in unit.cat.categories]
-    ok = np.zeros((len(metric.cat.categories) + 1, len(units) + 1), dtype=bool)  # -1: NA
-    for i, name in enumerate(metric.cat.categories):  # once per distinct metric
+    samples = trace.samples
+    metric, unit = samples["metric"].astype("category"), samples["unit"].astype("category")
+    units = [str(category) for category in unit.cat.categories]
+    # [metric code, unit code]; the last row and column stand for NA (category code -1)
+    valid = np.zeros((len(metric.cat.categories) + 1, len(units) + 1), dtype=bool)
+    for code, name in enumerate(metric.cat.categories):  # once per distinct metric
         expected = NVML_UNITS.get(str(name))
         if expected in units:
-            ok[i, units.index(expected)] = True
-    keep = ok[metric.cat.codes.to_numpy(), unit.cat.codes.to_numpy()] \
-        & s["value"].notna().to_numpy(bool)
+            valid[code, units.index(expected)] = True
+    keep = valid[metric.cat.codes.to_numpy(), unit.cat.codes.to_numpy()] \
+        & samples["value"].notna().to_numpy(bool)
     out = pd.DataFrame({
-        "rank": s["rank"].astype("Int64").fillna(-1).to_numpy(np.int64)[keep],
-        "device": s["device"].astype("Int64").fillna(-1).to_numpy(np.int64)[keep],
-        "ts_ns": s["ts_ns"].to_numpy(np.int64)[keep],
+        "rank": keys.key_array(samples["rank"])[keep],
+        "device": keys.key_array(samples["device"])[keep],
+        "ts_ns": samples["ts_ns"].to_numpy(np.int64)[keep],
         "metric": metric[keep].cat.remove_unused_categories().to_numpy(),
-        "value": s["value"].to_numpy(np.float64)[keep],
+        "value": samples["value"].to_numpy(np.float64)[keep],
     })
     out["metric"] = out["metric"].astype("category")
     return out.sort_values(["rank", "device", "metric", "ts_ns"], kind="stable",
@@ -156,15 +160,16 @@ def _summary(trace: Trace, low_util_pct: float) -> pd.DataFrame:
     rows = _shared_rows(trace)
     if rows.empty:
         return _typed(pd.DataFrame(columns=list(SUMMARY_COLUMNS)))
-    g = rows.groupby(KEYS, sort=True)["ts_ns"]
-    out = pd.DataFrame({"samples": g.nunique(), "start_ns": g.min(), "end_ns": g.max()})
+    times = rows.groupby(KEYS, sort=True)["ts_ns"]
+    out = pd.DataFrame({"samples": times.nunique(), "start_ns": times.min(),
+                        "end_ns": times.max()})
     out["span_ns"] = out["end_ns"] - out["start_ns"]
     out = out.join(_utilization(rows, low_util_pct)).join(_levels(rows)).join(_throttle(rows))
     out = out.reset_index()
     out["kernel_busy_share"] = _kernel_busy(trace, out)
     out["throttle_samples"] = out["throttle_samples"].fillna(0)
     for col in ("rank", "device"):
-        out[col] = out[col].astype("Int64").mask(out[col] < 0)
+        out[col] = keys.key_column(out[col])
     return _typed(out.reindex(columns=list(SUMMARY_COLUMNS)))
 
 
@@ -174,15 +179,17 @@ def _of(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 def _utilization(rows: pd.DataFrame, low_util_pct: float) -> pd.DataFrame:
     """Time-weighted mean and low share of gpu_util, and its plain median, per device."""
-    u = _of(rows, "gpu_util")
-    dt = u.groupby(KEYS)["ts_ns"].diff()
-    dt = dt.fillna(dt.groupby([u["rank"], u["device"]]).transform("median")).fillna(1.0)
-    v = u["value"]
-    w = pd.DataFrame({"rank": u["rank"], "device": u["device"], "w": dt, "wv": dt * v,
-                      "wlow": dt * (v < low_util_pct)}).groupby(KEYS).sum()
-    return pd.DataFrame({"gpu_util_mean_pct": w["wv"] / w["w"],
-                         "gpu_util_median_pct": u.groupby(KEYS)["value"].median(),
-                         "low_util_share": w["wlow"] / w["w"]})
+    util = _of(rows, "gpu_util")
+    period = util.groupby(KEYS)["ts_ns"].diff()
+    period = period.fillna(period.groupby([util["rank"], util["device"]]).transform("median"))
+    period = period.fillna(1.0)
+    value = util["value"]
+    weighted = pd.DataFrame({"rank": util["rank"], "device": util["device"], "w": period,
+                             "wv": period * value, "wlow": period * (value < low_util_pct)})
+    sums = weighted.groupby(KEYS).sum()
+    return pd.DataFrame({"gpu_util_mean_pct": sums["wv"] / sums["w"],
+                         "gpu_util_median_pct": util.groupby(KEYS)["value"].median(),
+                         "low_util_share": sums["wlow"] / sums["w"]})
 
 
 def _levels(rows: pd.DataFrame) -> pd.DataFrame:
@@ -201,15 +208,16 @@ def _levels(rows: pd.DataFrame) -> pd.DataFrame:
 def _throttle(rows: pd.DataFrame) -> pd.DataFrame:
     """Per device the share of throttle samples with each reason, the power and thermal
     groups, and the mean SM clock with and without them (matched on the sample time)."""
-    t = _of(rows, "throttle_reasons")
-    bits = t["value"].to_numpy(np.float64).astype(np.uint64)
+    throttles = _of(rows, "throttle_reasons")
+    bits = throttles["value"].to_numpy(np.float64).astype(np.uint64)
     flags = {f"throttle_{name}": (bits & np.uint64(bit)) != 0
              for name, bit in THROTTLE_BITS.items()}
     thermal = (bits & np.uint64(THERMAL_BITS)) != 0
     power = ((bits & np.uint64(POWER_BITS)) != 0) | (((bits & np.uint64(HW_SLOWDOWN)) != 0)
                                                       & ~thermal)
-    table = pd.DataFrame({"rank": t["rank"].to_numpy(), "device": t["device"].to_numpy(),
-                          "ts_ns": t["ts_ns"].to_numpy(), **flags,
+    table = pd.DataFrame({"rank": throttles["rank"].to_numpy(),
+                          "device": throttles["device"].to_numpy(),
+                          "ts_ns": throttles["ts_ns"].to_numpy(), **flags,
                           "power_throttled_share": power, "thermal_throttled_share": thermal})
     shares = table.drop(columns="ts_ns").groupby(KEYS).mean()
     shares["throttle_samples"] = table.groupby(KEYS).size()
@@ -222,20 +230,23 @@ def _throttle(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _kernel_busy(trace: Trace, out: pd.DataFrame) -> npt.NDArray[np.float64]:
-    """Per summary row, the share of its sampled span covered by the device's kernels."""
+    """Per summary row, the share of its sampled span covered by the device's kernels
+    (`out` still holds `_shared_rows`' int64 keys: `keys.MISSING` for NA)."""
     busy = np.full(len(out), np.nan)
-    k = trace.kernels
-    if k.empty or not trace.meta.get("timeline", True):
+    kernels = trace.kernels
+    if kernels.empty or not trace.meta.get("timeline", True):
         return busy
-    rank = k["rank"].astype("Int64").fillna(-1).to_numpy(np.int64)
-    device = k["device"].astype("Int64").fillna(-1).to_numpy(np.int64)
-    ks, ke = k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)
+    rank, device = keys.key_array(kernels["rank"]), keys.key_array(kernels["device"])
+    kernel_start = kernels["start_ns"].to_numpy(np.int64)
+    kernel_end = kernels["end_ns"].to_numpy(np.int64)
     rows = out[[*KEYS, "start_ns", "end_ns"]].to_numpy(np.int64)
-    for i, (r, d, lo, hi) in enumerate(rows):  # one pass per GPU, never one per kernel
-        on = (device == d) & ((rank == r) | (r < 0))
-        if on.any() and hi > lo:
-            inside = intervals.clip(intervals.union(ks[on], ke[on]), int(lo), int(hi))
-            busy[i] = intervals.total(inside) / (hi - lo)
+    # one pass per GPU, never one per kernel
+    for row, (gpu_rank, gpu_device, start, end) in enumerate(rows):
+        mine = (device == gpu_device) & ((rank == gpu_rank) | (gpu_rank == keys.MISSING))
+        if mine.any() and end > start:
+            spans = intervals.union(kernel_start[mine], kernel_end[mine])
+            inside = intervals.clip(spans, int(start), int(end))
+            busy[row] = intervals.total(inside) / (end - start)
     return busy
 
 

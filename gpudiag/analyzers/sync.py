@@ -141,13 +141,17 @@ def _most_common(values: pd.Series) -> object:
 
 
 def analyze(trace: Trace, **gap_options: Any) -> Result:
-    """The sync analyzer's one result: its findings and `sync_points`, computed once.
+    """The sync analyzer's one result: its findings, `sync_points`, and `sync_waits` (the
+    classified blocking waits they sum, one row per wait: what the Perfetto export names
+    its sync_stall slices after), each computed once.
 
         result = sync.analyze(trace)
         result.tables["sync_points"].head()
+        result.tables["sync_waits"][["kind", "where", "gpu_idle_ns"]]
     """
     points = sync_points(trace, **gap_options)
-    return Result(findings(trace, points=points), {"sync_points": points})
+    return Result(findings(trace, points=points),
+                  {"sync_points": points, "sync_waits": classified_waits(trace, **gap_options)})
 
 
 def findings(trace: Trace, *, min_lost_ns: int = 0, points: pd.DataFrame | None = None,

@@ -44,7 +44,7 @@ __all__ = ["analyze", "idle_breakdown", "idle_gaps", "is_compute", "stream_summa
 #: `is_compute_kernel` (`.*Memcpy`, `^Memset`, `.*Sync`). HTA's git HEAD has a longer list
 #: (hip*, hccl*, runtime names); none of its extra patterns matches a kernel in our fixtures.
 HTA_NON_COMPUTE = (r"nccl.*Kernel", r".*Memcpy", r"Memset", r"dma", r".*Sync")
-_NON_COMPUTE = re.compile("|".join(f"(?:{p})" for p in HTA_NON_COMPUTE))
+_NON_COMPUTE = re.compile("|".join(f"(?:{pattern})" for pattern in HTA_NON_COMPUTE))
 
 #: HTA's idle categories, in the order of its IdleTimeType enum
 IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
@@ -86,10 +86,10 @@ def stream_summary(trace: Trace) -> pd.DataFrame:
     HTA's `merge_kernel_intervals` does); `idle_ns = span_ns - busy_ns`. Zero-length events
     count in the span and in `events` but add no busy time.
     """
-    ev = _gpu_events(trace)
-    codes, keys, counts = _groups(ev, STREAM_KEYS)
-    span = _span(codes, ev, len(counts))
-    busy = _busy(codes, ev, len(counts))
+    events = _gpu_events(trace)
+    codes, keys, counts = _groups(events, STREAM_KEYS)
+    span = _span(codes, events, len(counts))
+    busy = _busy(codes, events, len(counts))
     return _typed({**keys, "span_ns": span, "busy_ns": busy, "idle_ns": span - busy,
                    "events": counts}, STREAM_SUMMARY)
 
@@ -108,13 +108,13 @@ def temporal_breakdown(trace: Trace) -> pd.DataFrame:
     compute kernel overlaps. Percentages are of `kernel_time_ns`, unrounded (HTA rounds them
     to two places); NaN when the device has no positive kernel time.
     """
-    ev = _gpu_events(trace)
-    codes, keys, counts = _groups(ev, DEVICE_KEYS)
-    n = len(counts)
-    kernel_time = _span(codes, ev, n)
-    busy = _busy(codes, ev, n)
-    compute = ev["compute"].to_numpy(dtype=bool)
-    compute_time = _busy(codes[compute], ev[compute], n)
+    events = _gpu_events(trace)
+    codes, keys, counts = _groups(events, DEVICE_KEYS)
+    devices = len(counts)
+    kernel_time = _span(codes, events, devices)
+    busy = _busy(codes, events, devices)
+    compute = events["compute"].to_numpy(dtype=bool)
+    compute_time = _busy(codes[compute], events[compute], devices)
     idle = kernel_time - busy
     with np.errstate(divide="ignore", invalid="ignore"):
         whole = np.where(kernel_time > 0, kernel_time, np.nan)
@@ -146,19 +146,20 @@ def idle_breakdown(trace: Trace, *, kernel_wait_ns: int = 30_000) -> pd.DataFram
     sum to `stream_summary`'s `idle_ns`. HTA sums `start - previous end` instead, which goes
     negative where events on one stream overlap; we count an overlap as no gap.
     """
-    ev = _gpu_events(trace)
-    codes, keys, counts = _groups(ev, STREAM_KEYS)
-    group, gap, host = _gaps(trace, ev, codes)
-    k = len(IDLE_CATEGORIES)
-    cell = group * k + np.where(host, 0, np.where(gap < kernel_wait_ns, 1, 2))
-    idle = np.zeros(len(counts) * k, dtype=np.int64)
+    events = _gpu_events(trace)
+    codes, keys, counts = _groups(events, STREAM_KEYS)
+    group, gap, host = _gaps(trace, events, codes)
+    kinds = len(IDLE_CATEGORIES)
+    cell = group * kinds + np.where(host, 0, np.where(gap < kernel_wait_ns, 1, 2))
+    idle = np.zeros(len(counts) * kinds, dtype=np.int64)
     np.add.at(idle, cell, gap)
     gaps = np.bincount(cell[gap > 0], minlength=len(idle)).astype(np.int64)
-    per_stream = idle.reshape(len(counts), k).sum(axis=1).repeat(k)
+    per_stream = idle.reshape(len(counts), kinds).sum(axis=1).repeat(kinds)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(per_stream > 0, idle / per_stream, np.nan)
-    rows = {name: column.array.repeat(k) for name, column in keys.items()}
-    category = pd.Categorical.from_codes(np.tile(np.arange(k), len(counts)), IDLE_CATEGORIES)
+    rows = {name: column.array.repeat(kinds) for name, column in keys.items()}
+    category = pd.Categorical.from_codes(np.tile(np.arange(kinds), len(counts)),
+                                         IDLE_CATEGORIES)
     return _typed({**rows, "category": category, "idle_ns": idle, "ratio": ratio,
                    "gaps": gaps}, IDLE_BREAKDOWN)
 
@@ -184,69 +185,70 @@ def is_compute(names: pd.Series) -> npt.NDArray[np.bool_]:
     An unnamed kernel counts as compute: HTA has no such rows, and a kernel ran.
     """
     categories = names.cat.categories
-    hit = np.array([_NON_COMPUTE.match(str(c)) is None for c in categories] + [True])
+    hit = np.array([_NON_COMPUTE.match(str(category)) is None for category in categories]
+                   + [True])
     return hit[names.cat.codes.to_numpy()]  # code -1 (no name) picks the last entry
 
 
-def _gaps(trace: Trace, ev: pd.DataFrame,
+def _gaps(trace: Trace, events: pd.DataFrame,
           codes: IntArray) -> tuple[IntArray, IntArray, npt.NDArray[np.bool_]]:
     """Every gap before an event on its stream: the stream's group code, the gap (0 where
     the event overlaps earlier ones) and whether its launch call began after the stream's
     last end (host wait)."""
-    launch = launch_calls(trace, ev)["api_start_ns"]  # NA: never host wait
+    launch = launch_calls(trace, events)["api_start_ns"]  # NA: never host wait
     api_start = launch.to_numpy(dtype=np.int64, na_value=np.iinfo(np.int64).min)
-    start = ev["start_ns"].to_numpy(dtype=np.int64)
+    start = events["start_ns"].to_numpy(dtype=np.int64)
     order = np.lexsort((start, codes))
-    g = codes[order]
-    reach = _cummax_by_group(g, ev["end_ns"].to_numpy(dtype=np.int64)[order])
-    follows = g[1:] == g[:-1]  # the first event of a stream has no gap before it
+    group = codes[order]
+    reach = _cummax_by_group(group, events["end_ns"].to_numpy(dtype=np.int64)[order])
+    follows = group[1:] == group[:-1]  # the first event of a stream has no gap before it
     gap = np.maximum(start[order][1:] - reach[:-1], 0)[follows]
     host = (api_start[order][1:] > reach[:-1])[follows]
-    return g[1:][follows], gap, host
+    return group[1:][follows], gap, host
 
 
-def _groups(ev: pd.DataFrame, keys: list[str]) -> tuple[IntArray, dict[str, pd.Series],
-                                                         IntArray]:
+def _groups(events: pd.DataFrame, keys: list[str]) -> tuple[IntArray, dict[str, pd.Series],
+                                                             IntArray]:
     """Group code of each event, the key columns of each group and its event count.
 
     NA keys form groups of their own (sorted last), so no event is silently dropped.
     """
-    grouped = ev.groupby(keys, dropna=False, sort=True)
+    grouped = events.groupby(keys, dropna=False, sort=True)
     codes = grouped.ngroup().to_numpy(dtype=np.int64)
     sizes = grouped.size()
     frame = sizes.index.to_frame(index=False)
-    columns = {k: frame[k].astype("Int64").reset_index(drop=True) for k in keys}
+    columns = {key: frame[key].astype("Int64").reset_index(drop=True) for key in keys}
     return codes, columns, sizes.to_numpy(dtype=np.int64)
 
 
-def _span(codes: IntArray, ev: pd.DataFrame, n: int) -> IntArray:
+def _span(codes: IntArray, events: pd.DataFrame, groups: int) -> IntArray:
     """Last end minus first start of each group (HTA's `kernel_time`)."""
-    if n == 0:
+    if groups == 0:
         return np.zeros(0, dtype=np.int64)
-    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
-    np.minimum.at(first, codes, ev["start_ns"].to_numpy(dtype=np.int64))
-    np.maximum.at(last, codes, ev["end_ns"].to_numpy(dtype=np.int64))
+    first = np.full(groups, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(groups, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(first, codes, events["start_ns"].to_numpy(dtype=np.int64))
+    np.maximum.at(last, codes, events["end_ns"].to_numpy(dtype=np.int64))
     return np.where(last >= first, last - first, 0)
 
 
-def _busy(codes: IntArray, ev: pd.DataFrame, n: int) -> IntArray:
+def _busy(codes: IntArray, events: pd.DataFrame, groups: int) -> IntArray:
     """Length of the union of each group's intervals, with one sort for all groups."""
-    start = ev["start_ns"].to_numpy(dtype=np.int64)
-    end = ev["end_ns"].to_numpy(dtype=np.int64)
+    start = events["start_ns"].to_numpy(dtype=np.int64)
+    end = events["end_ns"].to_numpy(dtype=np.int64)
     keep = end > start
-    g, s, e = codes[keep], start[keep], end[keep]
-    busy = np.zeros(n, dtype=np.int64)
-    if len(s) == 0:
+    group, starts, ends = codes[keep], start[keep], end[keep]
+    busy = np.zeros(groups, dtype=np.int64)
+    if len(starts) == 0:
         return busy
-    order = np.lexsort((s, g))
-    g, s, e = g[order], s[order], e[order]
-    reach = _cummax_by_group(g, e)
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = (g[1:] != g[:-1]) | (s[1:] > reach[:-1])  # touching intervals merge (HTA)
+    order = np.lexsort((starts, group))
+    group, starts, ends = group[order], starts[order], ends[order]
+    reach = _cummax_by_group(group, ends)
+    new = np.ones(len(starts), dtype=bool)
+    new[1:] = (group[1:] != group[:-1]) | (starts[1:] > reach[:-1])  # touching ones merge
     first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, len(s) - 1)
-    np.add.at(busy, g[first], reach[last] - s[first])
+    last = np.append(first[1:] - 1, len(starts) - 1)
+    np.add.at(busy, group[first], reach[last] - starts[first])
     return busy
 
 

@@ -39,28 +39,29 @@ def resolve(trace: Trace, spec: str | tuple[int, int]) -> tuple[int, int]:
     if isinstance(spec, tuple):
         return int(spec[0]), int(spec[1])
     origin, last = edges(trace)
-    if ":" in spec and all(_BOUND.match(p) or not p.strip() for p in spec.split(":", 1)):
-        lo_text, hi_text = spec.split(":", 1)
-        lo = origin + _parse(lo_text) if lo_text.strip() else origin
-        hi = origin + _parse(hi_text) if hi_text.strip() else last
-        if hi <= lo:
+    if ":" in spec and all(_BOUND.match(part) or not part.strip()
+                           for part in spec.split(":", 1)):
+        start_text, end_text = spec.split(":", 1)
+        start = origin + _parse(start_text) if start_text.strip() else origin
+        end = origin + _parse(end_text) if end_text.strip() else last
+        if end <= start:
             raise InputError("--window", f"window '{spec}' ends before it starts",
                              "give START:END with END after START, e.g. 100ms:300ms")
-        if last > origin and (lo >= last or hi <= origin):
+        if last > origin and (start >= last or end <= origin):
             span = format_ns(last - origin)
             raise InputError(
                 "--window", f"window '{spec}' lies outside the trace: its events span "
                 f"0 ns to {span}, counted from its first GPU event",
                 f"give START:END within 0:{span.replace(' ', '').replace(',', '')}, "
                 "or a range name")
-        return lo, hi
+        return start, end
     return _named(trace, spec)
 
 
 def _parse(text: str) -> int:
-    m = _BOUND.match(text)
-    assert m is not None  # checked by the caller
-    return round(float(m[1]) * _UNITS[m[2] or "ns"])
+    match = _BOUND.match(text)
+    assert match is not None  # checked by the caller
+    return round(float(match[1]) * _UNITS[match[2] or "ns"])
 
 
 def edges(trace: Trace) -> tuple[int, int]:
@@ -69,8 +70,9 @@ def edges(trace: Trace) -> tuple[int, int]:
     window = trace.gpu_window_ns()
     if window is not None:
         return window
-    starts = [int(f["start_ns"].min()) for n in _INTERVALS if len(f := getattr(trace, n))]
-    ends = [int(f["end_ns"].max()) for n in _INTERVALS if len(f := getattr(trace, n))]
+    tables = [table for name in _INTERVALS if len(table := getattr(trace, name))]
+    starts = [int(table["start_ns"].min()) for table in tables]
+    ends = [int(table["end_ns"].max()) for table in tables]
     return (min(starts), max(ends)) if starts else (0, 0)
 
 
@@ -96,25 +98,25 @@ def _named(trace: Trace, spec: str) -> tuple[int, int]:
 def within(trace: Trace, window: tuple[int, int]) -> Trace:
     """A copy of the trace with only what overlaps `[start, end)`, intervals cut to it (API
     calls that launched kept GPU work stay whole: the gap rules need their start)."""
-    lo, hi = window
+    start, end = window
     tables: dict[str, pd.DataFrame] = {}
-    launched = pd.concat([f.loc[(f["end_ns"] > lo) & (f["start_ns"] < hi),
-                                ["rank", "pid", "correlation"]]
-                          for f in (trace.kernels, trace.copies)])
+    launched = pd.concat([gpu.loc[(gpu["end_ns"] > start) & (gpu["start_ns"] < end),
+                                  ["rank", "pid", "correlation"]]
+                          for gpu in (trace.kernels, trace.copies)])
     for name in _INTERVALS:
         frame = getattr(trace, name)
-        inside = (frame["end_ns"] > lo) & (frame["start_ns"] < hi)
+        inside = (frame["end_ns"] > start) & (frame["start_ns"] < end)
         if name == "api":  # the launch calls of kept GPU work, even from before the window
             inside |= keys.isin([frame["rank"], frame["pid"], frame["correlation"]],
                                 [launched["rank"], launched["pid"], launched["correlation"]]
                                 ) & frame["correlation"].notna().to_numpy(bool)
         keep = frame[inside].copy()
         if name != "api":
-            keep["start_ns"] = np.maximum(keep["start_ns"].to_numpy(np.int64), lo)
-            keep["end_ns"] = np.minimum(keep["end_ns"].to_numpy(np.int64), hi)
+            keep["start_ns"] = np.maximum(keep["start_ns"].to_numpy(np.int64), start)
+            keep["end_ns"] = np.minimum(keep["end_ns"].to_numpy(np.int64), end)
         tables[name] = keep
     samples = trace.samples
-    tables["samples"] = samples[(samples["ts_ns"] >= lo) & (samples["ts_ns"] < hi)]
-    return Trace(meta={**trace.meta, "window_ns": [lo, hi]}, devices=trace.devices,
+    tables["samples"] = samples[(samples["ts_ns"] >= start) & (samples["ts_ns"] < end)]
+    return Trace(meta={**trace.meta, "window_ns": [start, end]}, devices=trace.devices,
                  memory=trace.memory, memory_blocks=trace.memory_blocks,
                  metrics=trace.metrics, **tables)

@@ -31,11 +31,11 @@ def report_figures(trace: Trace, dx: Diagnosis) -> dict[str, Any]:
     waits = figures.collective_waits(dx) if "arrival_skew" in dx.tables else None
     if waits is not None:
         figs["collective_waits"] = waits
-    memory = figures.memory(trace)
+    memory = figures.memory(trace, frag=dx.tables.get("fragmentation"))
     if memory is not None:
         figs["memory"] = memory
     if len(trace.metrics):
-        figs["ncu_heatmap"] = ncu_heatmap.figure(trace)
+        figs["ncu_heatmap"] = ncu_heatmap.figure(trace, dx=dx)
     samples = figures_samples.gpu_samples(trace)
     if samples is not None:
         figs["gpu_samples"] = samples
@@ -67,7 +67,7 @@ def heatmap_page(trace: Trace, dx: Diagnosis | None, *, cdn: bool = False,
     if len(trace.metrics):
         return page("gpudiag heatmap", [
             Section("Kernel x metric (Nsight Compute)",
-                    figures=(ncu_heatmap.figure(trace, **ncu_options),)),
+                    figures=(ncu_heatmap.figure(trace, dx=dx, **ncu_options),)),
             _rule_section(dx)], cdn=cdn)
     figs = report_figures(trace, dx) if dx is not None else {}
     titles = {"utilization": "Utilization per stream, and the loss cause of idle time",

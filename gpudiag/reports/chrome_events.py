@@ -64,7 +64,6 @@ class Plan:
     base: int
     top: int = 10
     chunk_rows: int = CHUNK_ROWS
-    gaps: pd.DataFrame | None = None
 
 
 def _encode_hook(obj: Any) -> Any:
@@ -227,43 +226,34 @@ def base_time_ns(trace: Trace) -> int:
 # -- the diagnosis -------------------------------------------------------------------------
 
 
-def annotated_gaps(trace: Trace, dx: Diagnosis, gaps: pd.DataFrame | None = None
-                   ) -> pd.DataFrame:
-    """Idle gap pieces (`dx.gaps`: the waterfall's, cut to the diagnosis window) with `where` (call
-    site of host and sync pieces), `finding` (1-based rank in `dx.findings` of the finding
-    naming that cause and place, NA if none) and `advice` (that finding's, else the advice
-    of the top finding of the same cause, else the cause's default).
+def annotated_gaps(dx: Diagnosis) -> pd.DataFrame:
+    """The diagnosis' idle gap pieces (`dx.gaps`, cut to its window) with `where` (call
+    site of host and sync pieces, as the host-gaps and sync analyzers placed them),
+    `finding` (1-based rank in `dx.findings` of the finding naming that cause and place,
+    NA if none) and `advice` (that finding's, else the advice of the top finding of the
+    same cause, else the cause's default). Read from the Diagnosis, nothing found again.
 
-        pieces = annotated_gaps(trace, gpudiag.diagnose(trace))
+        pieces = annotated_gaps(gpudiag.diagnose(trace))
         pieces.groupby("finding")["end_ns"].count()
         pieces[pieces.cause == "sync_stall"][["where", "advice"]]
     """
-    from gpudiag.analyzers.host import bound as host
-    from gpudiag.analyzers.losses.gaps import idle_gaps
+    from gpudiag.analyzers.losses.gaps import empty_gaps
 
-    if gaps is None and dx.gaps is not None:  # the diagnosis' own pieces, already cut
-        gaps = dx.gaps
-    out = (idle_gaps(trace) if gaps is None else gaps).copy()
-    if dx.window_ns is not None:
-        lo, hi = dx.window_ns
-        out = out[(out["end_ns"] > lo) & (out["start_ns"] < hi)]
-        out = out.assign(start_ns=out["start_ns"].clip(lower=lo), end_ns=out["end_ns"].clip(
-            upper=hi))
+    out = (empty_gaps() if dx.gaps is None else dx.gaps).copy()
     out["where"] = pd.array([pd.NA] * len(out), dtype="string")
-    placed = host.host_gaps(trace, out)
-    out.loc[placed.index, "where"] = placed["where"]
+    placed = dx.tables.get("host_gaps")
+    if placed is not None and len(placed):
+        out.loc[placed.index, "where"] = placed["where"]
     stalls = (out["cause"] == "sync_stall").to_numpy(bool)
-    if stalls.any():
-        out.loc[stalls, "where"] = _sync_sites(trace, out[stalls])
+    if stalls.any() and "sync_waits" in dx.tables:
+        out.loc[stalls, "where"] = _sync_sites(dx.tables["sync_waits"], out[stalls])
     return _match_findings(out, dx.findings)
 
 
-def _sync_sites(trace: Trace, stalls: pd.DataFrame) -> pd.arrays.StringArray:
+def _sync_sites(waits: pd.DataFrame, stalls: pd.DataFrame) -> pd.arrays.StringArray:
     """The call site of the blocking wait that each sync_stall piece followed (the wait is
     keyed by its process and start, as `sync` credits its GPU idle)."""
-    from gpudiag.analyzers import sync
-
-    waits = sync.classified_waits(trace).drop_duplicates(["pid", "start_ns"])
+    waits = waits.drop_duplicates(["pid", "start_ns"])
     index = pd.MultiIndex.from_arrays([_ints(waits["pid"]), _ints(waits["start_ns"])])
     pos = index.get_indexer(pd.MultiIndex.from_arrays(
         [_ints(stalls["pid"]), _ints(stalls["wait_start_ns"])]))
@@ -295,7 +285,7 @@ def _diagnosis_events(trace: Trace, dx: Diagnosis, tracks: _Tracks, plan: Plan
                       ) -> Iterator[list[Any]]:
     """The idle-cause slices, then the top findings where they happen (or, for findings
     with no idle piece to point at, as global instants at the start of the window)."""
-    pieces = annotated_gaps(trace, dx, plan.gaps).assign(stream=0, host_pid=lambda d: d["pid"],
+    pieces = annotated_gaps(dx).assign(stream=0, host_pid=lambda d: d["pid"],
                                                     host_tid=lambda d: d["tid"])
     yield from _slices(tracks, pieces, pieces["cause"], side="gpu", lane="idle",
                        cat="gpudiag.idle", columns=("rule", "where", "finding", "advice",

@@ -38,8 +38,7 @@ __all__ = ["annotated_gaps", "chrome_trace_chunks", "to_chrome_trace", "write_ch
 
 
 def chrome_trace_chunks(trace: Trace, dx: Diagnosis | None = None, *,
-                        gaps: pd.DataFrame | None = None, top: int = 10,
-                        chunk_rows: int = CHUNK_ROWS) -> Iterator[bytes]:
+                        top: int = 10, chunk_rows: int = CHUNK_ROWS) -> Iterator[bytes]:
     """The Chrome trace JSON as byte pieces, one per chunk of `chunk_rows` rows.
 
         with open("trace.json", "wb") as f:
@@ -48,7 +47,7 @@ def chrome_trace_chunks(trace: Trace, dx: Diagnosis | None = None, *,
 
     What `write_chrome_trace` writes; for a caller streaming elsewhere (stdout, a socket).
     """
-    plan = Plan(base_time_ns(trace), top, chunk_rows, gaps)
+    plan = Plan(base_time_ns(trace), top, chunk_rows)
     yield ENCODER.encode(header(trace, dx, plan))[:-1] + b',"traceEvents":['
     first = True
     for chunk in events(trace, dx, plan):
@@ -60,24 +59,23 @@ def chrome_trace_chunks(trace: Trace, dx: Diagnosis | None = None, *,
 
 
 def to_chrome_trace(trace: Trace, dx: Diagnosis | None = None, *,
-                    gaps: pd.DataFrame | None = None, top: int = 10) -> dict[str, Any]:
+                    top: int = 10) -> dict[str, Any]:
     """The Chrome/Perfetto trace as a dict (`traceEvents` plus gpudiag's header).
 
         doc = to_chrome_trace(trace, gpudiag.diagnose(trace))
         [e for e in doc["traceEvents"] if e.get("cat") == "gpudiag.idle"][:3]
         json.dump(doc, open("trace.json", "w"))
 
-    `dx` adds the idle-cause and findings tracks (`gaps`: the `idle_gaps` pieces when the
-    diagnosis ran with other gap options); `top` findings are marked. Holds every event in
+    `dx` adds the idle-cause and findings tracks, read from the Diagnosis (its gap pieces
+    and their call sites); `top` findings are marked. Holds every event in
     memory as plain dicts: for big traces use `write_chrome_trace`, which streams.
     """
-    doc = b"".join(chrome_trace_chunks(trace, dx, gaps=gaps, top=top))
+    doc = b"".join(chrome_trace_chunks(trace, dx, top=top))
     return dict(msgspec.json.decode(doc))  # exactly what the file would hold
 
 
 def write_chrome_trace(trace: Trace, path: str | Path, dx: Diagnosis | None = None, *,
-                       gaps: pd.DataFrame | None = None, top: int = 10,
-                       chunk_rows: int = CHUNK_ROWS) -> Path:
+                       top: int = 10, chunk_rows: int = CHUNK_ROWS) -> Path:
     """Write the Chrome/Perfetto trace to `path` (gzip when it ends in `.gz`), streaming.
 
         dx = gpudiag.diagnose(trace)
@@ -87,7 +85,7 @@ def write_chrome_trace(trace: Trace, path: str | Path, dx: Diagnosis | None = No
     Memory stays that of `chunk_rows` events whatever the trace's size.
     """
     out = Path(path)
-    pieces = chrome_trace_chunks(trace, dx, gaps=gaps, top=top, chunk_rows=chunk_rows)
+    pieces = chrome_trace_chunks(trace, dx, top=top, chunk_rows=chunk_rows)
     try:
         with (gzip.open(out, "wb", compresslevel=6) if out.name.endswith(".gz")
               else out.open("wb")) as stream:
@@ -159,7 +157,7 @@ def _export_tables(trace: Trace, dx: Diagnosis | None) -> dict[str, Any]:
         frames["losses"] = lambda: dx.losses
         frames["findings"] = lambda: dx.findings
         if dx.timeline is not None:
-            frames["idle_gaps"] = lambda: annotated_gaps(trace, dx)
+            frames["idle_gaps"] = lambda: annotated_gaps(dx)
         if dx.by_step is not None:
             frames["by_step"] = lambda: dx.by_step
         frames.update({name: (lambda f=f: f) for name, f in dx.tables.items()})

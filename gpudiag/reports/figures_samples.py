@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from gpudiag.analyzers import keys
 from gpudiag.analyzers.gpu_samples import nvml_rows
 from gpudiag.trace import Trace
 
@@ -87,7 +88,7 @@ def _lines(rows: pd.DataFrame) -> dict[tuple[int, int, str], Line]:
     so each series is one slice (found with one diff, no grouping per row)."""
     if rows.empty:
         return {}
-    rank, device = rows["rank"].to_numpy(np.int64), rows["device"].to_numpy(np.int64)
+    rank, device = keys.key_array(rows["rank"]), keys.key_array(rows["device"])
     code = rows["metric"].cat.codes.to_numpy(np.int64)
     change = (np.diff(rank) != 0) | (np.diff(device) != 0) | (np.diff(code) != 0)
     starts = np.concatenate([[0], np.flatnonzero(change) + 1])

@@ -46,7 +46,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from gpudiag.analyzers.kernels.metrics import kernel_metrics, rules
+from gpudiag.analyzers.diagnosis import Diagnosis
+from gpudiag.analyzers.kernels import metrics as ncu_metrics
 from gpudiag.errors import InputError
 from gpudiag.reports.safe_text import plotly_label
 from gpudiag.trace import Trace
@@ -80,8 +81,6 @@ METRICS: Mapping[str, Metric] = {
     "smem_bytes": Metric("shared memory", "per block"),
 }
 
-#: ncu rule result types that are findings (the others: ok, none, error)
-FINDING_TYPES = ("warning", "optimization")
 #: score of a partial last wave after 1-4 full waves (ncu's Tail Effect): marked, mildly
 TAIL_SCORE = 0.5
 #: Tail Effect is reported up to this many full waves (speedup 1/(1+whole) >= 20 %)
@@ -95,17 +94,20 @@ COLORSCALE = [[0.0, "#d9f0d3"], [0.4999, "#d9f0d3"], [0.5, "#fee08b"],
 
 def kernel_table(trace: Trace, *, per_launch: bool = False,
                  metrics: Sequence[str] | None = None, sort: str = "time",
-                 top: int | None = None) -> pd.DataFrame:
+                 top: int | None = None, dx: Diagnosis | None = None) -> pd.DataFrame:
     """The heatmap's rows: kernels by name (or launch) with the bottleneck metrics.
 
-        t = kernel_table(trace)
+        t = kernel_table(trace, dx=gpudiag.diagnose(trace))
         t[["label", "launches", "duration_ns", "waves_per_sm", "rules"]]
         kernel_table(trace, per_launch=True, sort="l2_hit_rate_pct", top=20)
 
+    `dx`: the trace's Diagnosis, whose `kernel_metrics` and `ncu_rules` tables are read
+    (the pages pass it: nothing is computed twice); without it they are computed here.
     Columns: `label` (unique row label: short name, "×N" launches, or "#kernel_id" per
     launch), `name`, `short_name`, `kernel_id` (per launch; NA when grouped), `launches`,
     `duration_ns` (total over the launches), the `METRICS` columns (or `metrics`), and
-    `rules` (titles of ncu's warning/optimization results, "; "-joined, "" when none).
+    `rules` (titles of the rule results every page lists, the `ncu_rules` table of
+    `kernels.metrics.rule_findings`, "; "-joined, "" when none).
     Grouped values are duration-weighted means over the launches that have the metric
     (plain means where no launch has a duration), so a long launch counts as much as its
     time. `sort`: "time" (total duration, largest first), "health" (worst cell first) or a
@@ -113,10 +115,13 @@ def kernel_table(trace: Trace, *, per_launch: bool = False,
     did not collect), `rows_total` and `duration_total_ns` before the `top` cut.
     """
     columns = _metric_columns(metrics)
-    km = kernel_metrics(trace)
+    tables = dx.tables if dx is not None and "kernel_metrics" in dx.tables else {
+        "kernel_metrics": ncu_metrics.kernel_metrics(trace),
+        "ncu_rules": ncu_metrics.rule_findings(trace)}  # a notebook's figure alone
+    km = tables["kernel_metrics"]
     table = (_per_launch(km, columns) if per_launch else _by_name(km, columns)).astype(
         {"label": "string", "name": "string", "short_name": "string", "duration_ns": "Int64"})
-    table["rules"] = _rule_text(trace, km, table, per_launch)
+    table["rules"] = _rule_text(tables["ncu_rules"], km, table, per_launch)
     table = _sorted(table, sort)
     missing = set(km.attrs.get("missing", [])) | {
         c for c in columns if len(table) and table[c].isna().all()}
@@ -178,18 +183,16 @@ def _by_name(km: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return out
 
 
-def _rule_text(trace: Trace, km: pd.DataFrame, table: pd.DataFrame,
+def _rule_text(found: pd.DataFrame, km: pd.DataFrame, table: pd.DataFrame,
                per_launch: bool) -> pd.Series:
-    """Per row, the distinct titles of ncu's warning/optimization results ("" when none);
-    an untitled result is named by its rule (ncu leaves many titles empty)."""
-    r = rules(trace)
-    r = r[r["type"].isin(FINDING_TYPES)]
-    title = r["title"].fillna(r["rule_name"]).fillna(r["rule"]).fillna("ncu rule")
+    """Per row, the distinct titles of its rule results (`found`: the `ncu_rules` table; ""
+    when none); an untitled result is named by its rule (ncu leaves many titles empty)."""
+    title = found["title"].fillna(found["rule_name"]).fillna(found["rule"]).fillna("ncu rule")
     if per_launch:
-        key = r["kernel_id"].astype("Int64")
+        key = found["kernel_id"].astype("Int64")
         rows = table["kernel_id"]
     else:
-        key = r["kernel_id"].map(km.set_index("kernel_id")["name"]).astype("string")
+        key = found["kernel_id"].map(km.set_index("kernel_id")["name"]).astype("string")
         rows = table["name"]
     found = pd.DataFrame({"key": key.to_numpy(), "title": title.astype(str).to_numpy()})
     found = found.dropna().drop_duplicates()
@@ -282,7 +285,8 @@ def _waves(x: np.ndarray, limit: float) -> np.ndarray:
 
 
 def figure(trace: Trace, *, per_launch: bool = False, metrics: Sequence[str] | None = None,
-           sort: str = "time", top: int | None = 50) -> go.Figure:
+           sort: str = "time", top: int | None = 50, dx: Diagnosis | None = None
+           ) -> go.Figure:
     """The kernel x metric heatmap of an Nsight Compute report, colored by health.
 
         fig = figure(gpudiag.load("report.ncu-rep"))
@@ -296,9 +300,11 @@ def figure(trace: Trace, *, per_launch: bool = False, metrics: Sequence[str] | N
     beyond `top` (None: all) are summarized there, so the figure stays small. A row ncu
     measured nothing for has blank cells and one line across it saying so (`NO_METRICS`).
     The figure is sized from its content: the title's lines and the slanted column labels
-    over `ROW_PX` a row, with the health key as a horizontal bar under the rows.
+    over `ROW_PX` a row, with the health key as a horizontal bar under the rows. `dx`: as
+    for `kernel_table` (the pages pass theirs).
     """
-    table = kernel_table(trace, per_launch=per_launch, metrics=metrics, sort=sort, top=top)
+    table = kernel_table(trace, per_launch=per_launch, metrics=metrics, sort=sort, top=top,
+                         dx=dx)
     shown = [c for c in _metric_columns(metrics) if c not in table.attrs["missing"]]
     values = table[shown].astype("float64").to_numpy()
     scores = health(table)[shown].astype("float64").to_numpy()

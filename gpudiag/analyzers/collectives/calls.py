@@ -20,6 +20,7 @@ from gpudiag import intervals as iv
 from gpudiag.analyzers import callsites
 from gpudiag.analyzers.collectives.skew import arrival_skew, typed, wait_intervals
 from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
+from gpudiag.analyzers.keys import key_array, key_column
 from gpudiag.analyzers.steps.training import step_windows
 from gpudiag.trace import Trace
 
@@ -48,13 +49,14 @@ _NONE: iv.Spans = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 def bus_factor(op: pd.Series, group_size: pd.Series) -> np.ndarray:
     """busbw / algbw per call (nccl-tests): all_reduce 2(n-1)/n; reduce_scatter, all_gather,
     all_to_all (n-1)/n; broadcast, reduce, send/recv 1; NaN for barrier/other or unknown n."""
-    n = pd.to_numeric(group_size, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    size = pd.to_numeric(group_size, errors="coerce").to_numpy(dtype=np.float64,
+                                                               na_value=np.nan)
     ops = op.astype(str).to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.select(
             [ops == "all_reduce", np.isin(ops, ["reduce_scatter", "all_gather", "all_to_all"]),
              np.isin(ops, ["broadcast", "reduce", "send", "recv", "send_recv"])],
-            [2 * (n - 1) / n, (n - 1) / n, np.ones(len(n))], np.nan)
+            [2 * (size - 1) / size, (size - 1) / size, np.ones(len(size))], np.nan)
 
 
 def collective_calls(trace: Trace, *, assume_world: bool = True) -> pd.DataFrame:
@@ -68,17 +70,17 @@ def collective_calls(trace: Trace, *, assume_world: bool = True) -> pd.DataFrame
     `assume_world` it is taken from `meta["world_size"]` and `group_size_assumed` says so:
     right for the default process group, wrong by the factor's change for sub-groups.
     """
-    c = trace.collectives.copy()
+    calls = trace.collectives.copy()
     world = int(trace.meta.get("world_size") or 0)
-    assumed = c["group_size"].isna() & (assume_world and world > 0)
+    assumed = calls["group_size"].isna() & (assume_world and world > 0)
     if assumed.any():
-        c["group_size"] = c["group_size"].fillna(world)
-    dur = (c["end_ns"] - c["start_ns"]).to_numpy(np.int64)
-    factor = bus_factor(c["op"], c["group_size"])
-    size = c["bytes"].to_numpy(dtype=np.float64, na_value=np.nan)
+        calls["group_size"] = calls["group_size"].fillna(world)
+    dur = (calls["end_ns"] - calls["start_ns"]).to_numpy(np.int64)
+    factor = bus_factor(calls["op"], calls["group_size"])
+    size = calls["bytes"].to_numpy(dtype=np.float64, na_value=np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(dur > 0, size / dur, np.nan)
-    return c.assign(dur_ns=dur, factor=factor, algbw_gbps=algbw, busbw_gbps=algbw * factor,
+    return calls.assign(dur_ns=dur, factor=factor, algbw_gbps=algbw, busbw_gbps=algbw * factor,
                     group_size_assumed=assumed.to_numpy())
 
 
@@ -96,12 +98,12 @@ def collective_stats(trace: Trace, *, by: Sequence[str] = STATS_BY,
     keep nccl-tests' out-of-place and in-place rows apart, or 'rank' to compare ranks.
     """
     keys = list(by)
-    columns = {**{k: KEY_DTYPES.get(k, "string") for k in keys}, **STATS_COLUMNS}
-    c = collective_calls(trace, assume_world=assume_world)
-    if c.empty:
+    columns = {**{key: KEY_DTYPES.get(key, "string") for key in keys}, **STATS_COLUMNS}
+    calls = collective_calls(trace, assume_world=assume_world)
+    if calls.empty:
         return typed(None, columns)
-    c = c.assign(bus_bytes=c["bytes"].astype("float64") * c["factor"])
-    out = c.groupby(keys, observed=True, dropna=False, sort=True).agg(
+    calls = calls.assign(bus_bytes=calls["bytes"].astype("float64") * calls["factor"])
+    out = calls.groupby(keys, observed=True, dropna=False, sort=True).agg(
         count=("dur_ns", "size"), total_ns=("dur_ns", "sum"), mean_ns=("dur_ns", "mean"),
         min_ns=("dur_ns", "min"), max_ns=("dur_ns", "max"), sized=("bytes", "count"),
         sum_bytes=("bytes", "sum"), bus_bytes=("bus_bytes", "sum"),
@@ -144,18 +146,20 @@ def overlap(trace: Trace, *, steps: bool = True) -> pd.DataFrame:
         return typed(None, OVERLAP_COLUMNS)
     compute = spans_by_device(compute_kernels(trace))
     cols = ["rank", "device", "start_ns", "end_ns"]
-    busy = _keyed(pd.concat([f[cols] for f in (trace.kernels, trace.copies, comm) if len(f)]))
+    busy = _keyed(pd.concat([table[cols] for table in (trace.kernels, trace.copies, comm)
+                             if len(table)]))
     windows = _step_windows(trace) if steps else {}
     rows = []
-    for (r, d), group in _keyed(comm).groupby(["_r", "_d"], sort=True):
-        window, source = windows.get(r), "steps"
+    for (rank, device), group in _keyed(comm).groupby(["_r", "_d"], sort=True):
+        window, source = windows.get(rank), "steps"
         if window is None:
-            mine = busy[(busy["_r"] == r) & (busy["_d"] == d)]
+            mine = busy[(busy["_r"] == rank) & (busy["_d"] == device)]
             window, source = _window(mine), "gpu_window"
-        rows.append({"rank": r if r >= 0 else pd.NA, "device": d if d >= 0 else pd.NA,
-                     "step_source": source,
-                     **_overlap_numbers(group, compute.get((r, d), _NONE), window)})
-    return typed(pd.DataFrame(rows), OVERLAP_COLUMNS)
+        rows.append({"rank": rank, "device": device, "step_source": source,
+                     **_overlap_numbers(group, compute.get((rank, device), _NONE), window)})
+    out = pd.DataFrame(rows)
+    return typed(out.assign(rank=key_column(out["rank"]), device=key_column(out["device"])),
+                 OVERLAP_COLUMNS)
 
 
 def analyze(trace: Trace) -> Result:
@@ -205,15 +209,16 @@ def findings(trace: Trace, *, min_lost_ns: int = 100_000, large_bytes: int = 32 
 
 def compute_kernels(trace: Trace) -> pd.DataFrame:
     """Kernels that are not collectives: the 'compute' side of every overlap."""
-    k = trace.kernels
+    kernels = trace.kernels
     comm_ids = trace.collectives["kernel_id"].dropna().astype("int64")
-    return k[~k["kernel_id"].isin(comm_ids)]
+    return kernels[~kernels["kernel_id"].isin(comm_ids)]
 
 
 def spans_by_device(rows: pd.DataFrame) -> dict[tuple[int, int], iv.Spans]:
-    """Union of the rows' intervals per (rank, device); NA rank or device keyed as -1."""
-    return {(int(r), int(d)): iv.union(g["start_ns"], g["end_ns"])
-            for (r, d), g in _keyed(rows).groupby(["_r", "_d"], sort=False)}
+    """Union of the rows' intervals per (rank, device); NA rank or device keyed as
+    `keys.MISSING` (plain ints, so the dict's keys compare equal)."""
+    return {(int(rank), int(device)): iv.union(group["start_ns"], group["end_ns"])
+            for (rank, device), group in _keyed(rows).groupby(["_r", "_d"], sort=False)}
 
 
 def covered(rows: pd.DataFrame, spans: dict[tuple[int, int], iv.Spans]) -> np.ndarray:
@@ -221,15 +226,15 @@ def covered(rows: pd.DataFrame, spans: dict[tuple[int, int], iv.Spans]) -> np.nd
     out = np.zeros(len(rows), dtype=np.int64)
     keyed = _keyed(rows)
     start, end = keyed["start_ns"].to_numpy(np.int64), keyed["end_ns"].to_numpy(np.int64)
-    for (r, d), idx in keyed.groupby(["_r", "_d"], sort=False).indices.items():
-        if (r, d) in spans:
-            out[idx] = iv.overlap(start[idx], end[idx], spans[(r, d)])
+    for key, idx in keyed.groupby(["_r", "_d"], sort=False).indices.items():
+        if key in spans:
+            out[idx] = iv.overlap(start[idx], end[idx], spans[key])
     return out
 
 
 def _keyed(rows: pd.DataFrame) -> pd.DataFrame:
-    return rows.assign(_r=rows["rank"].fillna(-1).astype("int64"),
-                       _d=rows["device"].fillna(-1).astype("int64"))
+    """`rows` with int64 keys `_r`, `_d` (rank, device; NA as `keys.MISSING`) to group by."""
+    return rows.assign(_r=key_array(rows["rank"]), _d=key_array(rows["device"]))
 
 
 def _on_timeline(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
@@ -238,8 +243,8 @@ def _on_timeline(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
 
 def _on_device(trace: Trace) -> pd.DataFrame:
     """Collectives on a timeline that ran on a device (what GPU compute can hide)."""
-    c = _on_timeline(trace, trace.collectives)
-    return c[c["device"].notna().to_numpy(bool)]
+    calls = _on_timeline(trace, trace.collectives)
+    return calls[calls["device"].notna().to_numpy(bool)]
 
 
 def _window(rows: pd.DataFrame) -> iv.Spans:
@@ -268,30 +273,31 @@ def _ratio(part: int, whole: int) -> float:
 
 
 def _step_windows(trace: Trace) -> dict[int, iv.Spans]:
-    """Per rank (-1: none), the union of its steps (markers or detected, warm-up left out),
-    each extended to the end of the last kernel launched inside it (the GPU finishes a
-    step's work after the host moved on)."""
+    """Per rank (`keys.MISSING`: none), the union of its steps (markers or detected, warm-up
+    left out), each extended to the end of the last kernel launched inside it (the GPU
+    finishes a step's work after the host moved on)."""
     if trace.kernels.empty:
         return {}
     found = step_windows(trace)
     steps = found[~found["warmup"].astype(bool)].reset_index(drop=True)
     if steps.empty:
         return {}
-    k = trace.kernels
+    kernels = trace.kernels
     launch = callsites.kernel_launches(trace)["api_start_ns"]
-    ok = (launch.notna() & k["pid"].notna()).to_numpy()
-    left = pd.DataFrame({"pid": k["pid"][ok].astype("int64"),
-                         "t": launch[ok].astype("int64"), "gpu_end": k["end_ns"][ok]})
-    right = pd.DataFrame({"pid": pd.to_numeric(steps["pid"]).fillna(-1).astype("int64"),
+    known = (launch.notna() & kernels["pid"].notna()).to_numpy()
+    left = pd.DataFrame({"pid": kernels["pid"][known].astype("int64"),
+                         "t": launch[known].astype("int64"), "gpu_end": kernels["end_ns"][known]})
+    # a step of no known pid (MISSING) matches no kernel: every left pid is known
+    right = pd.DataFrame({"pid": key_array(pd.to_numeric(steps["pid"])),
                           "t": steps["start_ns"], "step_end": steps["end_ns"],
                           "step": np.arange(len(steps))})
     hit = pd.merge_asof(left.sort_values("t"), right.sort_values("t"), on="t", by="pid")
     hit = hit[hit["t"] < hit["step_end"]]
     gpu_end = hit.groupby("step")["gpu_end"].max().reindex(right["step"]).to_numpy()
     end = np.fmax(steps["end_ns"].to_numpy(np.float64), gpu_end).astype(np.int64)
-    keyed = steps.assign(end_ns=end,
-                         _r=pd.to_numeric(steps["rank"]).fillna(-1).astype("int64"))
-    return {int(r): iv.union(g["start_ns"], g["end_ns"]) for r, g in keyed.groupby("_r")}
+    keyed = steps.assign(end_ns=end, _r=key_array(pd.to_numeric(steps["rank"])))
+    return {int(rank): iv.union(group["start_ns"], group["end_ns"])
+            for rank, group in keyed.groupby("_r")}
 
 
 # -- findings ---------------------------------------------------------------------------------
@@ -313,54 +319,59 @@ def _wait_findings(trace: Trace, skew: pd.DataFrame,
     agg = agg.join(_top(calls, keys, "last_rank")).join(_top(rows, keys, "site").drop(
         columns="n"))
     out = []
-    for (comm, op), a in agg.iterrows():  # one row per (comm, op): a handful
-        where = (f"{op} on {_comm(comm)}: rank {a['last_rank']} arrives last "
-                 f"({a['n']} of {_calls(a['calls'])}){_at(a['site'])}")
-        evidence = (f"{_calls(a['calls'])} matched by {a['how']}; early ranks wait "
-                    f"{_ms(a['wait_ns'])}, {_ms(a['lost_ns'])} of it not hidden by compute; "
-                    f"max skew {_ms(a['max_skew'])}")
-        out.append({"cause": "comm_wait", "lost_ns": a["lost_ns"], "where": where,
-                    "count": a["calls"], "evidence": evidence, "advice": ADVICE["comm_wait"]})
+    for (comm, operation), sums in agg.iterrows():  # one row per (comm, op): a handful
+        where = (f"{operation} on {_comm(comm)}: rank {sums['last_rank']} arrives last "
+                 f"({sums['n']} of {_calls(sums['calls'])}){_at(sums['site'])}")
+        evidence = (f"{_calls(sums['calls'])} matched by {sums['how']}; early ranks wait "
+                    f"{_ms(sums['wait_ns'])}, {_ms(sums['lost_ns'])} of it not hidden by "
+                    f"compute; max skew {_ms(sums['max_skew'])}")
+        out.append({"cause": "comm_wait", "lost_ns": sums["lost_ns"], "where": where,
+                    "count": sums["calls"], "evidence": evidence,
+                    "advice": ADVICE["comm_wait"]})
     return out
 
 
 def _exposed_findings(trace: Trace, compute: dict[tuple[int, int], iv.Spans],
                       skew: pd.DataFrame) -> list[dict[str, object]]:
-    c = _on_device(trace)  # a gloo call's overlap with host compute is not measured
-    if c.empty:
+    calls = _on_device(trace)  # a gloo call's overlap with host compute is not measured
+    if calls.empty:
         return []
-    dur = c["end_ns"] - c["start_ns"]
-    wait = _wait_of(c, skew)
-    c = c.assign(comm=c["comm"].astype("string").fillna(""), op=c["op"].astype("string"),
-                 dur_ns=dur, exposed=dur - covered(c, compute), wait_ns=wait,
-                 site=_sites(trace, c))
+    dur = calls["end_ns"] - calls["start_ns"]
+    wait = _wait_of(calls, skew)
+    calls = calls.assign(comm=calls["comm"].astype("string").fillna(""),
+                         op=calls["op"].astype("string"), dur_ns=dur,
+                         exposed=dur - covered(calls, compute), wait_ns=wait,
+                         site=_sites(trace, calls))
     keys = ["comm", "op"]
-    agg = c.groupby(keys, sort=False).agg(lost_ns=("exposed", "sum"), dur_ns=("dur_ns", "sum"),
-                                          wait_ns=("wait_ns", "sum"), count=("dur_ns", "size"))
-    agg = agg.join(_top(c, keys, "site"))
-    return [{"cause": "comm", "lost_ns": a["lost_ns"], "count": a["count"],
-             "where": f"{op} on {_comm(comm)}{_at(a['site'])}", "advice": ADVICE["comm_exposed"],
-             "evidence": (f"{_calls(a['count'])}, {_ms(a['dur_ns'])} of communication, "
-                          f"{_ms(a['lost_ns'])} not overlapped with compute"
-                          + (f" ({_ms(a['wait_ns'])} of the calls' time is waiting for late "
-                             "ranks: see comm_wait)" if a["wait_ns"] > 0 else ""))}
-            for (comm, op), a in agg.iterrows()]
+    agg = calls.groupby(keys, sort=False).agg(
+        lost_ns=("exposed", "sum"), dur_ns=("dur_ns", "sum"), wait_ns=("wait_ns", "sum"),
+        count=("dur_ns", "size"))
+    agg = agg.join(_top(calls, keys, "site"))
+    return [{"cause": "comm", "lost_ns": sums["lost_ns"], "count": sums["count"],
+             "where": f"{operation} on {_comm(comm)}{_at(sums['site'])}",
+             "advice": ADVICE["comm_exposed"],
+             "evidence": (f"{_calls(sums['count'])}, {_ms(sums['dur_ns'])} of communication, "
+                          f"{_ms(sums['lost_ns'])} not overlapped with compute"
+                          + (f" ({_ms(sums['wait_ns'])} of the calls' time is waiting for late "
+                             "ranks: see comm_wait)" if sums["wait_ns"] > 0 else ""))}
+            for (comm, operation), sums in agg.iterrows()]
 
 
 def _slow_findings(trace: Trace, skew: pd.DataFrame, large_bytes: int, slow_ratio: float,
                    min_large_calls: int) -> list[dict[str, object]]:
-    c = collective_calls(trace)
-    wait = _wait_of(c, skew).to_numpy()
-    moving = c["dur_ns"].to_numpy() - wait  # the call's time once every rank has arrived
+    calls = collective_calls(trace)
+    wait = _wait_of(calls, skew).to_numpy()
+    moving = calls["dur_ns"].to_numpy() - wait  # the call's time once every rank has arrived
     with np.errstate(divide="ignore", invalid="ignore"):
-        busbw = np.where(moving > 0, c["bytes"].to_numpy(np.float64, na_value=np.nan)
-                         * c["factor"].to_numpy() / moving, np.nan)
-    c = c.assign(moving=moving, busbw=busbw, comm=c["comm"].astype("string").fillna(""),
-                 op=c["op"].astype("string"))
-    c = c[(c["bytes"] >= large_bytes).fillna(False).to_numpy() & np.isfinite(busbw)]
-    peers = c.groupby(["op", "group_size"], dropna=False)["busbw"]
-    c = c.assign(ref=peers.transform("median"), peers=peers.transform("count"))
-    slow = c[(c["peers"] >= min_large_calls) & (c["busbw"] < slow_ratio * c["ref"])]
+        busbw = np.where(moving > 0, calls["bytes"].to_numpy(np.float64, na_value=np.nan)
+                         * calls["factor"].to_numpy() / moving, np.nan)
+    calls = calls.assign(moving=moving, busbw=busbw,
+                         comm=calls["comm"].astype("string").fillna(""),
+                         op=calls["op"].astype("string"))
+    calls = calls[(calls["bytes"] >= large_bytes).fillna(False).to_numpy() & np.isfinite(busbw)]
+    peers = calls.groupby(["op", "group_size"], dropna=False)["busbw"]
+    calls = calls.assign(ref=peers.transform("median"), peers=peers.transform("count"))
+    slow = calls[(calls["peers"] >= min_large_calls) & (calls["busbw"] < slow_ratio * calls["ref"])]
     if slow.empty:
         return []
     slow = slow.assign(lost=slow["moving"] * (1 - slow["busbw"] / slow["ref"]),
@@ -370,13 +381,14 @@ def _slow_findings(trace: Trace, skew: pd.DataFrame, large_bytes: int, slow_rati
         lost_ns=("lost", "sum"), count=("lost", "size"), low=("busbw", "min"),
         high=("busbw", "max"), ref=("ref", "median"), peers=("peers", "max"))
     agg = agg.join(_top(slow, keys, "site"))
-    return [{"cause": "comm", "lost_ns": int(a["lost_ns"]), "count": a["count"],
-             "where": f"slow {op} on {_comm(comm)}{_at(a['site'])}",
+    return [{"cause": "comm", "lost_ns": int(sums["lost_ns"]), "count": sums["count"],
+             "where": f"slow {operation} on {_comm(comm)}{_at(sums['site'])}",
              "advice": ADVICE["comm_slow"],
-             "evidence": (f"{a['count']} of {a['peers']} {op} calls ≥ {large_bytes >> 20} MiB "
-                          f"reach {a['low']:.1f}–{a['high']:.1f} GB/s bus bandwidth, median of "
-                          f"the others {a['ref']:.1f} GB/s (waiting for late ranks excluded)")}
-            for (comm, op), a in agg.iterrows()]
+             "evidence": (f"{sums['count']} of {sums['peers']} {operation} calls "
+                          f"≥ {large_bytes >> 20} MiB reach {sums['low']:.1f}–"
+                          f"{sums['high']:.1f} GB/s bus bandwidth, median of the others "
+                          f"{sums['ref']:.1f} GB/s (waiting for late ranks excluded)")}
+            for (comm, operation), sums in agg.iterrows()]
 
 
 def _wait_of(rows: pd.DataFrame, skew: pd.DataFrame) -> pd.Series:
@@ -399,19 +411,18 @@ def _sites(trace: Trace, rows: pd.DataFrame) -> pd.Series:
     """Call site of each collective's launch: user Python frame, else torch op or annotation
     (callsites.where_at); None where the trace has no launch call for it."""
     out = pd.Series(None, index=rows.index, dtype=object)
-    k = trace.kernels
-    if k.empty or trace.api.empty:
+    kernels = trace.kernels
+    if kernels.empty or trace.api.empty:
         return out
-    ids = rows["kernel_id"].fillna(-1).astype("int64")
-    pos = pd.Index(k["kernel_id"]).get_indexer(ids)
+    pos = pd.Index(kernels["kernel_id"]).get_indexer(rows["kernel_id"])  # NA: -1, not found
     found = pos >= 0
-    launched = k.iloc[pos[found]].set_axis(rows.index[found])
+    launched = kernels.iloc[pos[found]].set_axis(rows.index[found])
     api = callsites.launch_calls(trace, launched)
-    ok = api["tid"].notna() & api["api_start_ns"].notna()
-    if ok.any():
-        out[ok[ok].index] = callsites.where_at(
-            trace, launched["pid"][ok], api["tid"][ok], api["api_start_ns"][ok].astype("int64"),
-            launched["rank"][ok])
+    known = api["tid"].notna() & api["api_start_ns"].notna()
+    if known.any():
+        out[known[known].index] = callsites.where_at(
+            trace, launched["pid"][known], api["tid"][known],
+            api["api_start_ns"][known].astype("int64"), launched["rank"][known])
     return out.where(~out.isin(BARE_SITES), None)
 
 
@@ -431,9 +442,9 @@ def _comm(name: object) -> str:
     return f"process group {name}" if str(name).isdigit() else str(name)
 
 
-def _calls(n: object) -> str:
-    return f"{n} call" if n == 1 else f"{n} calls"
+def _calls(count: object) -> str:
+    return f"{count} call" if count == 1 else f"{count} calls"
 
 
-def _ms(ns: float) -> str:
-    return format_ns(ns)  # the one duration formatter: 4.6 µs, not 0.00 ms
+def _ms(duration: float) -> str:
+    return format_ns(duration)  # the one duration formatter: 4.6 µs, not 0.00 ms

@@ -84,20 +84,24 @@ def _next_names(trace: Trace, pieces: pd.DataFrame) -> np.ndarray:
 
 
 def analyze(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any) -> Result:
-    """The host-gaps analyzer's one result: launch_bound and host_bound findings.
+    """The host-gaps analyzer's one result: launch_bound and host_bound findings, and the
+    pieces they come from with their call sites (table `host_gaps`, what the Perfetto
+    export labels its idle slices with).
 
         result = bound.analyze(trace)
         result.findings[["cause", "where", "lost_ns"]]
         bound.analyze(trace, dx.gaps)           # the waterfall's pieces, not found again
 
-    No tables: its pieces are the waterfall's idle gaps (`Diagnosis.gaps`). `gaps`: the
-    idle gaps already found (cut to the window), else `idle_gaps(trace, **gap_options)`.
+    `gaps`: the idle gaps already found (cut to the window), else
+    `idle_gaps(trace, **gap_options)`; `host_gaps` keeps their index.
     """
-    return Result(findings(trace, gaps, **gap_options))
+    pieces = host_gaps(trace, gaps, **gap_options)
+    return Result(findings(trace, pieces=pieces), {"host_gaps": pieces})
 
 
 def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
-             python_gap_ns: int = 1_000_000, **gap_options: Any) -> pd.DataFrame:
+             python_gap_ns: int = 1_000_000, pieces: pd.DataFrame | None = None,
+             **gap_options: Any) -> pd.DataFrame:
     """launch_bound and host_bound findings, one per (cause, where), the `top` largest of
     each cause.
 
@@ -105,9 +109,10 @@ def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
 
     Host-bound advice depends on what the host was doing: data loading when the frame says
     so (DATA_FRAMES), Python between launches when the median gap is below `python_gap_ns`
-    (1 ms: eager per-op overhead), else host work in the step in general.
+    (1 ms: eager per-op overhead), else host work in the step in general. `pieces`: a
+    `host_gaps` result to reuse (read, never changed).
     """
-    pieces = host_gaps(trace, gaps, **gap_options)
+    pieces = (host_gaps(trace, gaps, **gap_options) if pieces is None else pieces).copy()
     if pieces.empty:
         return frame()
     pieces["length"] = pieces["end_ns"] - pieces["start_ns"]

@@ -61,7 +61,7 @@ def category_spans(ranges: pd.DataFrame, lane_tid: int | None, step_start: npt.A
     they decide forward vs other_ops)."""
     ranges = ranges[~keys.matches(ranges["name"], STEP_NAME)]  # a step is not an op
     if ranges.empty:
-        return {c: _empty() for c in CATEGORIES if c != "python"}
+        return {category: _empty() for category in CATEGORIES if category != "python"}
     tid = ranges["tid"].to_numpy("float64", na_value=np.nan)
     if lane_tid is None:
         lane_tid = _busiest_thread(ranges)
@@ -76,7 +76,7 @@ def category_spans(ranges: pd.DataFrame, lane_tid: int | None, step_start: npt.A
                           & (ranges["source"] == "torch_op").to_numpy(bool)]
     frames = main[keys.matches(names, BACKWARD_FRAME)
                   & (main["source"] == "python").to_numpy(bool)]
-    raw = {c: _spans(main[hit]) for c, hit in picked.items()}
+    raw = {category: _spans(main[hit]) for category, hit in picked.items()}
     raw["backward"] = iv.union(np.concatenate([backward_all["start_ns"], frames["start_ns"]]),
                                np.concatenate([backward_all["end_ns"], frames["end_ns"]]))
     ops = _outermost_ops(main)
@@ -98,48 +98,49 @@ def category_spans(ranges: pd.DataFrame, lane_tid: int | None, step_start: npt.A
 
 
 def _first_backward(backward: iv.Spans, start: IntArray, end: IntArray,
-                    at: IntArray) -> IntArray:
-    """For each time in `at`, when backward first runs in the step containing it (int64
+                    times: IntArray) -> IntArray:
+    """For each time in `times`, when backward first runs in the step containing it (int64
     max outside steps or in a step without backward)."""
     never = np.iinfo(np.int64).max
     b_start, b_end = backward
     if len(b_start) == 0 or len(start) == 0:
-        return np.full(len(at), never, dtype=np.int64)
-    i = np.minimum(np.searchsorted(b_end, start, side="right"), len(b_start) - 1)
-    first = np.maximum(b_start[i], start)
-    first = np.where((b_end[i] > start) & (first < end), first, never)
-    step = np.searchsorted(start, at, side="right") - 1
-    inside = (step >= 0) & (at < end[np.maximum(step, 0)])
+        return np.full(len(times), never, dtype=np.int64)
+    # per step, the first backward span that ends after the step starts
+    span = np.minimum(np.searchsorted(b_end, start, side="right"), len(b_start) - 1)
+    first = np.maximum(b_start[span], start)
+    first = np.where((b_end[span] > start) & (first < end), first, never)
+    step = np.searchsorted(start, times, side="right") - 1
+    inside = (step >= 0) & (times < end[np.maximum(step, 0)])
     return np.where(inside, first[np.maximum(step, 0)], never).astype(np.int64)
 
 
 def amounts(spans: iv.Spans, start: npt.ArrayLike, end: npt.ArrayLike) -> IntArray:
     """Time of a disjoint set inside each `[start, end)`."""
-    s, e = iv.as_ns(start), iv.as_ns(end)
-    return (iv.covered_before(spans, e) - iv.covered_before(spans, s)).astype(np.int64)
+    starts, ends = iv.as_ns(start), iv.as_ns(end)
+    return (iv.covered_before(spans, ends) - iv.covered_before(spans, starts)).astype(np.int64)
 
 
 def self_times(ops: pd.DataFrame) -> IntArray:
     """Each op's duration minus its direct children's (ops of `OP_SOURCES` on one process,
     any threads), int64 ns, aligned with `ops`' rows."""
-    n = len(ops)
-    if n == 0:
+    count = len(ops)
+    if count == 0:
         return np.zeros(0, dtype=np.int64)
     lane = keys.codes(ops["tid"])
     start = ops["start_ns"].to_numpy(np.int64)
     end = np.maximum(ops["end_ns"].to_numpy(np.int64), start)
     level = nesting_depth(lane, start, end)
     (key,), _ = keys.time_keys([lane], [start])
-    children = np.zeros(n, dtype=np.int64)
-    for depth in range(1, int(level.max()) + 1 if n else 1):
+    children = np.zeros(count, dtype=np.int64)
+    for depth in range(1, int(level.max()) + 1 if count else 1):
         kids = np.flatnonzero(level == depth)
         parents = np.flatnonzero(level == depth - 1)
         if len(kids) == 0 or len(parents) == 0:
             continue
         order = parents[np.argsort(key[parents], kind="stable")]
-        at = np.searchsorted(key[order], key[kids], side="right") - 1
-        ok = (at >= 0) & (lane[order[np.maximum(at, 0)]] == lane[kids])
-        np.add.at(children, order[at[ok]], (end - start)[kids[ok]])
+        parent = np.searchsorted(key[order], key[kids], side="right") - 1
+        same = (parent >= 0) & (lane[order[np.maximum(parent, 0)]] == lane[kids])
+        np.add.at(children, order[parent[same]], (end - start)[kids[same]])
     return np.maximum((end - start) - children, 0)
 
 

@@ -60,7 +60,7 @@ CAUSES = {"host_data_loading": "data_loading", "host_python_overhead": "python",
 
 def framework(trace: Trace) -> str | None:
     """'torch', 'jax' or None: which framework's profiler recorded the trace."""
-    formats = {str(s.get("format")) for s in trace.meta.get("sources", []) or []}
+    formats = {str(source.get("format")) for source in trace.meta.get("sources", []) or []}
     formats.add(str(trace.meta.get("format")))
     if formats & {"xplane", "jax-perfetto"} or trace.meta.get("backend") == "jax":
         return "jax"
@@ -72,12 +72,13 @@ def framework(trace: Trace) -> str | None:
 def has_host_events(trace: Trace) -> bool:
     """Whether the trace has framework ops or annotations on a host thread (what the host
     step breakdown reads)."""
-    r = trace.ranges
-    return bool((r["source"].isin((*OP_SOURCES, "annotation")) & r["tid"].notna()).any())
+    ranges = trace.ranges
+    return bool((ranges["source"].isin((*OP_SOURCES, "annotation"))
+                 & ranges["tid"].notna()).any())
 
 
 def host_by_step(trace: Trace) -> pd.DataFrame:
-    """One row per step of every process: `rank` (-1: none), `pid`, `tid`, `step`, `index`,
+    """One row per step of every process: `rank` (NA: none), `pid`, `tid`, `step`, `index`,
     `start_ns`, `end_ns`, `dur_ns`, `warmup`, `profiled`, `<category>_ns` for each category
     (they sum to `dur_ns`; 0 in steps that were not profiled) and `cpu_peak_bytes` (NA
     without CPU memory events).
@@ -95,23 +96,27 @@ def host_breakdown(trace: Trace) -> pd.DataFrame:
         host_breakdown(trace).sort_values("share", ascending=False).head()
     """
     by_step = host_by_step(trace)
-    if by_step.empty:
-        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in (
-            ("rank", "Int64"), ("pid", "Int64"), ("category", "object"), ("time_ns", "int64"),
-            ("share", "float64"), ("per_step_ns", "float64"), ("warmup_ns", "int64"),
-            ("steps", "int64"))})
-    rows = []
+    rows: list[dict[str, object]] = []
     for (rank, pid), mine in by_step[by_step["profiled"]].groupby(["rank", "pid"],
                                                                   dropna=False, sort=True):
         steady, warm = mine[~mine["warmup"]], mine[mine["warmup"]]
         total = int(steady["dur_ns"].sum())
-        for c in CATEGORIES:
-            ns = int(steady[f"{c}_ns"].sum())
-            rows.append({"rank": rank, "pid": pid, "category": c, "time_ns": ns,
-                         "share": ns / total if total else np.nan,
-                         "per_step_ns": ns / len(steady) if len(steady) else np.nan,
-                         "warmup_ns": int(warm[f"{c}_ns"].sum()), "steps": len(steady)})
+        for category in CATEGORIES:
+            time = int(steady[f"{category}_ns"].sum())
+            rows.append({"rank": rank, "pid": pid, "category": category, "time_ns": time,
+                         "share": time / total if total else np.nan,
+                         "per_step_ns": time / len(steady) if len(steady) else np.nan,
+                         "warmup_ns": int(warm[f"{category}_ns"].sum()),
+                         "steps": len(steady)})
+    if not rows:  # no steps, or none of them profiled (a window between two steps' work)
+        return pd.DataFrame({col: pd.Series(dtype=dtype) for col, dtype in BREAKDOWN_DTYPES})
     return pd.DataFrame(rows).astype({"rank": "Int64", "pid": "Int64"})
+
+
+#: `host_breakdown` columns and dtypes
+BREAKDOWN_DTYPES = (("rank", "Int64"), ("pid", "Int64"), ("category", "object"),
+                    ("time_ns", "int64"), ("share", "float64"), ("per_step_ns", "float64"),
+                    ("warmup_ns", "int64"), ("steps", "int64"))
 
 
 def host_top_ops(trace: Trace, top: int = 15) -> pd.DataFrame:
@@ -137,17 +142,18 @@ def _analysis(trace: Trace) -> dict[str, pd.DataFrame]:
 def _compute(trace: Trace) -> dict[str, pd.DataFrame]:
     ranges = trace.ranges
     host = ranges[ranges["tid"].notna() & (ranges["source"] != "step")]
-    host = host.assign(_rank=host["rank"].astype("Int64").fillna(-1),
-                       _pid=host["pid"].astype("Int64").fillna(-1))
+    # a process is (rank, pid), NA a value of its own: int64 keys (NA as keys.MISSING) to
+    # group and match by, NA again in host_by_step (host_memory keeps them, see below)
+    host = host.assign(_rank=keys.key_array(host["rank"]), _pid=keys.key_array(host["pid"]))
     steps = training_steps(trace)
-    steps = steps.assign(_pid=steps["pid"].astype("Int64").fillna(-1))
+    steps = steps.assign(_rank=keys.key_array(steps["rank"]), _pid=keys.key_array(steps["pid"]))
     memory = _cpu_memory(trace)
     by_step, top_ops, mem_rows, gaps = [], [], [], []
     for (rank, pid), mine in host.groupby(["_rank", "_pid"], sort=True):
         ops = mine[mine["source"].isin((*OP_SOURCES, "annotation"))]
         if ops.empty:
             continue
-        windows = _windows(steps[(steps["rank"] == rank) & (steps["_pid"] == pid)], ops,
+        windows = _windows(steps[(steps["_rank"] == rank) & (steps["_pid"] == pid)], ops,
                            int(rank), int(pid))
         tid = int(windows["tid"].dropna().iloc[0]) if windows["tid"].notna().any() else None
         spans = category_spans(mine, tid, windows["start_ns"], windows["end_ns"])
@@ -160,26 +166,30 @@ def _compute(trace: Trace) -> dict[str, pd.DataFrame]:
         mem_rows.append(_memory_row(int(rank), int(pid), mem, table))
         gaps.append(_python_gaps(trace, mine, tid, spans, steady))
     out = pd.concat(by_step, ignore_index=True) if by_step else _empty_by_step()
-    out = out.astype({"rank": "Int64", "pid": "Int64", "tid": "Int64"})
-    out["pid"] = out["pid"].mask(out["pid"] == -1)
+    out = out.astype({"tid": "Int64"}).assign(rank=keys.key_column(out["rank"]),
+                                             pid=keys.key_column(out["pid"]))
+    mem_table = pd.DataFrame(mem_rows, columns=["rank", "pid", "peak_bytes", "peak_step",
+                                                "steady_peak_bytes"])
+    mem_table = mem_table.assign(rank=keys.key_column(mem_table["rank"]),
+                                 pid=keys.key_column(mem_table["pid"]))
     return {"by_step": out,
-            "top_ops": _top(top_ops, out), "memory": pd.DataFrame(
-                mem_rows, columns=["rank", "pid", "peak_bytes", "peak_step",
-                                   "steady_peak_bytes"]),
+            "top_ops": _top(top_ops, out), "memory": mem_table,
             "python_where": pd.concat(gaps, ignore_index=True) if gaps
             else pd.DataFrame({"where": [], "ns": []})}
 
 
 def _windows(steps: pd.DataFrame, ops: pd.DataFrame, rank: int, pid: int) -> pd.DataFrame:
-    """The process's steps, with `profiled`; its profiled span as one step without any."""
-    lo, hi = int(ops["start_ns"].min()), int(ops["end_ns"].max())
+    """The process's steps, with `profiled`; its profiled span as one step without any.
+    `rank` and `pid` are the process's int64 keys (`keys.MISSING` for NA)."""
+    first, last = int(ops["start_ns"].min()), int(ops["end_ns"].max())
     if steps.empty:
         return pd.DataFrame({"rank": [rank], "pid": [pid], "tid": [pd.NA], "step": [WHOLE],
-                             "index": [0], "start_ns": [lo], "end_ns": [hi],
-                             "dur_ns": [hi - lo], "warmup": [False], "profiled": [True]})
-    inside = np.minimum(steps["end_ns"], hi) - np.maximum(steps["start_ns"], lo)
-    return steps.drop(columns=["_pid", "method", "detail"]).assign(
-        pid=pid, profiled=(2 * inside >= steps["dur_ns"]).to_numpy(bool)).reset_index(drop=True)
+                             "index": [0], "start_ns": [first], "end_ns": [last],
+                             "dur_ns": [last - first], "warmup": [False], "profiled": [True]})
+    inside = np.minimum(steps["end_ns"], last) - np.maximum(steps["start_ns"], first)
+    return steps.drop(columns=["_rank", "_pid", "method", "detail"]).assign(
+        rank=rank, pid=pid,
+        profiled=(2 * inside >= steps["dur_ns"]).to_numpy(bool)).reset_index(drop=True)
 
 
 def _per_step(windows: pd.DataFrame, spans: dict[str, iv.Spans]) -> pd.DataFrame:
@@ -187,20 +197,20 @@ def _per_step(windows: pd.DataFrame, spans: dict[str, iv.Spans]) -> pd.DataFrame
     start, end = out["start_ns"].to_numpy(np.int64), out["end_ns"].to_numpy(np.int64)
     profiled = out["profiled"].to_numpy(bool)
     covered = np.zeros(len(out), dtype=np.int64)
-    for c in CATEGORIES[:-1]:
-        ns = np.where(profiled, amounts(spans[c], start, end), 0)
-        out[f"{c}_ns"] = ns
-        covered += ns
+    for category in CATEGORIES[:-1]:
+        time = np.where(profiled, amounts(spans[category], start, end), 0)
+        out[f"{category}_ns"] = time
+        covered += time
     out["python_ns"] = np.where(profiled, np.maximum(end - start - covered, 0), 0)
     return out
 
 
 def _cpu_memory(trace: Trace) -> pd.DataFrame:
     mem = trace.memory
-    mem = mem[(mem["device"] == -1).fillna(False).to_numpy(bool)
+    mem = mem[(mem["device"] == -1).fillna(False).to_numpy(bool)  # -1: host memory (schema)
               & mem["total_allocated_bytes"].notna().to_numpy(bool)]
-    return mem.assign(_rank=mem["rank"].astype("Int64").fillna(-1),
-                      _pid=mem["pid"].astype("Int64").fillna(-1)).sort_values("ts_ns")
+    return mem.assign(_rank=keys.key_array(mem["rank"]),
+                      _pid=keys.key_array(mem["pid"])).sort_values("ts_ns")
 
 
 def _peaks(mem: pd.DataFrame, table: pd.DataFrame) -> pd.Series:
@@ -208,11 +218,11 @@ def _peaks(mem: pd.DataFrame, table: pd.DataFrame) -> pd.Series:
     out = pd.Series(pd.NA, index=table.index, dtype="Int64")
     if mem.empty:
         return out
-    ts = mem["ts_ns"].to_numpy(np.int64)
+    times = mem["ts_ns"].to_numpy(np.int64)
     total = mem["total_allocated_bytes"].to_numpy(np.int64)
-    at = np.searchsorted(table["start_ns"].to_numpy(np.int64), ts, side="right") - 1
-    inside = (at >= 0) & (ts < table["end_ns"].to_numpy(np.int64)[np.maximum(at, 0)])
-    peak = pd.Series(total[inside]).groupby(at[inside]).max()
+    step = np.searchsorted(table["start_ns"].to_numpy(np.int64), times, side="right") - 1
+    inside = (step >= 0) & (times < table["end_ns"].to_numpy(np.int64)[np.maximum(step, 0)])
+    peak = pd.Series(total[inside]).groupby(step[inside]).max()
     out.iloc[peak.index.to_numpy()] = peak.to_numpy()
     return out
 
@@ -223,8 +233,8 @@ def _memory_row(rank: int, pid: int, mem: pd.DataFrame, table: pd.DataFrame
         return {"rank": rank, "pid": pid, "peak_bytes": pd.NA, "peak_step": pd.NA,
                 "steady_peak_bytes": pd.NA}
     best = mem["total_allocated_bytes"].astype("int64").idxmax()
-    ts = int(mem.at[best, "ts_ns"])
-    hit = table[(table["start_ns"] <= ts) & (table["end_ns"] > ts)]
+    peak_at = int(mem.at[best, "ts_ns"])
+    hit = table[(table["start_ns"] <= peak_at) & (table["end_ns"] > peak_at)]
     steady = table.loc[~table["warmup"], "cpu_peak_bytes"].dropna()
     return {"rank": rank, "pid": pid, "peak_bytes": int(mem.at[best, "total_allocated_bytes"]),
             "peak_step": str(hit["step"].iloc[0]) if len(hit) else pd.NA,
@@ -239,8 +249,8 @@ def _self_time(ranges: pd.DataFrame, steady: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"name": [], "calls": [], "self_ns": []})
     own = self_times(ops)
     start = ops["start_ns"].to_numpy(np.int64)
-    at = np.searchsorted(steady["start_ns"].to_numpy(np.int64), start, side="right") - 1
-    inside = (at >= 0) & (start < steady["end_ns"].to_numpy(np.int64)[np.maximum(at, 0)])
+    step = np.searchsorted(steady["start_ns"].to_numpy(np.int64), start, side="right") - 1
+    inside = (step >= 0) & (start < steady["end_ns"].to_numpy(np.int64)[np.maximum(step, 0)])
     # a call recorded twice (jax's nested PjitFunction) is one call
     same = keys.codes(ops["tid"], ops["name"].astype(str))
     call = nesting_depth(same, start, ops["end_ns"].to_numpy(np.int64)) == 0
@@ -253,7 +263,7 @@ def _self_time(ranges: pd.DataFrame, steady: pd.DataFrame) -> pd.DataFrame:
 def _top(parts: list[pd.DataFrame], by_step: pd.DataFrame) -> pd.DataFrame:
     steady = by_step[by_step["profiled"] & ~by_step["warmup"]] if len(by_step) else by_step
     total = int(steady["dur_ns"].sum()) if len(steady) else 0
-    parts = [p for p in parts if len(p)]
+    parts = [part for part in parts if len(part)]
     if not parts:
         return pd.DataFrame({"name": pd.Series(dtype=str), "calls": pd.Series(dtype="int64"),
                              "self_ns": pd.Series(dtype="int64"),
@@ -272,8 +282,8 @@ def _python_gaps(trace: Trace, ranges: pd.DataFrame, tid: int | None,
     python = ranges[ranges["source"] == "python"]
     if python.empty or steady.empty or tid is None:
         return pd.DataFrame({"where": [], "ns": []})
-    taken = iv.union(np.concatenate([s[0] for s in spans.values()]),
-                     np.concatenate([s[1] for s in spans.values()]))
+    taken = iv.union(np.concatenate([span[0] for span in spans.values()]),
+                     np.concatenate([span[1] for span in spans.values()]))
     free = iv.subtract(iv.union(steady["start_ns"], steady["end_ns"]), taken)
     length = free[1] - free[0]
     keep = np.argsort(length, kind="stable")[::-1][:limit]
@@ -287,11 +297,11 @@ def _python_gaps(trace: Trace, ranges: pd.DataFrame, tid: int | None,
 
 
 def _empty_by_step() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype="int64" if c.endswith("_ns") or c == "index"
-                                      else "bool" if c in ("warmup", "profiled")
-                                      else "Int64" if c in ("rank", "pid", "tid",
-                                                            "cpu_peak_bytes")
-                                      else "object") for c in BY_STEP})
+    return pd.DataFrame({col: pd.Series(dtype="int64" if col.endswith("_ns") or col == "index"
+                                        else "bool" if col in ("warmup", "profiled")
+                                        else "Int64" if col in ("rank", "pid", "tid",
+                                                                "cpu_peak_bytes")
+                                        else "object") for col in BY_STEP})
 
 
 # -- findings -------------------------------------------------------------------------------
@@ -333,21 +343,21 @@ def findings(trace: Trace, *, min_share: float = 0.1, min_op_share: float = 0.2,
                "whole": bool((steady["step"] == WHOLE).all())}
     rows = []
     for cause, category in CAUSES.items():
-        ns = int(steady[f"{category}_ns"].sum())
-        if ns < min_share * total:
+        time = int(steady[f"{category}_ns"].sum())
+        if time < min_share * total:
             continue
-        rows.append({"cause": cause, "lost_ns": ns, "share": ns / total,
+        rows.append({"cause": cause, "lost_ns": time, "share": time / total,
                      "where": _where(trace, cause), "count": len(steady),
-                     "evidence": evidence(cause, ns, context),
+                     "evidence": evidence(cause, time, context),
                      "advice": advice(cause, kind)})
     ops = _analysis(trace)["top_ops"]
     named = pd.Series(ops["name"], dtype="category")  # loader / optimizer ranges: said above
     ops = ops[~(keys.matches(named, DATA) | keys.matches(named, OPTIMIZER))]
-    for op in ops[ops["self_ns"] >= min_op_share * total].head(top_ops).itertuples():
-        rows.append({"cause": "host_op", "lost_ns": int(op.self_ns), "share": op.self_ns / total,
-                     "where": op.name, "count": int(op.calls),
-                     "evidence": evidence("host_op", int(op.self_ns), {**context,
-                                                                        "calls": op.calls}),
+    for row in ops[ops["self_ns"] >= min_op_share * total].head(top_ops).itertuples():
+        rows.append({"cause": "host_op", "lost_ns": int(row.self_ns),
+                     "share": row.self_ns / total, "where": row.name, "count": int(row.calls),
+                     "evidence": evidence("host_op", int(row.self_ns), {**context,
+                                                                         "calls": row.calls}),
                      "advice": advice("host_op", kind)})
     return frame(rows)
 

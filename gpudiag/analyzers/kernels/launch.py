@@ -110,17 +110,18 @@ def _per_launch(trace: Trace, tail_min_speedup: float,
     """`per_launch`, built only for the non-collective launches `keep(occupancy)` selects
     (and only those with a duration when `timed_only`): findings and `small_grid` need a
     part of a 10-million-launch trace, whose full table is over a GB."""
-    k, occupancy_ = trace.kernels, _occupancy(trace)
-    dur = (k["end_ns"] - k["start_ns"]).clip(lower=0).to_numpy(np.int64)
-    collective = (keys.matches(k["name"], COMM_KERNEL)
-                  | k["kernel_id"].isin(trace.collectives["kernel_id"].dropna()).to_numpy(bool))
+    kernels, occupancy_ = trace.kernels, _occupancy(trace)
+    dur = (kernels["end_ns"] - kernels["start_ns"]).clip(lower=0).to_numpy(np.int64)
+    collective = (keys.matches(kernels["name"], COMM_KERNEL)
+                  | kernels["kernel_id"].isin(trace.collectives["kernel_id"].dropna())
+                  .to_numpy(bool))
     if keep is not None:
         chosen = keep(occupancy_) & ~collective & ((dur > 0) | (not timed_only))
-        k, occupancy_ = k[chosen], occupancy_[chosen]
+        kernels, occupancy_ = kernels[chosen], occupancy_[chosen]
         dur, collective = dur[chosen], collective[chosen]
     out = occupancy_.copy()
-    out.insert(0, "full_name", k["name"])
-    out.insert(0, "name", short_names(k["name"]))
+    out.insert(0, "full_name", kernels["name"])
+    out.insert(0, "name", short_names(kernels["name"]))
     idle = np.nan_to_num(dur * (1 - out["tail_efficiency"].to_numpy(np.float64)))
     waves = out["waves"].to_numpy(np.float64)
     out["dur_ns"] = dur
@@ -168,21 +169,22 @@ def small_grid(trace: Trace, *, tail_min_speedup: float = 0.2) -> pd.DataFrame:
     `blocks_per_sm`, `sm_count`) with duration-weighted `waves` and
     `theoretical_occupancy` and that launch's `limiter`.
     """
-    g = _launch_groups(trace, tail_min_speedup, timed_only=False)
-    if g.empty:
+    groups = _launch_groups(trace, tail_min_speedup, timed_only=False)
+    if groups.empty:
         return _typed(pd.DataFrame(), SMALL_GRID_COLUMNS)
-    g["odd_block_launches"] = np.where(g["ncu_block_size_speedup"] > 0, g["count"], 0)
-    g["unknown_launches"] = np.where(g["waves"].isna(), g["count"], 0)
-    by = ["full_name"]
-    out = g.groupby(by, observed=True, dropna=False, sort=False).agg(
+    groups["odd_block_launches"] = np.where(groups["ncu_block_size_speedup"] > 0,
+                                            groups["count"], 0)
+    groups["unknown_launches"] = np.where(groups["waves"].isna(), groups["count"], 0)
+    per_name = ["full_name"]
+    out = groups.groupby(per_name, observed=True, dropna=False, sort=False).agg(
         name=("name", "first"), count=("count", "sum"), dur_ns=("dur_ns", "sum"),
         small_grid_ns=("small_grid_ns", "sum"), tail_ns=("tail_ns", "sum"),
         lost_ns=("lost_ns", "sum"), odd_block_launches=("odd_block_launches", "sum"),
         unknown_launches=("unknown_launches", "sum"))
     for col in ("ncu_small_grid_speedup", "ncu_tail_speedup", "ncu_block_size_speedup",
                 "waves", "theoretical_occupancy"):
-        out[col] = _weighted(g, col, by)
-    worst = _worst(g, by).set_index("full_name")
+        out[col] = _weighted(groups, col, per_name)
+    worst = _worst(groups, per_name).set_index("full_name")
     for col in ("grid_blocks", "block_threads", "blocks_per_sm", "sm_count", "limiter"):
         out[col] = worst[col].reindex(out.index)
     out = out.reset_index().sort_values(["lost_ns", "dur_ns"], ascending=False,
@@ -201,17 +203,19 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
     a sum of durations, so millions of launches reduce to a few thousand groups before any
     column is computed (a per-launch table of a 10-million-kernel trace is over a GB). The
     worst launch of a group is its longest: its idle share is the configuration's."""
-    k, occupancy_ = trace.kernels, _occupancy(trace)
-    dur = (k["end_ns"] - k["start_ns"]).clip(lower=0).to_numpy(np.int64)
-    keep = ~(keys.matches(k["name"], COMM_KERNEL)
-             | k["kernel_id"].isin(trace.collectives["kernel_id"].dropna()).to_numpy(bool))
+    kernels, occupancy_ = trace.kernels, _occupancy(trace)
+    dur = (kernels["end_ns"] - kernels["start_ns"]).clip(lower=0).to_numpy(np.int64)
+    keep = ~(keys.matches(kernels["name"], COMM_KERNEL)
+             | kernels["kernel_id"].isin(trace.collectives["kernel_id"].dropna())
+             .to_numpy(bool))
     if timed_only:
         keep &= dur > 0
     if idle_only:
         keep &= (occupancy_["tail_efficiency"] < 1).to_numpy(bool)
     chosen = np.flatnonzero(keep)
-    columns = [occupancy_["config"].to_numpy()[chosen], k["name"].cat.codes.to_numpy()[chosen]]
-    where = _sites(trace, k.index[chosen]) if sites else None
+    columns = [occupancy_["config"].to_numpy()[chosen],
+               kernels["name"].cat.codes.to_numpy()[chosen]]
+    where = _sites(trace, kernels.index[chosen]) if sites else None
     if where is not None:
         columns.append(where)
     code = keys.codes(*columns)
@@ -220,8 +224,8 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
                                                  max_dur_ns=("dur", "max"), pos=("pos", "first"))
     rep = agg["pos"].to_numpy()
     out = occupancy_.iloc[rep].reset_index(drop=True)
-    out.insert(0, "full_name", k["name"].iloc[rep].to_numpy())
-    out.insert(0, "name", short_names(k["name"].iloc[rep]).to_numpy())
+    out.insert(0, "full_name", kernels["name"].iloc[rep].to_numpy())
+    out.insert(0, "name", short_names(kernels["name"].iloc[rep]).to_numpy())
     if where is not None:
         first = pd.Series(np.arange(len(chosen))).groupby(code, sort=False).first()
         out["where"] = where[first.reindex(agg.index).to_numpy()]
@@ -237,22 +241,22 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
     return _ncu_rules(out, tail_min_speedup)
 
 
-def _worst(g: pd.DataFrame, by: list[str], part: str = "lost_ns") -> pd.DataFrame:
-    """Per group of `by`, the row holding the launch that lost the most `part` (its
+def _worst(groups: pd.DataFrame, group_by: list[str], part: str = "lost_ns") -> pd.DataFrame:
+    """Per group of `group_by`, the row holding the launch that lost the most `part` (its
     longest launch times the configuration's idle share; ties: the longer launch)."""
-    lost = g[f"max_{part}"] if f"max_{part}" in g else (g["max_small_grid_ns"]
-                                                        + g["max_tail_ns"])
-    ordered = g.assign(_lost=lost).sort_values(["_lost", "max_dur_ns"], kind="stable")
-    return ordered.groupby(by, observed=True, dropna=False, sort=False).tail(1)
+    lost = groups[f"max_{part}"] if f"max_{part}" in groups else (
+        groups["max_small_grid_ns"] + groups["max_tail_ns"])
+    ordered = groups.assign(_lost=lost).sort_values(["_lost", "max_dur_ns"], kind="stable")
+    return ordered.groupby(group_by, observed=True, dropna=False, sort=False).tail(1)
 
 
-def _weighted(pl: pd.DataFrame, col: str, by: list[str]) -> pd.Series:
+def _weighted(launches: pd.DataFrame, col: str, group_by: list[str]) -> pd.Series:
     """Duration-weighted mean of `col` per group, over launches where it is known (NaN when
     those launches have no duration)."""
-    value = pl[col].astype("float64")
-    weight = pl["dur_ns"].where(value.notna(), 0).astype("float64")
-    parts = pl[by].assign(num=value.fillna(0) * weight, den=weight)
-    sums = parts.groupby(by, observed=True, dropna=False, sort=False)[["num", "den"]].sum()
+    value = launches[col].astype("float64")
+    weight = launches["dur_ns"].where(value.notna(), 0).astype("float64")
+    parts = launches[group_by].assign(num=value.fillna(0) * weight, den=weight)
+    sums = parts.groupby(group_by, observed=True, dropna=False, sort=False)[["num", "den"]].sum()
     return sums["num"] / sums["den"].where(sums["den"] > 0)
 
 
@@ -288,16 +292,17 @@ def launch_overhead(trace: Trace, *, runtime_cutoff_ns: int = 50_000,
     costs more than the work) and `long_delay` (delay over `delay_cutoff_ns`, HTA's
     default outlier bar).
     """
-    k = trace.kernels
+    kernels = trace.kernels
     calls = callsites.kernel_launches(trace)
     known = calls["api_start_ns"].notna().to_numpy(bool)
-    k, calls = k[known], calls[known]
+    kernels, calls = kernels[known], calls[known]
     api_dur = (calls["api_end_ns"] - calls["api_start_ns"]).astype("int64")
-    gpu_dur = (k["end_ns"] - k["start_ns"]).astype("int64")
-    delay = (k["start_ns"] - calls["api_end_ns"]).astype("int64").clip(lower=0)
+    gpu_dur = (kernels["end_ns"] - kernels["start_ns"]).astype("int64")
+    delay = (kernels["start_ns"] - calls["api_end_ns"]).astype("int64").clip(lower=0)
     out = pd.DataFrame({
-        "kernel_id": k["kernel_id"], "name": short_names(k["name"]),
-        "full_name": k["name"].astype("string"), "pid": k["pid"], "tid": calls["tid"],
+        "kernel_id": kernels["kernel_id"], "name": short_names(kernels["name"]),
+        "full_name": kernels["name"].astype("string"), "pid": kernels["pid"],
+        "tid": calls["tid"],
         "api_name": calls["api_name"], "api_start_ns": calls["api_start_ns"],
         "api_dur_ns": api_dur, "gpu_dur_ns": gpu_dur, "launch_delay_ns": delay,
         "short": (api_dur <= runtime_cutoff_ns) & (gpu_dur < api_dur),
@@ -319,8 +324,8 @@ def launch_rate(trace: Trace) -> pd.DataFrame:
     its first to last API call or range), `launches_per_s`, `launch_ns` (time inside
     launch calls, overlaps counted once) and `launch_share` (= launch_ns / window_ns).
     """
-    api, k = trace.api, trace.kernels
-    launched = [k["pid"], k["correlation"]]
+    api, kernels = trace.api, trace.kernels
+    launched = [kernels["pid"], kernels["correlation"]]
     is_launch = (keys.isin([api["pid"], api["correlation"]], launched)
                  & api["correlation"].notna().to_numpy(bool))
     calls = api.loc[is_launch, ["pid", "tid", "start_ns", "end_ns", "correlation"]]
@@ -352,8 +357,8 @@ def _thread_windows(trace: Trace) -> pd.Series:
     cols = ["pid", "tid", "start_ns", "end_ns"]
     spans = pd.concat([trace.api[cols], trace.ranges[cols]], ignore_index=True)
     spans = spans.dropna(subset=["pid", "tid"])
-    g = spans.groupby(["pid", "tid"])
-    return (g["end_ns"].max() - g["start_ns"].min()).astype("int64")
+    threads = spans.groupby(["pid", "tid"])
+    return (threads["end_ns"].max() - threads["start_ns"].min()).astype("int64")
 
 
 def analyze(trace: Trace) -> Result:
@@ -389,16 +394,18 @@ def findings(trace: Trace, *, tail_min_speedup: float = 0.2,
     (a tail of 1 % of a kernel is noise). Only launches with a duration count; collective
     kernels are left out (see `per_launch`).
     """
-    g = _launch_groups(trace, tail_min_speedup, timed_only=True, idle_only=True, sites=True)
-    if g.empty:
+    groups = _launch_groups(trace, tail_min_speedup, timed_only=True, idle_only=True,
+                            sites=True)
+    if groups.empty:
         return frame()
     note = "" if trace.meta.get("timeline", True) else "; " + NO_TIMELINE_NOTE
     ncu = len(trace.metrics) > 0
     rows = []
     for part, advice in (("small_grid_ns", "small_grid"), ("tail_ns", "tail")):
-        for f in _groups(g, part, min_share).to_dict("records"):  # one per kernel x site
-            rows.append({"cause": "small_grid", "lost_ns": round(f["lost"]), "where": f["where"],
-                         "count": f["count"], "evidence": _evidence(f, part, ncu) + note,
+        for group in _groups(groups, part, min_share).to_dict("records"):  # per kernel x site
+            rows.append({"cause": "small_grid", "lost_ns": round(group["lost"]),
+                         "where": group["where"], "count": group["count"],
+                         "evidence": _evidence(group, part, ncu) + note,
                          "advice": ADVICE[advice]})
     return frame(rows)
 
@@ -406,29 +413,32 @@ def findings(trace: Trace, *, tail_min_speedup: float = 0.2,
 def _sites(trace: Trace, index: pd.Index) -> npt.NDArray[np.object_]:
     """Per launch (kernels index labels): the call site at its launch call, else the
     kernel's short name."""
-    k = trace.kernels
-    pid, rank = k["pid"].loc[index], k["rank"].loc[index]  # not the whole rows: 20 columns
+    kernels = trace.kernels
+    # not the whole rows: 20 columns
+    pid, rank = kernels["pid"].loc[index], kernels["rank"].loc[index]
     calls = callsites.kernel_launches(trace).loc[index]
     known = calls["api_start_ns"].notna().to_numpy(bool)
-    where = np.array(short_names(k["name"].loc[index]).astype(object).to_numpy(), dtype=object)
+    where = np.array(short_names(kernels["name"].loc[index]).astype(object).to_numpy(),
+                     dtype=object)
     if known.any():
-        c = calls[known]
-        site = callsites.where_at(trace, pid[known], c["tid"], c["api_start_ns"], rank[known])
+        mine = calls[known]
+        site = callsites.where_at(trace, pid[known], mine["tid"], mine["api_start_ns"],
+                                  rank[known])
         where[known] = np.where(pd.isna(site), where[known], site)
     return where
 
 
-def _groups(g: pd.DataFrame, part: str, min_share: float) -> pd.DataFrame:
+def _groups(groups: pd.DataFrame, part: str, min_share: float) -> pd.DataFrame:
     """Launch groups with `part` > 0 per (kernel, site): totals and the worst launch."""
-    hit = g[g[part] > 0]
-    by = ["full_name", "where"]
+    hit = groups[groups[part] > 0]
+    per_site = ["full_name", "where"]
     rule = RULE_OF[part]
     weight = np.where(hit[rule].notna(), hit["dur_ns"], 0.0)
     sums = hit.assign(lost=hit[part], dur=hit["dur_ns"], num=np.nan_to_num(hit[rule]) * weight,
-                      den=weight).groupby(by, observed=True, dropna=False, sort=False)[
+                      den=weight).groupby(per_site, observed=True, dropna=False, sort=False)[
         ["lost", "count", "dur", "num", "den"]].sum()
     sums["speedup"] = sums["num"] / sums["den"].where(sums["den"] > 0)
-    worst = _worst(hit, by, part).drop(columns=["count"]).set_index(by)
+    worst = _worst(hit, per_site, part).drop(columns=["count"]).set_index(per_site)
     out = worst.join(sums[["lost", "count", "dur", "speedup"]]).reset_index()
     out = out[out["lost"] >= min_share * out["dur"]]
     return out.sort_values("lost", ascending=False, kind="stable")
@@ -445,18 +455,20 @@ _ESTIMATE = {("small_grid_ns", True): "ncu Small Grid estimate {:.0%}",
              ("tail_ns", False): "estimated speedup {:.0%} without the partial last wave"}
 
 
-def _evidence(g: dict[str, Any], part: str, ncu: bool) -> str:
+def _evidence(group: dict[str, Any], part: str, ncu: bool) -> str:
     """The numbers behind a finding: the totals, and the launch that lost the most."""
-    slots = int(g["blocks_per_sm"]) * int(g["sm_count"])
-    waves, tail, count = float(g["waves"]), float(g["tail_efficiency"]), int(g["count"])
-    head = f"{g['name']}: " if g["where"] != g["name"] else ""
-    shape = (f"{count} launch{'es' if count != 1 else ''}, {format_ns(g['dur'])}; grid of "
-             f"{int(g['grid_blocks'])} blocks for {slots} block slots "
-             f"({g['blocks_per_sm']} blocks/SM x {int(g['sm_count'])} SMs) = {waves:.3g} waves")
+    slots = int(group["blocks_per_sm"]) * int(group["sm_count"])
+    waves, tail = float(group["waves"]), float(group["tail_efficiency"])
+    count = int(group["count"])
+    head = f"{group['name']}: " if group["where"] != group["name"] else ""
+    shape = (f"{count} launch{'es' if count != 1 else ''}, {format_ns(group['dur'])}; grid "
+             f"of {int(group['grid_blocks'])} blocks for {slots} block slots "
+             f"({group['blocks_per_sm']} blocks/SM x {int(group['sm_count'])} SMs) = "
+             f"{waves:.3g} waves")
     if part == "tail_ns":
         shape += f", last wave {waves - np.floor(waves):.0%} full"
-    speedup = float(g["speedup"])
+    speedup = float(group["speedup"])
     estimate = "; " + _ESTIMATE[part, ncu].format(speedup) if speedup > 0 else ""
     return (f"{head}{shape}; SM slots idle {1 - tail:.0%} of the kernel time; theoretical "
-            f"occupancy {float(g['theoretical_occupancy']):.0%} (limited by {g['limiter']})"
-            f"{estimate}")
+            f"occupancy {float(group['theoretical_occupancy']):.0%} (limited by "
+            f"{group['limiter']}){estimate}")

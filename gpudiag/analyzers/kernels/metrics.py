@@ -80,8 +80,8 @@ RULE_COLUMNS: Mapping[str, str] = {
 #: `rule_findings` columns and dtypes: the rule results a user should act on
 RULE_FINDING_COLUMNS: Mapping[str, str] = {
     "kernel_id": "int64", "name": "string", "short_name": "string", "rule": "string",
-    "title": "string", "type": "string", "speedup_type": "string", "speedup_pct": "Float64",
-    "message": "string",
+    "rule_name": "string", "title": "string", "type": "string", "speedup_type": "string",
+    "speedup_pct": "Float64", "message": "string",
 }
 
 #: ncu rule result types (ncu_report's MsgType, lower-cased) that name a problem; the
@@ -291,16 +291,25 @@ def rule_findings(trace: Trace) -> pd.DataFrame:
     metric not collected, left that kernel unchecked, and the message names the metric).
     Dropped: `ok`, "informative" (the bottleneck of a kernel near peak, a roofline ratio:
     nothing to change), and `none` (no type; in the fixtures, results without a message).
-    Sorted by `speedup_pct` (ncu's estimate; `speedup_type` says whether it is `global`, a
-    share of the kernel's time, or `local`), largest first, none last, ties in ncu's order.
+    A rule that failed reports its error twice, its own line ("Rule Occupancy returned an
+    error: Metric ... not found") and then the Python exception inside ncu's rule script,
+    with paths on the recording machine: one error row per (kernel, rule) is kept, the first.
+    Sorted by ncu's estimated speedup (`speedup_pct`): `global` ones (a share of the kernel's
+    whole time) first, largest first, then `local` ones (a share of one unit's work: not
+    comparable with global ones), then rows without one; ties in ncu's order.
     `short_name` is `gpudiag.names.short_names` of the full `name`; `message` is plain text
     (`plain_message`).
     """
     found = rules(trace)
-    found = found[found["type"].str.lower().isin(ACTIONABLE_RULE_TYPES).fillna(False)
-                  .to_numpy(dtype=bool)]
-    found = found.sort_values("speedup_pct", ascending=False, kind="stable",
-                              na_position="last", ignore_index=True)
+    kind = found["type"].str.lower()
+    found = found[kind.isin(ACTIONABLE_RULE_TYPES).fillna(False).to_numpy(dtype=bool)]
+    errors = (found["type"].str.lower() == "error").fillna(False).to_numpy(dtype=bool)
+    repeated = found.duplicated(["kernel_id", "rule"]).to_numpy(dtype=bool) & errors
+    found = found[~repeated]
+    scope = found["speedup_type"].str.lower().map({"global": 0, "local": 1})
+    order = scope.where(found["speedup_pct"].notna()).fillna(2).astype("int64")
+    found = found.assign(_order=order.to_numpy(), _speedup=-found["speedup_pct"].fillna(0))
+    found = found.sort_values(["_order", "_speedup"], kind="stable", ignore_index=True)
     found["short_name"] = short_names(found["name"]).astype("string")
     return found.loc[:, list(RULE_FINDING_COLUMNS)].astype(dict(RULE_FINDING_COLUMNS))
 

@@ -108,7 +108,8 @@ def cc_from_name(name: object) -> tuple[int, int] | None:
     if not isinstance(name, str):
         return None
     lowered = name.lower()
-    return next((cc for pattern, cc in CC_BY_NAME if pattern.search(lowered)), None)
+    return next((capability for pattern, capability in CC_BY_NAME if pattern.search(lowered)),
+                None)
 
 
 def device_limits(devices: pd.DataFrame) -> pd.DataFrame:
@@ -121,13 +122,16 @@ def device_limits(devices: pd.DataFrame) -> pd.DataFrame:
     out = TABLES["devices"].conform(devices)
     if out.empty:
         return out.assign(reason=pd.Series(dtype="string"))
-    named = [cc_from_name(n) if pd.isna(a) or pd.isna(b) else None
-             for n, a, b in zip(out["name"], out["cc_major"], out["cc_minor"], strict=True)]
+    named = [cc_from_name(name) if pd.isna(major) or pd.isna(minor) else None
+             for name, major, minor in zip(out["name"], out["cc_major"], out["cc_minor"],
+                                           strict=True)]
     for col, part in (("cc_major", 0), ("cc_minor", 1)):
-        guess = pd.array([None if cc is None else cc[part] for cc in named], dtype="Int64")
+        guess = pd.array([None if capability is None else capability[part]
+                          for capability in named], dtype="Int64")
         out[col] = out[col].fillna(pd.Series(guess, index=out.index))
-    known = pd.Series([vendor_of(n) if cc is None else "nvidia"
-                       for n, cc in zip(out["name"], named, strict=True)], index=out.index)
+    known = pd.Series([vendor_of(name) if capability is None else "nvidia"
+                       for name, capability in zip(out["name"], named, strict=True)],
+                      index=out.index)
     unsure = out["vendor"].isna() | (out["vendor"] == "unknown")
     out["vendor"] = out["vendor"].where(~unsure, known)
     out = fill_from_compute_capability(out)
@@ -145,14 +149,14 @@ def _reason(row: dict[str, Any]) -> str | None:
         return f"{label} is not an NVIDIA GPU"
     if pd.isna(row["cc_major"]):
         return f"no compute capability for {label}"
-    cc = f"{row['cc_major']}.{row['cc_minor']}"
+    capability = f"{row['cc_major']}.{row['cc_minor']}"
     if int(row["cc_major"]) not in GRANULARITY:
-        return f"compute capability {cc} of {label} is not supported"
+        return f"compute capability {capability} of {label} is not supported"
     missing = [col for col in REQUIRED if pd.isna(row[col])]
     if missing and row["vendor"] != "nvidia":
         return f"{label} is not known to be an NVIDIA GPU and has no {missing[0]}"
     if missing:
-        return f"no {missing[0]} for {label} (cc {cc})"
+        return f"no {missing[0]} for {label} (cc {capability})"
     return None
 
 
@@ -171,7 +175,7 @@ def for_kernels(kernels: pd.DataFrame, devices: pd.DataFrame) -> pd.DataFrame:
     of millions of launches holds a few thousand configurations."""
     if kernels.empty:
         return _for_configs(kernels, devices).assign(config=pd.Series(dtype="int64"))
-    config = keys.codes(*(kernels[c] for c in CONFIG_COLUMNS))
+    config = keys.codes(*(kernels[col] for col in CONFIG_COLUMNS))
     inverse, uniques = pd.factorize(config)  # hashing: no sort of millions of keys
     first = np.zeros(len(uniques), dtype=np.int64)
     first[inverse[::-1]] = np.arange(len(inverse) - 1, -1, -1)  # last write = first seen
@@ -201,25 +205,27 @@ def _device_rows(kernels: pd.DataFrame, limits: pd.DataFrame) -> npt.NDArray[np.
     """Row position in `limits` of each kernel's device, -1 where there is none.
 
     The key is (rank, device). A devices row without a rank serves every rank; a kernel
-    without a rank takes its device's row when the table lists that device only once.
+    without a rank takes its device's row when the table lists that device only once. A
+    kernel without a device matches no row (the devices table always names its device).
     """
     none = np.full(len(kernels), -1, dtype=np.int64)
     if limits.empty or kernels.empty:
         return none
-    rank = kernels["rank"].astype("Int64").fillna(-1).to_numpy(np.int64)
-    device = kernels["device"].astype("Int64").fillna(-2).to_numpy(np.int64)
-    dev_rank = limits["rank"].fillna(-1).to_numpy(np.int64)
+    rank = kernels["rank"].astype("Int64").reset_index(drop=True)
+    device = kernels["device"].astype("Int64").reset_index(drop=True)
+    dev_rank = limits["rank"].astype("Int64").reset_index(drop=True)
     dev_device = limits["device"].to_numpy(np.int64)
-    pos = keys.join([pd.Series(rank), pd.Series(device)],
-                    [pd.Series(dev_rank), pd.Series(dev_device)])  # first row per key
-    pos = np.where(pos >= 0, pos, _only_row(dev_device, dev_rank == -1, device))
-    return np.where((pos >= 0) | (rank != -1), pos,
+    pos = keys.join([rank, device], [dev_rank, pd.Series(dev_device)])  # first row per key
+    pos = np.where(pos >= 0, pos,  # rank NA matches rank NA; else a row serving every rank
+                   _only_row(dev_device, dev_rank.isna().to_numpy(bool), device))
+    return np.where((pos >= 0) | rank.notna().to_numpy(bool), pos,
                     _only_row(dev_device, np.ones(len(limits), dtype=bool), device))
 
 
 def _only_row(dev_device: npt.NDArray[np.int64], among: npt.NDArray[np.bool_],
-              device: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Per kernel device, the one row of `among` that lists it (-1: none, or several)."""
+              device: pd.Series) -> npt.NDArray[np.int64]:
+    """Per kernel device (Int64, NA: no row), the one row of `among` that lists it (-1:
+    none, or several)."""
     rows = pd.Series(np.flatnonzero(among), index=dev_device[among])
     rows = rows[~rows.index.duplicated(keep=False)]
     if rows.empty:
@@ -248,8 +254,8 @@ class _Launch:
     @classmethod
     def of(cls, kernels: pd.DataFrame) -> _Launch:
         def product(axes: str) -> npt.NDArray[np.float64]:
-            x, y, z = (_floats(kernels, f"{axes}_{a}") for a in "xyz")
-            return x * y * z
+            width, height, depth = (_floats(kernels, f"{axes}_{axis}") for axis in "xyz")
+            return width * height * depth
 
         split = _floats(kernels, "smem_static_bytes") + _floats(kernels, "smem_dynamic_bytes")
         smem = _floats(kernels, "smem_bytes")
@@ -267,39 +273,40 @@ def calculate(kernels: pd.DataFrame, limits: pd.DataFrame) -> pd.DataFrame:
     reason = _launch_reasons(launch, limits["reason"].to_numpy(dtype=object))
     with np.errstate(invalid="ignore", divide="ignore"):
         stacked = np.vstack(_block_limits(launch, dev))
-        ok = pd.isna(reason) & ~np.isnan(stacked).any(axis=0)
-        usable = np.where(ok, stacked, 0)  # argmin takes the first minimum: LIMITERS order
+        valid = pd.isna(reason) & ~np.isnan(stacked).any(axis=0)
+        usable = np.where(valid, stacked, 0)  # argmin takes the first minimum: LIMITERS order
         blocks = usable.min(axis=0)
         limiter = usable.argmin(axis=0)  # position in LIMITERS
         max_warps = np.floor(dev["max_threads_per_sm"] / dev["warp_size"])
         warps = np.ceil(launch.block_threads / dev["warp_size"])
-        occupancy = np.where(ok, blocks * warps / max_warps, np.nan)
+        occupancy = np.where(valid, blocks * warps / max_warps, np.nan)
         waves = launch.grid_blocks / (blocks * dev["sm_count"])
-        waves = np.where(ok & (blocks > 0) & np.isfinite(waves), waves, np.nan)
+        waves = np.where(valid & (blocks > 0) & np.isfinite(waves), waves, np.nan)
         tail = waves / np.ceil(waves)
     return pd.DataFrame({
         "theoretical_occupancy": occupancy,
-        "blocks_per_sm": pd.arrays.IntegerArray(np.where(ok, blocks, 0).astype(np.int64), ~ok),
+        "blocks_per_sm": pd.arrays.IntegerArray(np.where(valid, blocks, 0).astype(np.int64),
+                                                ~valid),
         # categorical: millions of launches share four limiters and a few reasons
-        "limiter": pd.Categorical.from_codes(np.where(ok, limiter, -1),
+        "limiter": pd.Categorical.from_codes(np.where(valid, limiter, -1),  # -1: NA
                                              categories=list(LIMITERS)),
         "waves": waves, "tail_efficiency": tail,
-        "unavailable": pd.Categorical(_after(reason, ok, blocks, limiter, limits)),
+        "unavailable": pd.Categorical(_after(reason, valid, blocks, limiter, limits)),
         "grid_blocks": launch.grid_blocks, "block_threads": launch.block_threads,
         "sm_count": dev["sm_count"],
     })
 
 
-def _after(reason: npt.NDArray[np.object_], ok: npt.NDArray[np.bool_],
+def _after(reason: npt.NDArray[np.object_], valid: npt.NDArray[np.bool_],
            blocks: npt.NDArray[np.float64], limiter: npt.NDArray[np.intp],
            limits: pd.DataFrame) -> npt.NDArray[np.object_]:
     """The reasons for computed occupancy without waves: a block that fits nowhere (0
     blocks per SM: the limiter says which per-block limit it breaks), or no SM count."""
     reason = reason.copy()
-    stuck = ok & (blocks == 0)
+    stuck = valid & (blocks == 0)
     names = np.array(LIMITERS, dtype=object)[limiter[stuck]]
     reason[stuck] = "the block does not fit on an SM (" + names + ")"
-    no_sms = ok & ~stuck & np.isnan(_floats(limits, "sm_count"))
+    no_sms = valid & ~stuck & np.isnan(_floats(limits, "sm_count"))
     reason[no_sms] = "no sm_count for device " + limits["device"].to_numpy(dtype=object)[
         no_sms].astype(str)
     return reason
@@ -358,13 +365,14 @@ def _by_shared_memory(launch: _Launch, dev: Arrays) -> npt.NDArray[np.float64]:
     """Shared memory per block, with the driver's reservation and rounded to the allocation
     unit, out of the carveout the launch ran with (the whole SM's where not recorded)."""
     major = dev["cc_major"]
-    unit = _per_major(major, lambda g: g.smem_unit_bytes)
-    reserved = _per_major(major, lambda g: g.smem_reserved_bytes)
+    unit = _per_major(major, lambda granularity: granularity.smem_unit_bytes)
+    reserved = _per_major(major, lambda granularity: granularity.smem_reserved_bytes)
     per_block = np.ceil((launch.smem + reserved) / unit) * unit
     carveout = np.where(np.isnan(launch.carveout), dev["smem_per_sm_bytes"], launch.carveout)
     short = ~(carveout >= per_block)
     if short.any():
-        carveout[short] = _next_carveout(per_block[short], {k: v[short] for k, v in dev.items()})
+        carveout[short] = _next_carveout(per_block[short],
+                                         {name: values[short] for name, values in dev.items()})
     cap = dev["smem_per_block_optin_bytes"] + reserved
     fits = ~(per_block > cap)  # true where the opt-in limit is unknown
     limit = np.where(per_block > 0, np.floor(carveout / per_block), UNLIMITED)
@@ -375,8 +383,8 @@ def _per_major(major: npt.NDArray[np.float64],
                value: Callable[[Granularity], int]) -> npt.NDArray[np.float64]:
     """A Granularity field per kernel (NaN for an unsupported or unknown major)."""
     out = np.full(len(major), np.nan)
-    for m, granularity in GRANULARITY.items():
-        out[major == m] = value(granularity)
+    for number, granularity in GRANULARITY.items():
+        out[major == number] = value(granularity)
     return out
 
 
@@ -389,6 +397,6 @@ def _next_carveout(per_block: npt.NDArray[np.float64], dev: Arrays) -> npt.NDArr
         if not rows.any():
             continue
         steps = np.asarray(sizes, dtype=np.float64) * KIB
-        i = np.searchsorted(steps, per_block[rows], side="left")
-        out[rows] = np.where(i < len(steps), steps[np.minimum(i, len(steps) - 1)], out[rows])
+        fit = np.searchsorted(steps, per_block[rows], side="left")  # first that holds a block
+        out[rows] = np.where(fit < len(steps), steps[np.minimum(fit, len(steps) - 1)], out[rows])
     return out

@@ -65,7 +65,8 @@ class DeviceEvents:
     """Kernels and copies as flat arrays grouped by device: what the loss model needs of
     10 million events in ~35 bytes each (a DataFrame with its Int64 columns and a groupby
     copy per device took ten times that). `table` is 0 for kernels, 1 for copies; `row` is
-    the index label in that table; `by_device[key]` the positions of a device's events."""
+    the index label in that table; `by_device[key]` the positions of a device's events,
+    keyed by (rank, device) as ints, `keys.MISSING` where NA (`waterfall.DeviceKey`)."""
 
     start: IntArray
     end: IntArray
@@ -75,25 +76,26 @@ class DeviceEvents:
 
 
 def device_events(trace: Trace) -> DeviceEvents:
-    """The trace's GPU events by `(rank, device)` (NA -> -1), computed once per trace."""
+    """The trace's GPU events by `(rank, device)` (NA -> `keys.MISSING`), computed once per
+    trace."""
     return trace.derived("device_events", lambda: _device_events(trace))
 
 
 def _device_events(trace: Trace) -> DeviceEvents:
     frames = [trace.kernels, trace.copies]
-    rank = np.concatenate([f["rank"].fillna(-1).to_numpy(np.int64) for f in frames])
-    device = np.concatenate([f["device"].fillna(-1).to_numpy(np.int64) for f in frames])
-    start = np.concatenate([f["start_ns"].to_numpy(np.int64) for f in frames])
-    end = np.concatenate([f["end_ns"].to_numpy(np.int64) for f in frames])
-    table = np.repeat(np.array([0, 1], dtype=np.int8), [len(f) for f in frames])
-    row = np.concatenate([f.index.to_numpy(np.int64) for f in frames])
+    rank = np.concatenate([keys.key_array(frame["rank"]) for frame in frames])
+    device = np.concatenate([keys.key_array(frame["device"]) for frame in frames])
+    start = np.concatenate([frame["start_ns"].to_numpy(np.int64) for frame in frames])
+    end = np.concatenate([frame["end_ns"].to_numpy(np.int64) for frame in frames])
+    table = np.repeat(np.array([0, 1], dtype=np.int8), [len(frame) for frame in frames])
+    row = np.concatenate([frame.index.to_numpy(np.int64) for frame in frames])
     valid = end >= start
     code = keys.codes(rank, device)
     order = np.argsort(code, kind="stable")
     order = order[valid[order]]
     bounds = np.flatnonzero(np.diff(code[order])) + 1
-    by_device = {(int(rank[g[0]]), int(device[g[0]])): g
-                 for g in np.split(order, bounds) if len(g)}  # one per device
+    by_device = {(int(rank[group[0]]), int(device[group[0]])): group
+                 for group in np.split(order, bounds) if len(group)}  # one per device
     return DeviceEvents(start, end, table, row, dict(sorted(by_device.items())))
 
 
@@ -117,11 +119,14 @@ def idle_gaps(trace: Trace, *, launch_gap_ns: int = 50_000, sync_tolerance_ns: i
 
 def _idle_gaps(trace: Trace, launch_gap_ns: int, sync_tolerance_ns: int,
                window: tuple[int, int] | None) -> pd.DataFrame:
-    ev = device_events(trace)
-    frames = [_device_gaps(trace, ev, key, idx, window) for key, idx in ev.by_device.items()]
-    gaps = pd.concat(frames, ignore_index=True) if frames else _empty_gaps()
+    events = device_events(trace)
+    frames = [_device_gaps(trace, events, key, idx, window)
+              for key, idx in events.by_device.items()]
+    gaps = pd.concat(frames, ignore_index=True) if frames else empty_gaps()
     if gaps.empty:
-        return _empty_gaps()
+        return empty_gaps()
+    gaps["rank"] = keys.key_column(gaps["rank"])  # NA again while joined (launch_calls)
+    gaps["device"] = keys.key_column(gaps["device"])
     launch = callsites.launch_calls(trace, gaps)
     gaps["tid"] = launch["tid"]
     gaps["launch_ns"] = launch["api_start_ns"]
@@ -130,21 +135,22 @@ def _idle_gaps(trace: Trace, launch_gap_ns: int, sync_tolerance_ns: int,
     return _pieces(gaps, launch_gap_ns)
 
 
-def _device_gaps(trace: Trace, ev: DeviceEvents, key: tuple[int, int], idx: IntArray,
+def _device_gaps(trace: Trace, events: DeviceEvents, key: tuple[int, int], idx: IntArray,
                  window: tuple[int, int] | None) -> pd.DataFrame:
-    start, end = ev.start[idx], ev.end[idx]
-    lo, hi = int(start.min()), int(end.max())
+    start, end = events.start[idx], events.end[idx]
+    first, last = int(start.min()), int(end.max())
     if window is not None:
-        lo, hi = max(lo, window[0]), min(hi, window[1])
-    if hi <= lo:
-        return _empty_gaps()
+        first, last = max(first, window[0]), min(last, window[1])
+    if last <= first:
+        return empty_gaps()
     busy = intervals.union(start, end)
-    gs, ge = intervals.complement(busy, lo, hi)
+    gap_start, gap_end = intervals.complement(busy, first, last)
     order = np.argsort(start, kind="stable")
-    nxt = order[np.minimum(np.searchsorted(start[order], ge, side="left"), len(order) - 1)]
-    has_next = start[nxt] == ge
-    table, row = ev.table[idx][nxt], ev.row[idx][nxt]
-    pid = pd.array(np.full(len(nxt), pd.NA), dtype="Int64")
+    following = order[np.minimum(np.searchsorted(start[order], gap_end, side="left"),
+                                 len(order) - 1)]
+    has_next = start[following] == gap_end
+    table, row = events.table[idx][following], events.row[idx][following]
+    pid = pd.array(np.full(len(following), pd.NA), dtype="Int64")
     correlation = pid.copy()
     for code, name in enumerate(TABLE_CODES):  # join each next event to its own table
         mine = table == code
@@ -153,10 +159,10 @@ def _device_gaps(trace: Trace, ev: DeviceEvents, key: tuple[int, int], idx: IntA
             pid[mine] = frame["pid"].array
             correlation[mine] = frame["correlation"].array
     return pd.DataFrame({
-        "rank": key[0], "device": key[1], "gap_start_ns": gs, "gap_end_ns": ge,
+        "rank": key[0], "device": key[1], "gap_start_ns": gap_start, "gap_end_ns": gap_end,
         "pid": pid, "correlation": correlation,
         "next_table": _table_names(table, has_next),
-        "next_row": np.where(has_next, row, -1),
+        "next_row": keys.key_column(np.where(has_next, row, keys.MISSING)).array,
     })
 
 
@@ -169,15 +175,15 @@ def _table_names(table: npt.NDArray[np.int8], has_next: npt.NDArray[np.bool_]
 
 def _attach_waits(gaps: pd.DataFrame, waits: pd.DataFrame, tolerance: int) -> None:
     """Mark gaps that a blocking wait on the next event's process explains (rule 1)."""
-    n = len(gaps)
-    found = np.full(n, -1, dtype=np.int64)
-    if len(waits) and n:
+    count = len(gaps)
+    found = np.full(count, -1, dtype=np.int64)
+    if len(waits) and count:
         found = _find_wait(gaps, waits, tolerance)
     hit = found >= 0
     safe = np.maximum(found, 0)
 
     def pick(col: str, dtype: str) -> pd.Series:
-        values = pd.Series(waits[col].to_numpy()[safe] if len(waits) else [pd.NA] * n,
+        values = pd.Series(waits[col].to_numpy()[safe] if len(waits) else [pd.NA] * count,
                            index=gaps.index).astype(dtype)
         return values.where(hit)
 
@@ -196,85 +202,90 @@ def _find_wait(gaps: pd.DataFrame, waits: pd.DataFrame, tolerance: int) -> npt.N
     found with one range maximum over all gaps at once, no loop per gap.
     """
     wcode, gcode = keys.process_codes(waits, gaps)
-    g0 = gaps["gap_start_ns"].to_numpy(np.int64)
+    gap_start = gaps["gap_start_ns"].to_numpy(np.int64)
     upper = gaps["gap_end_ns"].to_numpy(np.int64)
     known = gaps["launch_ns"].notna().to_numpy(bool)
-    l0 = gaps["launch_ns"].to_numpy(np.int64, na_value=0)
-    upper = np.where(known & (l0 > g0), np.minimum(upper, l0), upper)
+    launch = gaps["launch_ns"].to_numpy(np.int64, na_value=0)
+    upper = np.where(known & (launch > gap_start), np.minimum(upper, launch), upper)
     (wkey, lo_key, hi_key), _ = keys.time_keys(
-        [wcode, gcode, gcode], [waits["end_ns"].to_numpy(np.int64), g0 - tolerance,
+        [wcode, gcode, gcode], [waits["end_ns"].to_numpy(np.int64), gap_start - tolerance,
                                 upper + tolerance])
     order = np.argsort(wkey, kind="stable")
     wkey = wkey[order]
     starts = waits["start_ns"].to_numpy(np.int64)[order]
-    n = np.int64(len(starts))
+    count = np.int64(len(starts))
     # one int64 holds (earliness rank, position): the range maximum names the wait too
-    earliness = n - 1 - np.argsort(np.argsort(starts, kind="stable"), kind="stable")
-    packed = earliness.astype(np.int64) * n + np.arange(n, dtype=np.int64)
-    lo = np.searchsorted(wkey, lo_key, side="left")
-    hi = np.searchsorted(wkey, hi_key, side="right")
-    valid = (gcode >= 0) & (hi > lo)
-    best = range_max(packed, np.where(valid, lo, 0), np.where(valid, hi, 1))
-    pos = best % n
-    ok = valid & (starts[pos] <= g0 + tolerance)
-    return np.where(ok, order[pos], -1)
+    earliness = count - 1 - np.argsort(np.argsort(starts, kind="stable"), kind="stable")
+    packed = earliness.astype(np.int64) * count + np.arange(count, dtype=np.int64)
+    first = np.searchsorted(wkey, lo_key, side="left")  # the candidates: [first, after)
+    after = np.searchsorted(wkey, hi_key, side="right")
+    valid = (gcode >= 0) & (after > first)
+    best = range_max(packed, np.where(valid, first, 0), np.where(valid, after, 1))
+    pos = best % count
+    hit = valid & (starts[pos] <= gap_start + tolerance)
+    return np.where(hit, order[pos], -1)
 
 
 def _copy_in_progress(gaps: pd.DataFrame, api: pd.DataFrame) -> npt.NDArray[np.int64]:
     """For each gap, the end of a memcpy API call of its process open at the gap's start
     (clipped to the gap), or the gap's start when there is none (rule 2)."""
-    g0 = gaps["gap_start_ns"].to_numpy(np.int64)
-    g1 = gaps["gap_end_ns"].to_numpy(np.int64)
-    copies = api[api["name"].isin([n for n in api["name"].cat.categories
-                                   if COPY_APIS.search(n)])]
+    gap_start = gaps["gap_start_ns"].to_numpy(np.int64)
+    gap_end = gaps["gap_end_ns"].to_numpy(np.int64)
+    copies = api[api["name"].isin([name for name in api["name"].cat.categories
+                                   if COPY_APIS.search(name)])]
     if copies.empty:
-        return g0
+        return gap_start
     ccode, gcode = keys.process_codes(copies, gaps)
     (skey, ekey, qkey), times = keys.time_keys(
         [ccode, ccode, gcode], [copies["start_ns"].to_numpy(np.int64),
-                                copies["end_ns"].to_numpy(np.int64), g0])
+                                copies["end_ns"].to_numpy(np.int64), gap_start])
     order = np.argsort(skey, kind="stable")
     reach = np.maximum.accumulate(ekey[order])  # latest end among calls begun, per process
-    i = np.searchsorted(skey[order], qkey, side="right") - 1
-    best = reach[np.maximum(i, 0)]
-    n = np.int64(len(times))
-    same = (best // n) == gcode
-    end = times[best % n]
-    open_at_start = (gcode >= 0) & (i >= 0) & same & (end > g0)
-    return np.where(open_at_start, np.minimum(end, g1), g0)
+    last_begun = np.searchsorted(skey[order], qkey, side="right") - 1
+    best = reach[np.maximum(last_begun, 0)]
+    count = np.int64(len(times))
+    same = (best // count) == gcode
+    end = times[best % count]
+    open_at_start = (gcode >= 0) & (last_begun >= 0) & same & (end > gap_start)
+    return np.where(open_at_start, np.minimum(end, gap_end), gap_start)
 
 
 def _pieces(gaps: pd.DataFrame, launch_gap_ns: int) -> pd.DataFrame:
     """Apply rules 1-5: one row per attributed piece."""
-    g0 = gaps["gap_start_ns"].to_numpy(np.int64)
-    g1 = gaps["gap_end_ns"].to_numpy(np.int64)
+    gap_start = gaps["gap_start_ns"].to_numpy(np.int64)
+    gap_end = gaps["gap_end_ns"].to_numpy(np.int64)
     sync = gaps["wait_kind"].notna().to_numpy()
-    copy_end = np.where(sync, g0, gaps["copy_until_ns"].to_numpy(np.int64))
+    copy_end = np.where(sync, gap_start, gaps["copy_until_ns"].to_numpy(np.int64))
     known = gaps["launch_ns"].notna().to_numpy(bool)
-    l0 = gaps["launch_ns"].to_numpy(np.int64, na_value=0)  # int64: epoch ns lose bits in float
+    # int64: epoch ns lose bits in float
+    launch = gaps["launch_ns"].to_numpy(np.int64, na_value=0)
     is_copy = (gaps["next_table"] == "copies").to_numpy()
-    rest = ~sync & (copy_end < g1)
-    queued = known & (l0 <= copy_end)
-    host_wait = known & (l0 > copy_end)
-    split = np.where(host_wait, np.minimum(l0, g1), g1)
+    rest = ~sync & (copy_end < gap_end)
+    queued = known & (launch <= copy_end)
+    host_wait = known & (launch > copy_end)
+    split = np.where(host_wait, np.minimum(launch, gap_end), gap_end)
     short = (split - copy_end) < launch_gap_ns
     middle = np.select([queued & short & is_copy, short], ["copy", "launch_bound"], "host_bound")
     middle_rule = np.select([queued, host_wait], ["queued", "host_wait"], "no_launch")
-    tail = host_wait & (split < g1) & rest
+    tail = host_wait & (split < gap_end) & rest
     parts = [
-        gaps[sync].assign(start_ns=g0[sync], end_ns=g1[sync], cause="sync_stall", rule="sync"),
-        gaps.assign(start_ns=g0, end_ns=copy_end, cause="copy", rule="copy_in_progress")[~sync],
+        gaps[sync].assign(start_ns=gap_start[sync], end_ns=gap_end[sync], cause="sync_stall",
+                          rule="sync"),
+        gaps.assign(start_ns=gap_start, end_ns=copy_end, cause="copy",
+                    rule="copy_in_progress")[~sync],
         gaps.assign(start_ns=copy_end, end_ns=split, cause=middle, rule=middle_rule)[rest],
-        gaps.assign(start_ns=split, end_ns=g1, cause=np.where(is_copy, "copy", "launch_bound"),
-                    rule="launch_latency")[tail],
+        gaps.assign(start_ns=split, end_ns=gap_end,
+                    cause=np.where(is_copy, "copy", "launch_bound"), rule="launch_latency")[tail],
     ]
     out = pd.concat(parts, ignore_index=True)
     out = out[out["end_ns"] > out["start_ns"]]
-    out = out.sort_values(["rank", "device", "start_ns"], kind="stable", ignore_index=True)
+    out = out.sort_values(["rank", "device", "start_ns"], kind="stable", ignore_index=True,
+                          na_position="first")
     return out.loc[:, list(GAP_COLUMNS)].astype({"cause": "string", "rule": "string"})
 
 
-def _empty_gaps() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype="Int64") for c in GAP_COLUMNS}).astype(
+def empty_gaps() -> pd.DataFrame:
+    """`idle_gaps`' columns without rows (a trace or window with no idle time)."""
+    return pd.DataFrame({col: pd.Series(dtype="Int64") for col in GAP_COLUMNS}).astype(
         {"cause": "string", "rule": "string", "next_table": "object", "wait_kind": "string",
          "wait_api": "string"})

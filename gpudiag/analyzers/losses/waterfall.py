@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,50 +41,66 @@ from gpudiag.trace import Trace
 COMM_KERNEL = re.compile(r"^nccl|ncclKernel|ncclDev|^hccl|^rccl", re.IGNORECASE)
 
 Layer = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]
+#: (rank, device) as plain ints, `keys.MISSING` for NA (dict keys must compare equal)
 DeviceKey = tuple[int, int]
+
+
+def device_key(rank: Any, device: Any) -> DeviceKey:
+    """The `LossTimeline` key of a device: NA (pd.NA, None, NaN) as `keys.MISSING`."""
+    return (keys.MISSING if pd.isna(rank) else int(rank),
+            keys.MISSING if pd.isna(device) else int(device))
 
 
 @dataclass
 class LossTimeline:
-    """Per device, the window and one layer of weighted disjoint intervals per cause."""
+    """Per device, the window and one layer of weighted disjoint intervals per cause.
+
+    Both dicts are keyed by `DeviceKey`; `amounts` also takes the (rank, device) of a
+    table row as it is, NA included (`(pd.NA, 0)`: device 0 of a trace without ranks)."""
 
     windows: dict[DeviceKey, tuple[int, int]] = field(default_factory=dict)
     layers: dict[DeviceKey, dict[str, Layer]] = field(default_factory=dict)
 
-    def amounts(self, key: DeviceKey, edges: npt.ArrayLike) -> dict[str, npt.NDArray[np.float64]]:
+    def amounts(self, key: tuple[Any, Any],
+                edges: npt.ArrayLike) -> dict[str, npt.NDArray[np.float64]]:
         """Time of each cause between consecutive `edges` (clipped to the window); `useful`
-        is the residual, so each bin's causes sum to its in-window length."""
-        lo, hi = self.windows[key]
-        t = np.clip(np.asarray(edges, dtype=np.int64), lo, hi)
-        out = {cause: np.diff(_weighted_before(layer, t))
+        is the residual, so each bin's causes sum to its in-window length. `key` is the
+        device's (rank, device), NA where unknown (a `DeviceKey` of `windows` works too)."""
+        key = device_key(*key)
+        first, last = self.windows[key]
+        bounds = np.clip(np.asarray(edges, dtype=np.int64), first, last)
+        out = {cause: np.diff(_weighted_before(layer, bounds))
                for cause, layer in self.layers[key].items()}
-        out["useful"] = np.diff(t).astype(np.float64) - sum(out.values(), np.zeros(len(t) - 1))
+        out["useful"] = (np.diff(bounds).astype(np.float64)
+                         - sum(out.values(), np.zeros(len(bounds) - 1)))
         return out
 
     def totals(self, window: tuple[int, int] | None = None) -> pd.DataFrame:
         """`rank, device, cause, lost_ns, share` over each device's window (or `window`)."""
         rows = []
         for key, (first, last) in self.windows.items():
-            lo, hi = (first, last) if window is None else (max(first, window[0]),
-                                                          min(last, window[1]))
-            length = max(hi - lo, 0)
+            start, end = (first, last) if window is None else (max(first, window[0]),
+                                                              min(last, window[1]))
+            length = max(end - start, 0)
             if window is not None and length == 0:
                 continue  # the device ran nothing in the window
-            amounts = self.amounts(key, [lo, max(lo, hi)])
-            lost = {c: round(float(amounts.get(c, [0.0])[0])) for c in LOSS_CAUSES
-                    if c != "useful"}
+            amounts = self.amounts(key, [start, max(start, end)])
+            lost = {cause: round(float(amounts.get(cause, [0.0])[0])) for cause in LOSS_CAUSES
+                    if cause != "useful"}
             lost["useful"] = length - sum(lost.values())
-            rows += [{"rank": key[0], "device": key[1], "cause": c, "lost_ns": lost[c],
-                      "share": lost[c] / length if length else np.nan} for c in LOSS_CAUSES]
+            rows += [{"rank": key[0], "device": key[1], "cause": cause, "lost_ns": lost[cause],
+                      "share": lost[cause] / length if length else np.nan}
+                     for cause in LOSS_CAUSES]
         return losses_frame(rows)
 
 
 def losses_frame(rows: list[dict[str, object]] | None = None) -> pd.DataFrame:
+    """The waterfall table of `rows` whose rank and device are `DeviceKey` ints: NA again
+    where they are `keys.MISSING`."""
     out = pd.DataFrame(rows or [], columns=["rank", "device", "cause", "lost_ns", "share"])
-    out["rank"] = pd.array(out["rank"], dtype="Int64")
-    out.loc[out["rank"] == -1, "rank"] = pd.NA
-    return out.astype({"device": "int64", "cause": "string", "lost_ns": "int64",
-                       "share": "float64"})
+    out["rank"] = keys.key_column(out["rank"])
+    out["device"] = keys.key_column(out["device"])
+    return out.astype({"cause": "string", "lost_ns": "int64", "share": "float64"})
 
 
 def loss_timeline(trace: Trace, *, efficiency: pd.Series | None = None,
@@ -94,7 +111,7 @@ def loss_timeline(trace: Trace, *, efficiency: pd.Series | None = None,
 
         tl = loss_timeline(trace)
         tl.totals()                              # the waterfall
-        tl.amounts((-1, 0), range(t0, t1, 10**6))  # per-ms causes of device 0
+        tl.amounts((pd.NA, 0), range(t0, t1, 10**6))  # per-ms causes, device 0, no rank
 
     `efficiency` (aligned with `trace.kernels`) and `comm_waits` come from the launch and
     collectives analyzers; without them small_grid and comm_wait are 0.
@@ -102,27 +119,28 @@ def loss_timeline(trace: Trace, *, efficiency: pd.Series | None = None,
     timeline = LossTimeline()
     if not trace.meta.get("timeline", True):  # e.g. Nsight Compute's serialized replays
         return timeline
-    ev = device_events(trace)
+    events = device_events(trace)
     weight, comm = _kernel_weights(trace, efficiency)
     gaps = idle_gaps(trace, launch_gap_ns=launch_gap_ns, sync_tolerance_ns=sync_tolerance_ns,
                      window=window)
     waits = comm_waits if comm_waits is not None else pd.DataFrame(
         columns=["rank", "device", "start_ns", "end_ns"])
-    for key, idx in ev.by_device.items():
-        lo, hi = int(ev.start[idx].min()), int(ev.end[idx].max())
+    for key, idx in events.by_device.items():
+        first, last = int(events.start[idx].min()), int(events.end[idx].max())
         if window is not None:
-            lo, hi = max(lo, window[0]), min(hi, window[1])
-        if hi <= lo:
+            first, last = max(first, window[0]), min(last, window[1])
+        if last <= first:
             continue
-        timeline.windows[key] = (lo, hi)
-        is_kernel = ev.table[idx] == 0
-        rows = ev.row[idx]
-        w = np.full(len(idx), np.nan)  # NaN marks copies
-        w[is_kernel] = weight.reindex(rows[is_kernel]).to_numpy(np.float64)
-        c = np.zeros(len(idx), dtype=bool)
-        c[is_kernel] = comm.reindex(rows[is_kernel]).to_numpy(bool)
-        layers = _busy_layers(ev.start[idx], ev.end[idx], w=w, is_comm=c,
-                              waits=_device_rows(waits, key), lo=lo, hi=hi)
+        timeline.windows[key] = (first, last)
+        is_kernel = events.table[idx] == 0
+        rows = events.row[idx]
+        weights = np.full(len(idx), np.nan)  # NaN marks copies
+        weights[is_kernel] = weight.reindex(rows[is_kernel]).to_numpy(np.float64)
+        is_comm = np.zeros(len(idx), dtype=bool)
+        is_comm[is_kernel] = comm.reindex(rows[is_kernel]).to_numpy(bool)
+        layers = _busy_layers(events.start[idx], events.end[idx], weights=weights,
+                              is_comm=is_comm, waits=_device_rows(waits, key), first=first,
+                              last=last)
         for cause, layer in _idle_layers(_device_rows(gaps, key)).items():
             old = layers.get(cause)
             layers[cause] = layer if old is None else (  # disjoint: busy vs idle copy time
@@ -158,25 +176,26 @@ def _kernel_weights(trace: Trace, efficiency: pd.Series | None
 
 
 def _busy_layers(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], *,
-                 w: npt.NDArray[np.float64], is_comm: npt.NDArray[np.bool_],
-                 waits: pd.DataFrame, lo: int, hi: int) -> dict[str, Layer]:
-    start, end = np.clip(start, lo, hi), np.clip(end, lo, hi)
-    is_copy = np.isnan(w)
+                 weights: npt.NDArray[np.float64], is_comm: npt.NDArray[np.bool_],
+                 waits: pd.DataFrame, first: int, last: int) -> dict[str, Layer]:
+    start, end = np.clip(start, first, last), np.clip(end, first, last)
+    is_copy = np.isnan(weights)
     compute = ~is_copy & ~is_comm
     sweep = intervals.Sweep(start, end)  # each column reduced before the next is summed
-    s, e = sweep.start, sweep.end
+    seg_start, seg_end = sweep.start, sweep.end
     has_compute = sweep.sum(compute) > 0.5
-    small = np.where(has_compute, np.clip(1.0 - sweep.sum(np.where(compute, w, 0.0)), 0.0,
-                                          1.0), 0.0)
+    small = np.where(has_compute,
+                     np.clip(1.0 - sweep.sum(np.where(compute, weights, 0.0)), 0.0, 1.0), 0.0)
     small[small < 1e-9] = 0.0
     has_comm = sweep.sum(is_comm) > 0.5
     copy_only = ~has_compute & ~has_comm & (sweep.sum(is_copy) > 0.5)
     comm_only = ~has_compute & has_comm
     keep = small > 0
     waiting = intervals.union(waits["start_ns"], waits["end_ns"])
-    comm_wait = intervals.intersect(intervals.union(s[comm_only], e[comm_only]), waiting)
-    return {"small_grid": (s[keep], e[keep], small[keep]),
-            "copy": (s[copy_only], e[copy_only], np.ones(int(copy_only.sum()))),
+    comm_wait = intervals.intersect(intervals.union(seg_start[comm_only], seg_end[comm_only]),
+                                    waiting)
+    return {"small_grid": (seg_start[keep], seg_end[keep], small[keep]),
+            "copy": (seg_start[copy_only], seg_end[copy_only], np.ones(int(copy_only.sum()))),
             "comm_wait": (*comm_wait, np.ones(len(comm_wait[0])))}
 
 
@@ -190,21 +209,21 @@ def _idle_layers(gaps: pd.DataFrame) -> dict[str, Layer]:
 
 
 def _device_rows(frame: pd.DataFrame, key: DeviceKey) -> pd.DataFrame:
-    rank = frame["rank"].fillna(-1).to_numpy() if len(frame) else np.zeros(0)
-    device = frame["device"].fillna(-1).to_numpy() if len(frame) else np.zeros(0)
+    """The rows of `frame` (rank and device NA where unknown) on the device `key`."""
+    rank, device = keys.key_array(frame["rank"]), keys.key_array(frame["device"])
     return frame[(rank == key[0]) & (device == key[1])]
 
 
-def _weighted_before(layer: Layer, t: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-    """For each time t, the weighted length of the layer before t (layers are disjoint)."""
-    s, e, w = layer
-    if len(s) == 0:
-        return np.zeros(len(t))
-    order = np.argsort(s, kind="stable")
-    s, e, w = s[order], e[order], w[order]
-    weighted = (e - s) * w
+def _weighted_before(layer: Layer, times: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """For each time, the weighted length of the layer before it (layers are disjoint)."""
+    starts, ends, weights = layer
+    if len(starts) == 0:
+        return np.zeros(len(times))
+    order = np.argsort(starts, kind="stable")
+    starts, ends, weights = starts[order], ends[order], weights[order]
+    weighted = (ends - starts) * weights
     before = np.concatenate([[0.0], np.cumsum(weighted)[:-1]])
-    idx = np.searchsorted(s, t, side="right") - 1
+    idx = np.searchsorted(starts, times, side="right") - 1
     safe = np.maximum(idx, 0)
-    partial = np.clip(t - s[safe], 0, e[safe] - s[safe]) * w[safe]
+    partial = np.clip(times - starts[safe], 0, ends[safe] - starts[safe]) * weights[safe]
     return np.where(idx >= 0, before[safe] + partial, 0.0)

@@ -32,6 +32,7 @@ import pandas as pd
 
 from gpudiag.analyzers import findings as found
 from gpudiag.analyzers.findings import Result
+from gpudiag.analyzers.keys import key_array
 from gpudiag.analyzers.memory.grid import occupancy_grid
 from gpudiag.analyzers.memory.replay import Key, Steps, keys_of, replay_devices, select
 from gpudiag.analyzers.memory.sites import free_pieces, internal_waste, site_label, sites
@@ -101,25 +102,25 @@ def _fragmentation(trace: Trace, replays: dict[Key, Steps]) -> pd.DataFrame:
     parts = [_replay_frame(trace.memory, key, steps) for key, steps in replays.items()]
     parts += _profiler_frames(trace, exclude=set(replays))
     if not parts:
-        return _typed(pd.DataFrame({c: [] for c in FRAGMENTATION_COLUMNS}))
+        return _typed(pd.DataFrame({col: [] for col in FRAGMENTATION_COLUMNS}))
     return _typed(pd.concat(parts, ignore_index=True))
 
 
 def _replay_frame(memory: pd.DataFrame, key: Key, steps: Steps) -> pd.DataFrame:
     """One device's replayed states as `fragmentation` rows."""
     events = steps.row[1:]
-    ts = memory["ts_ns"].to_numpy(np.int64)[events]
+    times = memory["ts_ns"].to_numpy(np.int64)[events]
     actions = memory["action"].astype("object").to_numpy()[events]
-    n = len(events)
+    count = len(events)
     free, largest = steps.free, steps.largest
     event = pd.array(steps.row, dtype="Int64")
     event[steps.row < 0] = pd.NA
     return pd.DataFrame({
         "rank": key[0], "device": key[1],
-        "ts_ns": np.concatenate([ts[:1], ts]) if n else [-1],
-        "action": [None, *actions] if n else ["snapshot"],
+        "ts_ns": np.concatenate([times[:1], times]) if count else [-1],  # -1: time unknown
+        "action": [None, *actions] if count else ["snapshot"],
         "event": event,
-        "source": ["replay"] * n + ["snapshot"],
+        "source": ["replay"] * count + ["snapshot"],
         "reserved_bytes": steps.reserved, "allocated_bytes": steps.allocated,
         "free_bytes": free, "largest_free_bytes": largest,
         "fragmentation": np.where(free > 0, 1 - largest / np.maximum(free, 1), 0.0),
@@ -128,9 +129,9 @@ def _replay_frame(memory: pd.DataFrame, key: Key, steps: Steps) -> pd.DataFrame:
 
 def _profiler_frames(trace: Trace, exclude: set[Key]) -> list[pd.DataFrame]:
     """Totals (or running deltas) per device of the memory rows no snapshot replays."""
-    mem = trace.memory[trace.memory["device"].fillna(0).ge(0).to_numpy(bool)]
+    mem = trace.memory[trace.memory["device"].fillna(0).ge(0).to_numpy(bool)]  # -1: host
     out = []
-    for key in [k for k in keys_of(mem) if k not in exclude]:
+    for key in [pair for pair in keys_of(mem) if pair not in exclude]:
         rows = select(mem, key).sort_values("ts_ns", kind="stable")
         totals = rows["total_reserved_bytes"].notna() | rows["total_allocated_bytes"].notna()
         if totals.any():
@@ -154,7 +155,8 @@ def _profiler_frames(trace: Trace, exclude: set[Key]) -> list[pd.DataFrame]:
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.astype({c: d for c, d in FRAGMENTATION_COLUMNS.items() if d != "category"})
+    frame = frame.astype({col: dtype for col, dtype in FRAGMENTATION_COLUMNS.items()
+                          if dtype != "category"})
     frame["action"] = frame["action"].astype("category")
     frame["source"] = pd.Categorical(frame["source"], categories=list(SOURCES))
     return frame.reset_index(drop=True)
@@ -207,10 +209,13 @@ def _state_at(frag: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
         if mine.empty:
             continue
         where = np.flatnonzero(_mask(rows, key))
-        labels = mine["event"].fillna(-1).to_numpy(np.int64)
-        # the start row and a lone snapshot row carry -1, so they hold before every event
-        at = np.searchsorted(labels, rows.index.to_numpy(np.int64)[where], side="left") - 1
-        picked[where] = np.where(at >= 0, mine.index.to_numpy()[np.maximum(at, 0)], -1)
+        known = mine["event"].notna().to_numpy(bool)
+        # the start row and a lone snapshot row (event NA, sorted first) hold before every
+        # event: the last row in force before each row is `before`
+        labels = mine["event"][known].to_numpy(np.int64)
+        before = (int((~known).sum()) - 1
+                  + np.searchsorted(labels, rows.index.to_numpy(np.int64)[where], side="left"))
+        picked[where] = np.where(before >= 0, mine.index.to_numpy()[np.maximum(before, 0)], -1)
     state = frag.reindex(picked)[["free_bytes", "largest_free_bytes"]]
     return state.astype("Int64")
 
@@ -262,15 +267,15 @@ def _steps_of(trace: Trace, rows: pd.DataFrame) -> pd.Series:
     out = pd.Series(pd.NA, index=rows.index, dtype="string")
     if windows.empty or rows.empty:
         return out
-    rank = rows["rank"].fillna(-1).to_numpy(np.int64)
-    for r in np.unique(rank):
-        mine = windows[windows["rank"] == r]
-        mine = mine if len(mine) else windows[windows["rank"] == windows["rank"].iloc[0]]
-        ts = rows["ts_ns"].to_numpy(np.int64)[rank == r]
-        at = np.searchsorted(mine["start_ns"].to_numpy(np.int64), ts, side="right") - 1
-        inside = (at >= 0) & (ts < mine["end_ns"].to_numpy(np.int64)[np.maximum(at, 0)])
-        names = np.where(inside, mine["step"].to_numpy(object)[np.maximum(at, 0)], None)
-        out[rank == r] = pd.array(names, dtype="string")
+    rank, window_rank = key_array(rows["rank"]), key_array(windows["rank"])  # NA: MISSING
+    for value in np.unique(rank):
+        mine = windows[window_rank == value]
+        mine = mine if len(mine) else windows[window_rank == window_rank[0]]
+        times = rows["ts_ns"].to_numpy(np.int64)[rank == value]
+        step = np.searchsorted(mine["start_ns"].to_numpy(np.int64), times, side="right") - 1
+        inside = (step >= 0) & (times < mine["end_ns"].to_numpy(np.int64)[np.maximum(step, 0)])
+        names = np.where(inside, mine["step"].to_numpy(object)[np.maximum(step, 0)], None)
+        out[rank == value] = pd.array(names, dtype="string")
     return out
 
 
@@ -337,8 +342,8 @@ def findings(trace: Trace, *, min_stranded_bytes: int = 1 << 30,
 
 def _expandable(trace: Trace, key: Key) -> bool:
     settings = trace.meta.get("allocator_settings")
-    on = isinstance(settings, dict) and bool(settings.get("expandable_segments"))
-    return on or bool(select(trace.memory_blocks, key)["expandable"].fillna(False).any())
+    enabled = isinstance(settings, dict) and bool(settings.get("expandable_segments"))
+    return enabled or bool(select(trace.memory_blocks, key)["expandable"].fillna(False).any())
 
 
 def _worst_site(culprits: pd.DataFrame, key: Key) -> str:
@@ -368,7 +373,8 @@ def _evidence(final: pd.Series, piece: pd.Series, steps: Steps, verdicts: pd.Dat
     if steps.skipped:
         text += f" ({steps.skipped} events did not fit the replay)"
     counts = verdicts["verdict"].value_counts()
-    text += ("; OOMs: " + ", ".join(f"{int(n)} {v}" for v, n in counts.items() if n)
+    text += ("; OOMs: " + ", ".join(f"{int(count)} {verdict}"
+                                    for verdict, count in counts.items() if count)
              if len(verdicts) else "; no OOM recorded")
     return text + ("; expandable segments already on" if expandable else "")
 
@@ -379,9 +385,9 @@ def _ratio(value: float) -> str:
     return "" if math.isnan(ratio) else f" (fragmentation {ratio:.2f})"
 
 
-def _size(n: float) -> str:
+def _size(size: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} TiB"
+        if abs(size) < 1024:
+            return f"{size:.3g} {unit}"
+        size /= 1024
+    return f"{size:.3g} TiB"

@@ -49,32 +49,33 @@ def occupancy_grid(trace: Trace, *, max_addresses: int = 256,
     """
     frames = []
     for key, steps in replay_devices(trace, samples=max(max_times, 1)).items():
-        layouts = [steps.kept[k] for k in sorted(steps.kept)]
+        layouts = [steps.kept[state] for state in sorted(steps.kept)]
         if not layouts:
             continue
         axis = _axis(layouts)
         total = int((axis[1] - axis[0]).sum())
         bins = int(max(1, min(max_addresses, total // MIN_BLOCK)))
         edges = np.linspace(0, total, bins + 1).round().astype(np.int64)
-        used = np.vstack([_covered(f.blocks, axis, edges) for f in layouts])
-        free = np.vstack([_covered(f.free, axis, edges) for f in layouts])
-        ts = _state_times(trace, steps.row)[sorted(steps.kept)]
-        frames.append(_cells(key, ts, edges, used, free))
+        used = np.vstack([_covered(layout.blocks, axis, edges) for layout in layouts])
+        free = np.vstack([_covered(layout.free, axis, edges) for layout in layouts])
+        times = _state_times(trace, steps.row)[sorted(steps.kept)]
+        frames.append(_cells(key, times, edges, used, free))
     if not frames:
-        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in COLUMNS.items()})
+        return pd.DataFrame({col: pd.Series(dtype=dtype) for col, dtype in COLUMNS.items()})
     out = pd.concat(frames, ignore_index=True)
-    return out.astype({c: d for c, d in COLUMNS.items() if d != "category"})
+    return out.astype({col: dtype for col, dtype in COLUMNS.items() if dtype != "category"})
 
 
 def _state_times(trace: Trace, rows: IntArray) -> IntArray:
     """ts_ns of each state: the event that led to it; the first event's for the start."""
-    ts = trace.memory["ts_ns"].to_numpy(np.int64)[rows[1:]]
-    return np.concatenate([ts[:1], ts]) if len(ts) else np.array([-1], dtype=np.int64)
+    times = trace.memory["ts_ns"].to_numpy(np.int64)[rows[1:]]
+    # -1: a snapshot without history, time unknown
+    return np.concatenate([times[:1], times]) if len(times) else np.array([-1], dtype=np.int64)
 
 
 def _axis(layouts: list[Frozen]) -> tuple[IntArray, IntArray, IntArray]:
     """(starts, ends, stacked offset of each start) of every range reserved in `layouts`."""
-    segs = np.concatenate([f.segments for f in layouts]).reshape(-1, 2)
+    segs = np.concatenate([layout.segments for layout in layouts]).reshape(-1, 2)
     starts, ends = union(segs[:, 0], segs[:, 1])
     offsets = np.concatenate([[0], np.cumsum(ends - starts)[:-1]]).astype(np.int64)
     return starts, ends, offsets
@@ -87,18 +88,19 @@ def _covered(spans: IntArray, axis: tuple[IntArray, IntArray, IntArray],
         return np.zeros(len(edges) - 1, dtype=np.int64)
     starts, _, offsets = axis
     spans = spans[np.argsort(spans[:, 0], kind="stable")]
-    at = np.searchsorted(starts, spans[:, 0], side="right") - 1
-    lo = offsets[at] + spans[:, 0] - starts[at]
+    reserved = np.searchsorted(starts, spans[:, 0], side="right") - 1  # its reserved range
+    stacked = offsets[reserved] + spans[:, 0] - starts[reserved]  # where it starts, stacked
     length = spans[:, 1] - spans[:, 0]
     before = np.concatenate([[0], np.cumsum(length)])
     # bytes below each edge: whole spans before it plus the part of the one it cuts
-    i = np.searchsorted(lo, edges, side="right") - 1
-    below = np.where(i >= 0, before[np.maximum(i, 0)]
-                     + np.clip(edges - lo[np.maximum(i, 0)], 0, length[np.maximum(i, 0)]), 0)
+    cut = np.searchsorted(stacked, edges, side="right") - 1
+    safe = np.maximum(cut, 0)
+    below = np.where(cut >= 0,
+                     before[safe] + np.clip(edges - stacked[safe], 0, length[safe]), 0)
     return np.diff(below).astype(np.int64)
 
 
-def _cells(key: Key, ts: IntArray, edges: IntArray, used: IntArray,
+def _cells(key: Key, state_times: IntArray, edges: IntArray, used: IntArray,
            free: IntArray) -> pd.DataFrame:
     """The grid of one device from bytes per (state, bin) allocated (`used`) and free."""
     times, bins = used.shape
@@ -107,7 +109,7 @@ def _cells(key: Key, ts: IntArray, edges: IntArray, used: IntArray,
     shares = np.stack([used, free, unreserved]) / np.maximum(size, 1)
     return pd.DataFrame({
         "rank": key[0], "device": key[1], "time_bin": np.repeat(np.arange(times), bins),
-        "ts_ns": np.repeat(ts, bins), "address_bin": np.tile(np.arange(bins), times),
+        "ts_ns": np.repeat(state_times, bins), "address_bin": np.tile(np.arange(bins), times),
         "offset_bytes": np.tile(edges[:-1], times), "bin_bytes": np.tile(size, times),
         "allocated_share": shares[0].ravel(), "inactive_share": shares[1].ravel(),
         "unreserved_share": shares[2].ravel(),

@@ -44,11 +44,11 @@ def sites(trace: Trace) -> pd.DataFrame:
     blocks border, how many blocks and segments. `site` is NA where the snapshot was
     recorded without stacks. Sorted by bytes, largest first.
     """
-    b = _ordered(trace.memory_blocks)
-    credit, touching = _credits(b)
-    b = b.assign(inactive_bytes=credit, holes=touching)[credit > 0]
+    blocks = _ordered(trace.memory_blocks)
+    credit, touching = _credits(blocks)
+    blocks = blocks.assign(inactive_bytes=credit, holes=touching)[credit > 0]
     keys = ["rank", "device", "site"]
-    out = b.groupby(keys, dropna=False, observed=True).agg(
+    out = blocks.groupby(keys, dropna=False, observed=True).agg(
         inactive_bytes=("inactive_bytes", "sum"), holes=("holes", "sum"),
         blocks=("inactive_bytes", "size"), segments=("segment_addr", "nunique")).reset_index()
     total = out.groupby(["rank", "device"], dropna=False)["inactive_bytes"].transform("sum")
@@ -64,16 +64,17 @@ def _ordered(blocks: pd.DataFrame) -> pd.DataFrame:
     return usable.sort_values(ORDER, kind="stable", na_position="first", ignore_index=True)
 
 
-def _credits(b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _credits(blocks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Stranded bytes credited to each block in use, and how many holes it borders."""
-    n = len(b)
-    segment = b.groupby(["rank", "device", "segment_addr"], dropna=False, sort=False).ngroup(
-    ).to_numpy(np.int64)
-    free = (b["state"] == "inactive").fillna(False).to_numpy(bool)
+    count = len(blocks)
+    segment = blocks.groupby(["rank", "device", "segment_addr"], dropna=False,
+                             sort=False).ngroup().to_numpy(np.int64)
+    free = (blocks["state"] == "inactive").fillna(False).to_numpy(bool)
     used = ~free
-    in_use = np.bincount(segment, weights=used, minlength=segment.max() + 1 if n else 0) > 0
-    hole = free & in_use[segment] if n else free
-    size = b["bytes"].to_numpy(np.int64)
+    in_use = np.bincount(segment, weights=used,
+                         minlength=segment.max() + 1 if count else 0) > 0
+    hole = free & in_use[segment] if count else free
+    size = blocks["bytes"].to_numpy(np.int64)
     same_prev = np.r_[False, segment[1:] == segment[:-1]]
     same_next = np.r_[segment[1:] == segment[:-1], False]
     left = hole & same_prev & np.r_[False, used[:-1]]
@@ -81,8 +82,8 @@ def _credits(b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     both = left & right
     to_left = np.where(both, size - size // 2, np.where(left, size, 0))
     to_right = np.where(both, size // 2, np.where(right, size, 0))
-    credit = np.zeros(n, dtype=np.int64)
-    touching = np.zeros(n, dtype=np.int64)
+    credit = np.zeros(count, dtype=np.int64)
+    touching = np.zeros(count, dtype=np.int64)
     credit[:-1] += to_left[1:]  # the block before hole i is i - 1
     credit[1:] += to_right[:-1]
     touching[:-1] += left[1:]
@@ -100,19 +101,22 @@ def free_pieces(trace: Trace) -> pd.DataFrame:
     Columns `rank, device, stranded_bytes, stranded_holes, stranded_segments, cached_bytes,
     cached_segments` (module docstring for the definitions).
     """
-    b = _ordered(trace.memory_blocks)
-    free = (b["state"] == "inactive").fillna(False).to_numpy(bool)
-    segment = b.groupby(["rank", "device", "segment_addr"], dropna=False, sort=False).ngroup()
+    blocks = _ordered(trace.memory_blocks)
+    free = (blocks["state"] == "inactive").fillna(False).to_numpy(bool)
+    segment = blocks.groupby(["rank", "device", "segment_addr"], dropna=False,
+                             sort=False).ngroup()
     in_use = pd.Series(~free).groupby(segment.to_numpy()).transform("any").to_numpy(bool)
-    b = b.assign(stranded=np.where(free & in_use, b["bytes"], 0), hole=free & in_use,
-                 cached=np.where(free & ~in_use, b["bytes"], 0),
-                 stranded_seg=segment.where(free & in_use), cached_seg=segment.where(~in_use))
-    out = b.groupby(["rank", "device"], dropna=False).agg(
+    blocks = blocks.assign(stranded=np.where(free & in_use, blocks["bytes"], 0),
+                           hole=free & in_use,
+                           cached=np.where(free & ~in_use, blocks["bytes"], 0),
+                           stranded_seg=segment.where(free & in_use),
+                           cached_seg=segment.where(~in_use))
+    out = blocks.groupby(["rank", "device"], dropna=False).agg(
         stranded_bytes=("stranded", "sum"), stranded_holes=("hole", "sum"),
         stranded_segments=("stranded_seg", "nunique"), cached_bytes=("cached", "sum"),
         cached_segments=("cached_seg", "nunique")).reset_index()
     return out.astype({"rank": "Int64", "device": "Int64"} | {
-        c: "int64" for c in out.columns if c not in ("rank", "device")})
+        col: "int64" for col in out.columns if col not in ("rank", "device")})
 
 
 def internal_waste(trace: Trace) -> pd.DataFrame:
@@ -126,10 +130,11 @@ def internal_waste(trace: Trace) -> pd.DataFrame:
     use (waste = block size - requested size). Blocks without a requested size are left out.
     Sorted by waste, largest first.
     """
-    b = trace.memory_blocks
-    b = b[((b["state"] != "inactive").fillna(True) & b["requested_bytes"].notna()).to_numpy(bool)]
-    b = b.assign(waste_bytes=b["bytes"] - b["requested_bytes"])
-    out = b.groupby(["rank", "device", "site"], dropna=False, observed=True).agg(
+    blocks = trace.memory_blocks
+    blocks = blocks[((blocks["state"] != "inactive").fillna(True)
+                     & blocks["requested_bytes"].notna()).to_numpy(bool)]
+    blocks = blocks.assign(waste_bytes=blocks["bytes"] - blocks["requested_bytes"])
+    out = blocks.groupby(["rank", "device", "site"], dropna=False, observed=True).agg(
         blocks=("bytes", "size"), bytes=("bytes", "sum"),
         requested_bytes=("requested_bytes", "sum"), waste_bytes=("waste_bytes", "sum"))
     out = out.reset_index().sort_values("waste_bytes", ascending=False, kind="stable")
@@ -156,12 +161,12 @@ def site_label(site: str) -> str:
     (`VariableType_2.cpp:0 (new_empty_strided; C++ stack, no Python frame)`) rather than
     hundreds of characters of dispatcher templates.
     """
-    m = _SITE.match(site)
-    if m is None:
+    parts = _SITE.match(site)
+    if parts is None:
         return short_name(site)
-    path = m["file"]
+    path = parts["file"]
     if path.endswith(".py") or path.startswith("<"):
         return site
-    op = _AUTOGRAD_OP.search(m["func"])
-    func = op[1] if op else short_name(m["func"])
-    return f"{path}:{m['line']} ({func}; C++ stack, no Python frame)"
+    wrapped = _AUTOGRAD_OP.search(parts["func"])
+    func = wrapped[1] if wrapped else short_name(parts["func"])
+    return f"{path}:{parts['line']} ({func}; C++ stack, no Python frame)"

@@ -101,17 +101,18 @@ def restrict(whole: Trace, window: tuple[int, int], into: Trace) -> None:
     whole trace that overlap the window, cut to it: a window of a few steps holds too few
     optimizer steps or repeats to find them again."""
     steps = detect_steps(whole)
-    lo, hi = window
-    inside = steps[(steps["end_ns"] > lo) & (steps["start_ns"] < hi)].copy()
-    inside["start_ns"] = inside["start_ns"].clip(lower=lo)
-    inside["end_ns"] = inside["end_ns"].clip(upper=hi)
+    start, end = window
+    inside = steps[(steps["end_ns"] > start) & (steps["start_ns"] < end)].copy()
+    inside["start_ns"] = inside["start_ns"].clip(lower=start)
+    inside["end_ns"] = inside["end_ns"].clip(upper=end)
     into.derived(_KEY, lambda: inside.reset_index(drop=True))
 
 
 def _detect(trace: Trace, min_steps: int, min_cover: float, levels: int,
             max_anchors: int) -> pd.DataFrame:
-    r = trace.ranges
-    marked = r[(r["source"] == "step").to_numpy(bool) | keys.matches(r["name"], STEP_NAME)]
+    ranges = trace.ranges
+    marked = ranges[(ranges["source"] == "step").to_numpy(bool)
+                    | keys.matches(ranges["name"], STEP_NAME)]
     if len(marked):
         return _markers(marked)
     ops = host_ops(trace)
@@ -149,13 +150,14 @@ def host_ops(trace: Trace) -> pd.DataFrame:
     among themselves (Python frames and other ranges left out, so the outermost torch op
     is level 0 even under `with_stack` frames). Computed once per trace."""
     def compute() -> pd.DataFrame:
-        r = trace.ranges
-        ops = r[r["source"].isin(OP_SOURCES).to_numpy(bool) & r["tid"].notna().to_numpy(bool)
-                & ~keys.matches(r["name"], STEP_NAME)]
+        ranges = trace.ranges
+        ops = ranges[ranges["source"].isin(OP_SOURCES).to_numpy(bool)
+                     & ranges["tid"].notna().to_numpy(bool)
+                     & ~keys.matches(ranges["name"], STEP_NAME)]
         ops = ops[["rank", "pid", "tid", "start_ns", "end_ns", "name", "source"]]
         ops = ops.sort_values("start_ns", kind="stable").reset_index(drop=True)
-        rank = ops["rank"].astype("Int64").fillna(-1)
-        pid = ops["pid"].astype("Int64").fillna(-1)
+        rank = ops["rank"].astype("Int64")  # keys.codes: NA is a rank, a pid of its own
+        pid = ops["pid"].astype("Int64")
         ops["proc"] = keys.codes(rank, pid)
         ops["lane"] = keys.codes(rank, pid, ops["tid"])
         ops["level"] = nesting_depth(ops["lane"], ops["start_ns"], ops["end_ns"])
@@ -222,10 +224,11 @@ def _outermost_named(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _steps(first: pd.Series, starts: IntArray, ends: IntArray, method: str,
            detail: str) -> pd.DataFrame:
-    n = len(starts)
+    count = len(starts)
     return pd.DataFrame({
-        "rank": [first["rank"]] * n, "pid": [first["pid"]] * n, "tid": [first["tid"]] * n,
-        "step": [f"step {k}" for k in range(1, n + 1)],
+        "rank": [first["rank"]] * count, "pid": [first["pid"]] * count,
+        "tid": [first["tid"]] * count,
+        "step": [f"step {number}" for number in range(1, count + 1)],
         "start_ns": starts, "end_ns": np.maximum(ends, starts),
         "method": method, "detail": detail})
 
@@ -245,25 +248,25 @@ def _jit(trace: Trace, ops: pd.DataFrame, min_steps: int) -> pd.DataFrame | None
     stats = stats[stats["n"] >= min_steps]
     if stats.empty:
         return None
-    fn = str(stats.sort_values(["n", "time"], ascending=False).index[0])
-    mine = calls[calls["fn"] == fn]
+    function = str(stats.sort_values(["n", "time"], ascending=False).index[0])
+    mine = calls[calls["fn"] == function]
     mine = mine[mine["lane"] == mine["lane"].mode().iloc[0]].sort_values("start_ns")
     starts = mine["start_ns"].to_numpy(np.int64)
-    last_end = max(int(mine["end_ns"].iloc[-1]), _module_end(trace, fn, int(starts[-1])))
+    last_end = max(int(mine["end_ns"].iloc[-1]), _module_end(trace, function, int(starts[-1])))
     ends = np.concatenate([starts[1:], [last_end]])
     return _steps(mine.iloc[0], starts, ends, "jit_function",
-                  f"PjitFunction({fn}), {len(starts)} executions")
+                  f"PjitFunction({function}), {len(starts)} executions")
 
 
-def _module_end(trace: Trace, fn: str, after: int) -> int:
-    """The latest end of the device module `jit_<fn>` started at or after `after` (the GPU
-    finishes the last step after the host dispatched it); 0 if none."""
-    r = trace.ranges
-    late = r[(r["start_ns"] >= after) & r["source"].isin(["host", "device_op"])]
+def _module_end(trace: Trace, function: str, after: int) -> int:
+    """The latest end of the device module `jit_<function>` started at or after `after`
+    (the GPU finishes the last step after the host dispatched it); 0 if none."""
+    ranges = trace.ranges
+    late = ranges[(ranges["start_ns"] >= after) & ranges["source"].isin(["host", "device_op"])]
     if late.empty:
         return 0
     fns = late["name"].astype(str).str.extract(JIT_MODULE)["fn"]
-    return int(late.loc[fns == fn, "end_ns"].max()) if (fns == fn).any() else 0
+    return int(late.loc[fns == function, "end_ns"].max()) if (fns == function).any() else 0
 
 
 # -- 4. repeating top-level ops -------------------------------------------------------------
@@ -306,10 +309,10 @@ def _pattern(ops: pd.DataFrame, min_steps: int, min_cover: float, levels: int,
     if best is None:
         return None
     _, found, start, end, anchor, level = best
-    p = found.positions
-    starts = start[p]
-    ends = np.concatenate([start[p[1:]], [end[p[-1] + found.length - 1]]]) if found.tail \
-        else start[p[1:]]
+    positions = found.positions
+    starts = start[positions]
+    ends = (np.concatenate([start[positions[1:]], [end[positions[-1] + found.length - 1]]])
+            if found.tail else start[positions[1:]])
     starts = starts if found.tail else starts[:-1]
     if len(starts) < min_steps or (ends - starts).sum() < min_cover * total:
         return None
@@ -331,46 +334,47 @@ def _main_lane(ops: pd.DataFrame) -> int | None:
 def _repeats(codes: IntArray, start: IntArray, end: IntArray, min_steps: int,
              max_anchors: int) -> Pattern | None:
     """The anchor whose cut of the sequence repeats best (see the module docstring)."""
-    n = len(codes)
+    count = len(codes)
     counts = np.bincount(codes)
     cand = np.flatnonzero(counts >= min_steps)
     if len(cand) > max_anchors:  # prefer names whose count many names share: once per step
         shared = np.bincount(counts[cand])[counts[cand]]
         cand = cand[np.lexsort((counts[cand], -shared))[:max_anchors]]
     weight = np.random.default_rng(0).integers(1, 2**62, size=len(counts), dtype=np.uint64)
-    w = weight[codes]
-    pos = np.arange(n, dtype=np.uint64)
-    a_sum = np.concatenate([[np.uint64(0)], np.cumsum(w, dtype=np.uint64)])
-    b_sum = np.concatenate([[np.uint64(0)], np.cumsum(w * pos, dtype=np.uint64)])
+    weights = weight[codes]
+    pos = np.arange(count, dtype=np.uint64)
+    a_sum = np.concatenate([[np.uint64(0)], np.cumsum(weights, dtype=np.uint64)])
+    b_sum = np.concatenate([[np.uint64(0)], np.cumsum(weights * pos, dtype=np.uint64)])
 
-    def key(lo: IntArray, hi: IntArray) -> npt.NDArray[np.uint64]:
-        """A hash of the name sequence [lo, hi), position-weighted, and its length."""
-        lo_u, hi_u = lo.astype(np.uint64), hi.astype(np.uint64)
-        h = (b_sum[hi] - b_sum[lo]) - lo_u * (a_sum[hi] - a_sum[lo])
-        return h + (hi_u - lo_u) * np.uint64(0x9E3779B97F4A7C15)
+    def key(first: IntArray, after: IntArray) -> npt.NDArray[np.uint64]:
+        """A hash of the name sequence [first, after), position-weighted, and its length."""
+        first_u, after_u = first.astype(np.uint64), after.astype(np.uint64)
+        hashed = (b_sum[after] - b_sum[first]) - first_u * (a_sum[after] - a_sum[first])
+        return hashed + (after_u - first_u) * np.uint64(0x9E3779B97F4A7C15)
 
     best: Pattern | None = None
     with np.errstate(over="ignore"):
-        for c in cand:
-            p = np.flatnonzero(codes == c)
-            seg = key(p[:-1], p[1:])
+        for anchor in cand:
+            positions = np.flatnonzero(codes == anchor)
+            seg = key(positions[:-1], positions[1:])
             if len(seg) == 0:
                 continue
             uniq, inverse, tally = np.unique(seg, return_inverse=True, return_counts=True)
             mode = int(np.argmax(tally))
             modal = inverse == mode
-            length = int((p[1:] - p[:-1])[modal][0])
-            durations = (start[p[1:]] - start[p[:-1]])[modal]
-            last = int(p[-1])
-            tail = last + length <= n and key(np.array([last]), np.array([last + length]))[0] \
-                == uniq[mode]
+            length = int((positions[1:] - positions[:-1])[modal][0])
+            durations = (start[positions[1:]] - start[positions[:-1]])[modal]
+            last = int(positions[-1])
+            tail = last + length <= count and key(np.array([last]),
+                                                  np.array([last + length]))[0] == uniq[mode]
             if tail:
                 durations = np.append(durations, end[last + length - 1] - start[last])
             repeats = len(durations)
             if repeats < min_steps:
                 continue
             score = float(np.median(durations)) * repeats
-            found = Pattern(score, repeats, int(p[0]), int(c), length, p, bool(tail))
+            found = Pattern(score, repeats, int(positions[0]), int(anchor), length, positions,
+                            bool(tail))
             if best is None or (score, repeats, -found.first) > (best.score, best.repeats,
                                                                    -best.first):
                 best = found

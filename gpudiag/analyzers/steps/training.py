@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from gpudiag.analyzers import keys
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.analyzers.losses.waterfall import LossTimeline
 from gpudiag.analyzers.steps.detection import METHODS, detect_steps
@@ -36,14 +37,14 @@ from gpudiag.trace import Trace
 COLUMNS = ("rank", "device", "step", "start_ns", "end_ns", "warmup", "cause", "lost_ns",
            "share")
 
-#: columns of `training_steps`: rank is -1 where the trace names none
+#: columns of `training_steps`: rank and pid are NA where the trace names none
 STEP_COLUMNS = ("rank", "pid", "tid", "step", "index", "start_ns", "end_ns", "dur_ns",
                 "warmup", "method", "detail")
 
 
 def training_steps(trace: Trace, *, warmup_factor: float = 1.5,
                    max_warmup: int = 3) -> pd.DataFrame:
-    """One row per step: `rank` (-1: none), `pid`, `tid`, `step` (its name), `index` (0-based
+    """One row per step: `rank` (NA: none), `pid`, `tid`, `step` (its name), `index` (0-based
     per process), `start_ns`, `end_ns` (window edges as in the module docstring), `dur_ns`,
     `warmup`, `method` and `detail` (how the step was found).
 
@@ -59,20 +60,21 @@ def training_steps(trace: Trace, *, warmup_factor: float = 1.5,
 def _training_steps(trace: Trace, warmup_factor: float, max_warmup: int) -> pd.DataFrame:
     raw = detect_steps(trace)
     if raw.empty:
-        return pd.DataFrame({c: pd.Series(dtype=_DTYPES.get(c, "object")) for c in STEP_COLUMNS})
-    steps = raw.copy()
-    steps["rank"] = steps["rank"].fillna(-1)
-    proc = steps["pid"].fillna(-1).astype("int64")
-    steps = steps.assign(_proc=proc).sort_values(["rank", "_proc", "start_ns"], kind="stable",
-                                                 ignore_index=True)
-    group = steps.groupby(["rank", "_proc"], sort=False)
-    nxt = steps["start_ns"].astype("Int64").groupby([steps["rank"], steps["_proc"]]).shift(-1)
+        return pd.DataFrame({col: pd.Series(dtype=_DTYPES.get(col, "object"))
+                             for col in STEP_COLUMNS})
+    steps = raw.astype({"rank": "Int64", "pid": "Int64"})
+    # per process (rank, pid), NA a rank or pid of its own; NA first, as detect_steps sorts
+    steps = steps.sort_values(["rank", "pid", "start_ns"], kind="stable", ignore_index=True,
+                              na_position="first")
+    process = [steps["rank"], steps["pid"]]
+    group = steps.groupby(process, sort=False, dropna=False)
+    nxt = steps["start_ns"].astype("Int64").groupby(process, dropna=False).shift(-1)
     end = nxt.fillna(steps["end_ns"].astype("Int64")).to_numpy(np.int64)  # exact ns
     steps["end_ns"] = np.maximum(end, steps["start_ns"].to_numpy(np.int64))
     steps["index"] = group.cumcount().astype("int64")
     steps["dur_ns"] = steps["end_ns"] - steps["start_ns"]
     steps["warmup"] = False
-    for _, rows in steps.groupby(["rank", "_proc"], sort=False).groups.items():
+    for rows in group.indices.values():  # positions, which the RangeIndex labels repeat
         steps.loc[rows, "warmup"] = flag_warmup(steps.loc[rows, "dur_ns"].to_numpy(np.int64),
                                                 factor=warmup_factor, max_warmup=max_warmup)
     return steps.loc[:, list(STEP_COLUMNS)].astype(
@@ -147,18 +149,21 @@ def losses_by_step(trace: Trace, timeline: LossTimeline) -> pd.DataFrame:
         dx.by_step.pivot_table(index="step", columns="cause", values="share")
     """
     windows = step_windows(trace)
+    step_rank = keys.key_array(windows["rank"])  # the timeline's keys hold keys.MISSING
     frames = []
     for key in timeline.windows:
-        mine = windows[windows["rank"] == key[0]] if (windows["rank"] == key[0]).any() \
-            else windows[windows["rank"] == -1]
+        # the device's rank's steps, else the steps of no rank (a trace without ranks)
+        same = step_rank == key[0]
+        mine = windows[same] if same.any() else windows[step_rank == keys.MISSING]
         if mine.empty:
             continue
         edges = np.column_stack([mine["start_ns"], mine["end_ns"]]).ravel()
         amounts = timeline.amounts(key, edges)
-        lo, hi = timeline.windows[key]
-        length = np.clip(mine["end_ns"].to_numpy(), lo, hi) - np.clip(mine["start_ns"], lo, hi)
-        lost_by_cause = {c: np.rint(amounts[c][::2]).astype(np.int64)
-                         for c in LOSS_CAUSES if c != "useful" and c in amounts}
+        first, last = timeline.windows[key]
+        length = (np.clip(mine["end_ns"].to_numpy(), first, last)
+                  - np.clip(mine["start_ns"], first, last))
+        lost_by_cause = {cause: np.rint(amounts[cause][::2]).astype(np.int64)
+                         for cause in LOSS_CAUSES if cause != "useful" and cause in amounts}
         lost_by_cause["useful"] = length - sum(lost_by_cause.values(), np.zeros(len(mine),
                                                                                np.int64))
         for cause, lost in lost_by_cause.items():
@@ -169,7 +174,9 @@ def losses_by_step(trace: Trace, timeline: LossTimeline) -> pd.DataFrame:
                 "cause": cause, "lost_ns": lost,
                 "share": np.where(length > 0, lost / np.maximum(length, 1), np.nan)}))
     if not frames:
-        return pd.DataFrame({c: pd.Series(dtype="object") for c in COLUMNS})
+        return pd.DataFrame({col: pd.Series(dtype="object") for col in COLUMNS})
     out = pd.concat(frames, ignore_index=True)
-    out["rank"] = out["rank"].astype("Int64").mask(out["rank"] == -1)
-    return out.sort_values(["rank", "device", "start_ns"], kind="stable", ignore_index=True)
+    out["rank"] = keys.key_column(out["rank"])
+    out["device"] = keys.key_column(out["device"])
+    return out.sort_values(["rank", "device", "start_ns"], kind="stable", ignore_index=True,
+                           na_position="first")
