@@ -98,7 +98,7 @@ class Trace:
                 continue
             if "device" not in table.columns or name not in ("memory", "collectives"):
                 return True
-            if (table["device"].fillna(-1) >= 0).any():
+            if (table["device"] >= 0).any():  # NA skipped; -1 in memory: host memory
                 return True
         return False
 

@@ -115,7 +115,7 @@ def process_codes(*frames: pd.DataFrame) -> list[IntArray]:
     """One code per (rank, pid) shared by all frames (rank NA counts as one rank of its
     own), -1 where pid is NA: host-side joins must never match a process of one rank with
     a process of another that reuses its pid (containers all run pid 1)."""
-    rank = pd.concat([f["rank"].astype("Int64").fillna(-1) for f in frames], ignore_index=True)
+    rank = pd.concat([frame["rank"].astype("Int64") for frame in frames], ignore_index=True)
     pid = pd.concat([f["pid"].astype("Int64") for f in frames], ignore_index=True)
     out = codes(rank, pid)
     out[pid.isna().to_numpy()] = -1

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpudiag.analyzers import callsites
+from gpudiag.analyzers import callsites, keys
 from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
 from gpudiag.analyzers.losses.gaps import idle_gaps
 from gpudiag.analyzers.losses.waits import blocking_waits
@@ -132,7 +132,7 @@ def _step_of(trace: Trace, waits: pd.DataFrame) -> pd.Series:
     # steps marked on another thread of the process: match by time within (rank, pid)
     other = callsites.innermost(steps, waits, t, ("rank", "pid"))
     hit = np.where(hit >= 0, hit, other)
-    return pd.Series(hit, index=waits.index).replace(-1, pd.NA).astype("Int64")
+    return keys.key_column(pd.Series(hit, index=waits.index))  # -1 (keys.MISSING): no step
 
 
 def _most_common(values: pd.Series) -> object:

@@ -60,7 +60,7 @@ def waterfall(dx: Diagnosis) -> go.Figure:
     waterfall gives an empty figure.
     """
     loss = dx.losses
-    labels = _device_labels(loss["rank"].fillna(-1), loss["device"])
+    labels = _device_labels(loss["rank"], loss["device"])
     order = list(dict.fromkeys(labels))
     fig = go.Figure()
     for cause in LOSS_CAUSES:
@@ -195,8 +195,8 @@ def _stream_events(trace: Trace) -> dict[str, np.ndarray] | None:
     frames = [trace.kernels, trace.copies]
     if not trace.meta.get("timeline", True) or not any(len(f) for f in frames):
         return None
-    cols = np.vstack([np.concatenate([f[c].fillna(-1).to_numpy(np.int64) for f in frames])
-                      for c in ("rank", "device", "stream")])
+    cols = np.vstack([np.concatenate([keys.key_array(frame[column]) for frame in frames])
+                      for column in ("rank", "device", "stream")])
     row, streams = _dense_rows(cols)
     kernel_names = short_names(trace.kernels["name"])
     copy_names = ("memcpy " + trace.copies["kind"].astype("string").fillna("?")).astype(
@@ -309,11 +309,12 @@ def _add_cause_rows(fig: go.Figure, dx: Diagnosis, edges: IntArray, x: FloatArra
 
 
 def _device_labels(rank: pd.Series | np.ndarray, device: pd.Series | np.ndarray) -> np.ndarray:
-    """'GPU d' or 'rank r · GPU d' per row (rank -1 / NA: not a distributed run)."""
-    r = pd.Series(rank).astype("Int64").fillna(-1).to_numpy(np.int64)
-    d = pd.Series(device).astype("Int64").fillna(-1).to_numpy(np.int64)
-    return np.array([f"rank {a} · GPU {b}" if a >= 0 else f"GPU {b}"
-                     for a, b in zip(r, d, strict=True)], dtype=object)
+    """'GPU d' or 'rank r · GPU d' per row (rank NA: not a distributed run; device NA:
+    'GPU ?')."""
+    ranks, devices = keys.key_array(rank), keys.key_array(device)
+    gpus = [f"GPU {number}" if number != keys.MISSING else "GPU ?" for number in devices]
+    return np.array([f"rank {number} · {gpu}" if number != keys.MISSING else gpu
+                     for number, gpu in zip(ranks, gpus, strict=True)], dtype=object)
 
 
 def _empty(reason: str) -> go.Figure:

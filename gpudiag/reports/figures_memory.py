@@ -14,6 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from gpudiag.analyzers import keys
 from gpudiag.analyzers.memory.allocator import fragmentation, occupancy_grid
 from gpudiag.analyzers.memory.grid import STATES
 from gpudiag.trace import Trace
@@ -61,10 +62,9 @@ def memory(trace: Trace, *, grid: pd.DataFrame | None = None,
 
 
 def _keys(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Rank and device of each row as int64 (NA: -1)."""
-    rank, device = (frame[c].astype("Int64").fillna(-1).to_numpy(np.int64)
-                    for c in ("rank", "device"))
-    return rank, device
+    """Rank and device of each row as int64 keys (`keys.key_array`: NA as keys.MISSING;
+    the memory table's host device, -1, is the same number and drawn apart from GPUs)."""
+    return keys.key_array(frame["rank"]), keys.key_array(frame["device"])
 
 
 def _is(frame: pd.DataFrame, rank: int, device: int) -> np.ndarray:

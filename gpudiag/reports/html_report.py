@@ -358,12 +358,10 @@ def _memory(dx: Diagnosis, figs: list[Any]) -> Section | None:
         return None
     tables: list[Table] = []
     if frag is not None:
-        keys = [frag["rank"].fillna(-1), frag["device"].fillna(-1)]
-        peaks = frag.groupby(keys, sort=True).agg(
+        peaks = frag.groupby(["rank", "device"], sort=True, dropna=False).agg(
             events=("ts_ns", "size"), peak_reserved=("reserved_bytes", "max"),
             peak_allocated=("allocated_bytes", "max"), max_frag=("fragmentation", "max"),
             last_frag=("fragmentation", "last")).reset_index()
-        peaks = peaks.replace({"rank": {-1: pd.NA}, "device": {-1: pd.NA}})
         frame = _with_device(peaks)
         frame.columns = ["device", "events", "peak reserved", "peak allocated",
                          "worst fragmentation", "final fragmentation"]
