@@ -27,6 +27,11 @@ class InputError(GpudiagError):
         tail = f" ({fix})" if fix else ""
         super().__init__(f"{where}{problem}{tail}")
 
+    def __reduce__(self) -> tuple[type[InputError], tuple[str | None, str, str]]:
+        # raised in a pool or Dask worker, it is pickled back to the coordinator: rebuilt
+        # from its parts (the default would call __init__ with the message alone)
+        return type(self), (self.path, self.problem, self.fix)
+
 
 class MissingDependencyError(GpudiagError):
     """An optional package is needed for this input or feature and is not installed."""
@@ -34,10 +39,14 @@ class MissingDependencyError(GpudiagError):
     def __init__(self, module: str, extra: str, purpose: str) -> None:
         self.module = module
         self.extra = extra
+        self.purpose = purpose
         super().__init__(
             f"{purpose} needs the Python package '{module}', which is not installed "
             f"(pip install 'gpudiag[{extra}]')"
         )
+
+    def __reduce__(self) -> tuple[type[MissingDependencyError], tuple[str, str, str]]:
+        return type(self), (self.module, self.extra, self.purpose)
 
 
 class CollectorError(GpudiagError):

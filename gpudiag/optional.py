@@ -20,6 +20,7 @@ EXTRAS: dict[str, str] = {
     "jax": "jax",
     "cupy": "cupy",
     "nvtx": "cupti",
+    "distributed": "dask",
 }
 
 

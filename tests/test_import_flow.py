@@ -23,7 +23,7 @@ ALLOWED = {
     "analyzers": {"ground"},
     "reports": {"ground", "analyzers"},
 }
-WIRING = frozenset({"profiler", "cli", "__init__", "__main__"})
+WIRING = frozenset({"profiler", "jobs", "cli", "__init__", "__main__"})
 #: the one wiring module collectors may use: the plugin host inside every profiled process
 #: (a plugin queues its window edges to the main thread through it)
 PLUGIN_HOST = "gpudiag.profiler.inproc"

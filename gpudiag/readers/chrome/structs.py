@@ -93,9 +93,17 @@ class InvalidJSONError(InputError):
     Its own class so a reader can react to it (the Kineto reader repairs the bare quotes
     Kineto leaves in names) without reading the message's text."""
 
-    def __init__(self, path: Path, problem: str, *, truncated: bool) -> None:
+    def __init__(self, path: str | Path | None, problem: str, *, truncated: bool) -> None:
         super().__init__(path, problem, "the profiler may not have finished writing it")
         self.truncated = truncated
+
+    def __reduce__(self) -> Any:
+        return _invalid_json, (self.path, self.problem, self.truncated)
+
+
+def _invalid_json(path: str | None, problem: str, truncated: bool) -> InvalidJSONError:
+    """An InvalidJSONError rebuilt from its parts (unpickled in a job's coordinator)."""
+    return InvalidJSONError(path, problem, truncated=truncated)
 
 
 def invalid_json(path: Path, exc: Exception) -> InvalidJSONError:

@@ -1,0 +1,206 @@
+"""Where per-rank work runs: in this process, on a local process pool, or on a Dask cluster.
+
+    with executor(workers=2) as pool:              # or scheduler="tcp://host:8786"
+        for outcome in pool.map(read_rank, paths):
+            print(outcome.item, outcome.error or outcome.value)
+
+One interface, `Executor.map(function, items)`, so the many-rank analysis is written once and
+runs anywhere; `function` must be importable by name (a module-level function: the pool and
+Dask workers import it, nothing is pickled by value). It yields one `Outcome` per item as
+items finish, each with its value or a one-line error, so one unreadable rank is reported
+while the others are analyzed, and a worker that dies (killed, out of memory) ends its items
+with an error instead of a hang.
+
+- `InProcess`: the items one after another, here (1 worker, or nothing to parallelize).
+- `LocalPool`: a `concurrent.futures` process pool, one worker per core by default. Workers
+  are spawned, not forked: the parent may hold threads (gzip inflaters, a Dask client)
+  whose locks a forked child would inherit held.
+- `DaskCluster`: a `distributed.Client` (given, or connected to `scheduler`: an address or a
+  scheduler file, or `DASK_SCHEDULER_ADDRESS`, as Nsight Systems' recipes do). Workers read
+  the files themselves, so they must see the same paths (a shared file system).
+  `dask[distributed]` is the `dask` extra, imported only here and only when asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+from gpudiag.errors import GpudiagError, InputError
+from gpudiag.optional import require
+
+#: the environment variable Dask (and the Nsight recipes) read a scheduler address from
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+WORKER_DIED = ("a worker process died while running it (killed, or out of memory); the "
+               "items after it on that worker were not run")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One item's result: `value`, or `error` (one line saying what went wrong) when the
+    function raised or its worker died. `index` is the item's position in the input."""
+
+    index: int
+    item: Any
+    value: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Executor(Protocol):
+    """What runs `function` over items and reports each as it finishes."""
+
+    name: str
+    workers: int
+
+    def map(self, function: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
+        """One Outcome per item, in the order they finish."""
+        ...
+
+    def close(self) -> None:
+        """Release the workers (a given Dask client is left open for its owner)."""
+        ...
+
+
+def failure(exc: BaseException) -> str:
+    """One line for an item that raised: our own errors say what to do; anything else is
+    a bug of ours, named by its type, and the other items still run."""
+    if isinstance(exc, GpudiagError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc} (a gpudiag bug: please report it)"
+
+
+class _Closing:
+    """Context-manager protocol for the executors (`with executor(...) as pool:`)."""
+
+    def close(self) -> None:
+        """Nothing to release by default."""
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+class InProcess(_Closing):
+    """Every item here, one after another."""
+
+    name = "in-process"
+    workers = 1
+
+    def map(self, function: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
+        for index, item in enumerate(items):
+            try:
+                yield Outcome(index, item, function(item))
+            except Exception as exc:
+                yield Outcome(index, item, error=failure(exc))
+
+
+class LocalPool(_Closing):
+    """A pool of `workers` spawned processes on this machine (None: one per core)."""
+
+    name = "local pool"
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers or os.cpu_count() or 1
+        self._pool = ProcessPoolExecutor(max_workers=self.workers,
+                                         mp_context=get_context("spawn"))
+
+    def map(self, function: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
+        listed = list(items)
+        futures = {self._pool.submit(function, item): index for index, item in enumerate(listed)}
+        for future in as_completed(futures):
+            index = futures[future]
+            try:
+                yield Outcome(index, listed[index], future.result())
+            except BrokenProcessPool:
+                yield Outcome(index, listed[index], error=WORKER_DIED)
+            except Exception as exc:
+                yield Outcome(index, listed[index], error=failure(exc))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class DaskCluster(_Closing):
+    """The workers of a Dask distributed cluster, through a `distributed.Client`."""
+
+    name = "dask"
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._owned = False
+        self.workers = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+
+    @classmethod
+    def connect(cls, scheduler: str) -> DaskCluster:
+        """A client of the scheduler at `scheduler`: an address (tcp://host:port) or the
+        path of a scheduler file (`dask scheduler --scheduler-file`)."""
+        distributed = require("distributed", "Running gpudiag on a Dask cluster")
+        as_file = Path(scheduler)
+        try:
+            if "://" not in scheduler and as_file.is_file():
+                client = distributed.Client(scheduler_file=str(as_file), timeout="20s")
+            else:
+                client = distributed.Client(scheduler, timeout="20s")
+        except (OSError, TimeoutError) as exc:
+            raise InputError(scheduler, f"no Dask scheduler answered ({exc})",
+                             "start one (`dask scheduler`, then `dask worker ADDRESS`) or "
+                             "check the address / scheduler file") from exc
+        cluster = cls(client)
+        cluster._owned = True
+        return cluster
+
+    def map(self, function: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
+        distributed = require("distributed", "Running gpudiag on a Dask cluster")
+        listed = list(items)
+        futures = self.client.map(function, listed, pure=False)
+        positions = {future.key: index for index, future in enumerate(futures)}
+        for future in distributed.as_completed(futures):
+            index = positions[future.key]
+            try:
+                yield Outcome(index, listed[index], future.result())
+            except distributed.KilledWorker:
+                yield Outcome(index, listed[index], error=WORKER_DIED)
+            except Exception as exc:
+                yield Outcome(index, listed[index], error=failure(exc))
+
+    def close(self) -> None:
+        if self._owned:
+            self.client.close()
+
+
+def executor(workers: int | None = None, scheduler: str | None = None,
+             client: Any = None) -> InProcess | LocalPool | DaskCluster:
+    """The executor a command line or notebook asked for.
+
+        executor()                              # a local pool, one worker per core
+        executor(workers=1)                     # in this process
+        executor(scheduler="tcp://head:8786")   # a Dask cluster (or a scheduler file)
+
+    `client` (a `distributed.Client`) wins, then `scheduler`, then `DASK_SCHEDULER_ADDRESS`
+    when it is set; otherwise `workers` local processes (1: in this process).
+    """
+    if client is not None:
+        return DaskCluster(client)
+    address = scheduler or os.environ.get(SCHEDULER_ENV)
+    if address:
+        return DaskCluster.connect(address)
+    if workers is not None and workers < 1:
+        raise InputError(None, f"--workers {workers} is not a number of workers",
+                         "give 1 or more (1: in this process)")
+    if workers == 1:
+        return InProcess()
+    return LocalPool(workers)
