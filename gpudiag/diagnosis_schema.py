@@ -26,7 +26,7 @@ import pandas as pd
 
 from gpudiag import schema
 from gpudiag.errors import SchemaError
-from gpudiag.schema import NO_CATEGORIES, Column, Table, column_lines, conform_column, dtype_name
+from gpudiag.schema import Column, Table, column_lines, conform_column, empty_series
 
 #: dtypes a Diagnosis column may declare
 DTYPES = (*schema.DTYPES, "Float64", "bool", "string", "str")
@@ -598,14 +598,6 @@ def conform(part: Part, frame: pd.DataFrame) -> pd.DataFrame:
                            for name, s in out.items()}, index=frame.index, copy=False)
     result.attrs.update(frame.attrs)
     return result
-
-
-def empty_series(col: Column) -> pd.Series:
-    """A zero-row column at `col`'s declared dtype."""
-    if col.dtype == "category":
-        categories = pd.Index(list(col.values)) if col.values else NO_CATEGORIES
-        return pd.Series(pd.Categorical([], categories=categories))
-    return pd.Series([], dtype=dtype_name(col.dtype))
 
 
 # -- docs ------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ class Table:
         """A zero-row frame with every column at its declared dtype."""
         prototype = _EMPTY.get(self.name)
         if prototype is None:
-            prototype = pd.DataFrame({c.name: _empty_series(c) for c in self.columns})
+            prototype = pd.DataFrame({c.name: empty_series(c) for c in self.columns})
             _EMPTY[self.name] = prototype
         return prototype.copy()
 
@@ -162,10 +162,12 @@ def _conforms(series: pd.Series, col: Column) -> bool:
     return pd.api.types.is_string_dtype(cats.dtype)
 
 
-def _empty_series(col: Column) -> pd.Series:
-    if col.dtype == "int64":
-        return pd.Series(np.zeros(0, dtype=np.int64))
-    return _missing_series(col, 0)
+def empty_series(col: Column) -> pd.Series:
+    """A zero-row column at `col`'s declared dtype (Trace and Diagnosis dtypes alike)."""
+    if col.dtype == "category":
+        categories = pd.Index(list(col.values)) if col.values else NO_CATEGORIES
+        return pd.Series(pd.Categorical([], categories=categories))
+    return pd.Series([], dtype=dtype_name(col.dtype))
 
 
 def _missing_series(col: Column, n: int) -> pd.Series:

@@ -15,6 +15,7 @@ import pytest
 from gpudiag.errors import InputError, MissingDependencyError
 from gpudiag.jobs import executors
 from gpudiag.jobs.executors import DaskCluster, InProcess, LocalPool, Outcome, executor
+from tests.conftest import framework
 
 
 def square_or_refuse(item: int) -> int:
@@ -39,7 +40,7 @@ def worker_pid(_: int) -> int:
 
 @pytest.fixture(scope="module")
 def dask_client() -> Iterator[Any]:
-    distributed = pytest.importorskip("distributed")
+    distributed: Any = framework("distributed")  # CI installs it and requires it
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
@@ -101,7 +102,7 @@ def test_a_killed_dask_worker_ends_its_item_with_an_error_not_a_hang(dask_client
 
 
 def test_a_scheduler_nobody_runs_is_one_line(tmp_path: Path) -> None:
-    pytest.importorskip("distributed")
+    framework("distributed")
     with pytest.raises(InputError, match="no Dask scheduler answered"):
         executor(scheduler="tcp://127.0.0.1:9")
 
@@ -124,6 +125,8 @@ def test_the_environment_names_the_scheduler_like_the_nsight_recipes(
     with executor() as cluster:
         assert isinstance(cluster, DaskCluster)
         assert [o.value for o in by_index(cluster.map(square_or_refuse, [2, 4]))] == [4, 16]
+    with executor(workers=1) as here:  # a count asked for wins over the environment
+        assert isinstance(here, InProcess)
 
 
 def test_zero_workers_is_refused() -> None:

@@ -201,6 +201,10 @@ def test_a_failed_rule_is_one_error_row_and_local_estimates_follow_global_ones()
     errors = found[found["type"] == "error"]
     assert errors["kernel_id"].tolist() == [1, 0]  # one per (kernel, rule), in ncu's order
     assert errors["message"].str.startswith("Rule Occupancy").all()
+    # a warning of the same rule on the same kernel is no repeat of its error
+    both = rule_findings(rules_trace([rule(1, "Occupancy", "warning"),
+                                      rule(1, "Occupancy", "error")]))
+    assert both["type"].tolist() == ["warning", "error"]
 
 
 def test_rule_findings_of_a_trace_without_problems_is_empty_and_typed() -> None:

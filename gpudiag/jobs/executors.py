@@ -190,12 +190,13 @@ def executor(workers: int | None = None, scheduler: str | None = None,
         executor(workers=1)                     # in this process
         executor(scheduler="tcp://head:8786")   # a Dask cluster (or a scheduler file)
 
-    `client` (a `distributed.Client`) wins, then `scheduler`, then `DASK_SCHEDULER_ADDRESS`
-    when it is set; otherwise `workers` local processes (1: in this process).
+    `client` (a `distributed.Client`) wins, then `scheduler`; then `workers` local processes
+    (1: in this process) when a count is given, else `DASK_SCHEDULER_ADDRESS` when it is
+    set, else one local worker per core.
     """
     if client is not None:
         return DaskCluster(client)
-    address = scheduler or os.environ.get(SCHEDULER_ENV)
+    address = scheduler or (os.environ.get(SCHEDULER_ENV) if workers is None else None)
     if address:
         return DaskCluster.connect(address)
     if workers is not None and workers < 1:

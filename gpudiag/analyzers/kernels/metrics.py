@@ -301,10 +301,11 @@ def rule_findings(trace: Trace) -> pd.DataFrame:
     (`plain_message`).
     """
     found = rules(trace)
-    kind = found["type"].str.lower()
-    found = found[kind.isin(ACTIONABLE_RULE_TYPES).fillna(False).to_numpy(dtype=bool)]
-    errors = (found["type"].str.lower() == "error").fillna(False).to_numpy(dtype=bool)
-    repeated = found.duplicated(["kernel_id", "rule"]).to_numpy(dtype=bool) & errors
+    kind = found["type"].str.lower().fillna("")
+    found = found[kind.isin(ACTIONABLE_RULE_TYPES).to_numpy(dtype=bool)]
+    errors = (kind[found.index] == "error").to_numpy(dtype=bool)
+    repeated = np.zeros(len(found), dtype=bool)  # a second error of one rule on one kernel
+    repeated[errors] = found[errors].duplicated(["kernel_id", "rule"]).to_numpy(dtype=bool)
     found = found[~repeated]
     scope = found["speedup_type"].str.lower().map({"global": 0, "local": 1})
     order = scope.where(found["speedup_pct"].notna()).fillna(2).astype("int64")
