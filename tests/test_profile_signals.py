@@ -154,3 +154,63 @@ def test_profile_lines_never_carry_raw_control_characters(tmp_path: Path) -> Non
                                     "--no-report", "--", "no-such-\x1b[31mprogram"])
     assert done.exit_code == 127 and "cannot start" in done.output
     assert "\x1b" not in done.output and "\x07" not in done.output
+
+
+def test_a_stop_reentered_on_its_own_thread_returns_instead_of_deadlocking(
+        tmp_path: Path) -> None:
+    """A second SIGTERM (the pool's and the forwarded one, or the handler's resend) landed
+    inside the first stop, in `Event.set()` with its condition's lock held: the nested stop
+    saw no flag set yet, called set() again and waited on its own thread's lock forever.
+    Here the re-entry happens at that exact point, every time."""
+    import threading
+
+    from gpudiag.profiler import bootstrap
+
+    run_dir = tmp_path / "run"
+    session.make_run_dir(["x"], run_dir)
+    session.write_json(run_dir / "meta.json", {"command": ["x"]})
+    collector = bootstrap.HostCollector(run_dir, 3600.0, ["host"], {})
+    collector.dir.mkdir(parents=True)
+    nested: list[bool] = []
+
+    class ReenteredEvent(threading.Event):
+        def set(self) -> None:
+            with self._cond:  # what Event.set holds when a handler may run in it
+                nested.append(collector.stopping)
+                collector.stop(from_signal=True)  # the nested handler's stop
+                self._flag = True
+                self._cond.notify_all()
+
+    collector._wake = ReenteredEvent()
+    stopper = threading.Thread(target=collector.stop, daemon=True)
+    stopper.start()
+    stopper.join(10)
+    assert not stopper.is_alive(), "the re-entered stop deadlocked"
+    assert nested == [True]  # the nested stop saw the stop under way and returned
+
+
+def test_a_sigterm_flush_that_never_ends_still_ends_the_process(tmp_path: Path) -> None:
+    """The backstop: past `FLUSH_DEADLINE_S` faulthandler's C thread writes the stacks and
+    exits, even with the main thread stuck in the flush."""
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, threading
+        from gpudiag.profiler import sigterm
+
+        sigterm.FLUSH_DEADLINE_S = 1.0
+
+        class Stuck:
+            stopping = False
+
+            def stop(self, from_signal=False):
+                self.stopping = True
+                threading.Event().wait()  # a flush that never ends
+
+        sigterm.flush_on_sigterm(Stuck(), lambda function: False)
+        os.kill(os.getpid(), signal.SIGTERM)
+        threading.Event().wait()
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert "Timeout" in done.stderr and "in stop" in done.stderr  # the stuck stack, shown

@@ -152,7 +152,13 @@ class HostCollector:
         self._lock = OwnedLock()
         self._flush_lock = OwnedLock()  # the flush thread and the final flush share temp files
         self._in_signal = False  # the final flush runs from a signal handler
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # wakes the flush thread to end
+        # Taken once, by the first stop, never released: a stop that a signal handler or a
+        # pending call re-enters on the same thread (a second SIGTERM, the forwarded one,
+        # landing inside the first stop) sees it taken and returns. `_wake.is_set()` could
+        # not say so: Event.set() holds its condition's lock before the flag is set, and the
+        # re-entered stop's set() waited forever on the lock its own thread held.
+        self._stop_claim = threading.Lock()
         self._thread: threading.Thread | None = None
         self._boundary_ns: int | None = None  # the last optimizer step's end
         self._stack_file: str | None = None
@@ -303,7 +309,7 @@ class HostCollector:
     @property
     def stopping(self) -> bool:
         """The final flush has begun (or is done)."""
-        return self._wake.is_set()
+        return self._stop_claim.locked()
 
     def stop(self, from_signal: bool = False) -> None:
         """Final flush at exit; never raises into the interpreter's shutdown.
@@ -312,8 +318,8 @@ class HostCollector:
         inside a flush or a marker: then nothing waits for a lock this thread holds (what
         that flush had not written is lost and reported, the process still ends).
         """
-        if self._wake.is_set():  # stopped already (SIGTERM flush, then atexit)
-            return
+        if not self._stop_claim.acquire(blocking=False):  # one C call: no handler runs
+            return  # in it; stopped already or stopping (SIGTERM flush, then atexit)
         self._in_signal = from_signal
         self._wake.set()
         self.window.cancel()

@@ -18,10 +18,16 @@ handler itself runs at the handler's own next bytecode, still inside the callbac
 thread blocked in a system call runs no bytecode; the thread sends the signal again after
 `RESEND_S`, and that second handler, run from the interrupted call and not from a callback
 (a callback takes microseconds), flushes at once.
+
+Whatever the flush meets, the process still ends: the first SIGTERM arms faulthandler's
+deadline (`FLUSH_DEADLINE_S`), a C thread that needs no GIL. Past it, every thread's Python
+stack goes to stderr and the process exits (status 1), so a pool joining its terminated
+workers never waits forever on gpudiag's flush.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -33,6 +39,8 @@ from typing import Protocol
 
 #: how long the flush asked for at the next bytecode may wait before the signal is sent again
 RESEND_S = 0.5
+#: how long a flush begun by SIGTERM may take before the process is ended without it
+FLUSH_DEADLINE_S = 120.0
 
 
 class Collector(Protocol):
@@ -72,6 +80,8 @@ def flush_on_sigterm(collector: Collector,
     def on_sigterm(_signum: int, _frame: FrameType | None) -> None:
         if collector.stopping:
             return
+        if not state["asked"]:
+            faulthandler.dump_traceback_later(FLUSH_DEADLINE_S, exit=True)
         if sys.getprofile() is None or state["asked"]:
             finish()
             return
