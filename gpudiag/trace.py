@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -276,30 +276,34 @@ def is_trace_dir(path: Path) -> bool:
     return isinstance(meta, dict) and meta.get("gpudiag_format") == FORMAT_NAME
 
 
-def merge(traces: Iterable[Trace]) -> Trace:
+def merge(traces: Iterable[Trace], offsets: Sequence[int] | None = None) -> Trace:
     """One Trace from several processes or ranks.
 
     Rows keep their `pid` and `rank`; a trace whose meta names a rank fills it into rows that
-    have none. `kernel_id` is offset so it stays unique (metrics and collectives follow).
+    have none. `kernel_id` is offset so it stays unique (metrics and collectives follow):
+    each trace's by the kernels of the traces before it, or by `offsets` (the pieces of a
+    job whose files were numbered apart, `jobs`).
     """
     traces = list(traces)
-    if len(traces) == 1:
+    if len(traces) == 1 and not offsets:
         return traces[0]
     parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLE_NAMES}
     offset = 0
-    for trace in traces:
+    for index, trace in enumerate(traces):
         trace.fill_rank()
+        if offsets is not None:
+            offset = offsets[index]
         for name, frame in trace.tables().items():
             shift = "kernel_id" in frame.columns and len(frame) and offset
             parts[name].append(frame.assign(kernel_id=frame["kernel_id"] + offset) if shift
                                else frame)
         if len(trace.kernels):
             offset += int(trace.kernels["kernel_id"].max()) + 1
-    tables = {name: _concat(frames) for name, frames in parts.items()}
-    return Trace(meta=_merge_meta([member.meta for member in traces]), **tables)
+    tables = {name: concat_tables(frames) for name, frames in parts.items()}
+    return Trace(meta=merge_meta([member.meta for member in traces]), **tables)
 
 
-def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+def concat_tables(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """Concatenate keeping categories (pandas turns differing categories into object)."""
     nonempty = [frame for frame in frames if len(frame)] or frames[:1]
     out = pd.concat(nonempty, ignore_index=True)
@@ -311,7 +315,7 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return out
 
 
-def _merge_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
     merged: dict[str, Any] = {"sources": [], "warnings": {}, "tool_versions": {}}
     ranks = sorted({info["rank"] for info in metas if info.get("rank") is not None})
     for meta in metas:

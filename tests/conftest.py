@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,13 @@ def cli_status(*args: str) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+@pytest.fixture(scope="module")
+def dask_client() -> Iterator[Any]:
+    """A real Dask LocalCluster of 2 worker processes, started here, and its client."""
+    distributed: Any = framework("distributed")  # CI installs it and requires it
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        yield client

@@ -38,15 +38,6 @@ def worker_pid(_: int) -> int:
     return os.getpid()
 
 
-@pytest.fixture(scope="module")
-def dask_client() -> Iterator[Any]:
-    distributed: Any = framework("distributed")  # CI installs it and requires it
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, \
-            distributed.Client(cluster) as client:
-        yield client
-
-
 def by_index(outcomes: Iterator[Outcome]) -> list[Outcome]:
     return sorted(outcomes, key=lambda outcome: outcome.index)
 

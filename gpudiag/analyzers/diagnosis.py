@@ -134,7 +134,7 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     """
     from gpudiag.analyzers.steps import training as steps_mod
 
-    bounds = _bounds(trace, window)
+    bounds = bounds_of(trace, window)
     whole = trace  # the waterfall's rules see the whole trace, then its layers are cut
     if bounds is not None:
         trace = window_mod.within(trace, bounds)
@@ -146,20 +146,21 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     notes: list[str] = []
     tables: dict[str, pd.DataFrame] = {}
     timeline, all_gaps = _timeline(whole, gap_options, notes)
-    gaps = declared.conform_frame("gaps", _cut(all_gaps, bounds))
+    gaps = declared.conform_frame("gaps", cut_gaps(all_gaps, bounds))
     gpu, host = _findings(trace, whole, gaps, notes, tables, gap_options=gap_options)
     loss = timeline.totals(bounds) if timeline is not None else losses_frame()
     total = int(loss.groupby(["rank", "device"], dropna=False)["lost_ns"].sum().sum())
     found = findings_mod.combine(gpu, total)
     training = steps_mod.training_steps(trace)
-    notes.extend(_step_notes(training, trace))
+    notes.extend(step_notes(training, has_host_ops(trace)))
     warm = steps_mod.warmup_window(training)
     if warm is not None and timeline is not None and len(found):
         warm_bounds = (max(warm[0], bounds[0]), min(warm[1], bounds[1])) if bounds else warm
-        found = _flag_warmup(found, whole, all_gaps, warm_bounds, training,
-                             gap_options=gap_options)
+        if warm_bounds[1] > warm_bounds[0]:
+            early = warm_findings(whole, all_gaps, warm_bounds, gap_options=gap_options)
+            found = flag_warmup(found, early, training)
     dx = Diagnosis(losses=declared.conform_frame("losses", loss),
-                   findings=declared.conform_frame("findings", _rank(found, host)),
+                   findings=declared.conform_frame("findings", rank_findings(found, host)),
                    tables=tables, notes=notes, window_ns=bounds, timeline=timeline, gaps=gaps,
                    steps=declared.conform_frame("steps", training), per_step=steps)
     if steps and timeline is not None:
@@ -167,7 +168,7 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     return dx
 
 
-def _bounds(trace: Trace, window: str | tuple[int, int] | None) -> tuple[int, int] | None:
+def bounds_of(trace: Trace, window: str | tuple[int, int] | None) -> tuple[int, int] | None:
     """A window spec as bounds; a name that only a detected step has (`step 3` of a run
     without markers) is that step's window."""
     if window is None:
@@ -197,14 +198,10 @@ def _findings(trace: Trace, whole: Trace, gaps: pd.DataFrame | None, notes: list
         if analyzer.needs_gaps:
             if gaps is None:  # no waterfall: the note says why
                 continue
-            result = _module(analyzer).analyze(
-                whole if analyzer.name == "host_gaps" else trace,
-                **({"gaps": gaps} if analyzer.name == "host_gaps" else {}))
-        elif _applies(trace, analyzer, notes):
-            options = gap_options if analyzer.gap_options else {}
-            result = _module(analyzer).analyze(trace, **options)
-        else:
+        elif not applies(trace, analyzer, notes):
             continue
+        target, options = analyzer_inputs(analyzer, trace, whole, gaps, gap_options)
+        result = module_of(analyzer).analyze(target, **options)
         (host if analyzer.name in HOST_ANALYZERS else gpu).append(result.findings)
         if tables is not None:  # each checked against gpudiag/diagnosis_schema.py
             tables.update({name: declared.conform_table(name, table, analyzer.name)
@@ -212,19 +209,34 @@ def _findings(trace: Trace, whole: Trace, gaps: pd.DataFrame | None, notes: list
     return gpu, host
 
 
-def _module(analyzer: Analyzer) -> Any:
+def has_host_ops(trace: Trace) -> bool:
+    """Whether the trace has host ops (where training steps are looked for)."""
+    return bool(trace.ranges["source"].isin(["torch_op", "host", "annotation"]).any())
+
+
+def analyzer_inputs(analyzer: Analyzer, trace: Trace, whole: Trace,
+                    gaps: pd.DataFrame | None, gap_options: dict[str, Any]
+                    ) -> tuple[Trace, dict[str, Any]]:
+    """What the analyzer is called with: the window's trace (host_gaps: the whole trace and
+    the window's gaps) and its options."""
+    if analyzer.name == "host_gaps":
+        return whole, {"gaps": gaps}
+    return trace, (gap_options if analyzer.gap_options else {})
+
+
+def module_of(analyzer: Analyzer) -> Any:
     """The analyzer's module, imported on first use (most traces need a few of them)."""
     return importlib.import_module(analyzer.module)
 
 
-def _step_notes(steps: pd.DataFrame, trace: Trace) -> list[str]:
-    """What the steps are and how they were found; which are warm-up."""
+def step_notes(steps: pd.DataFrame, has_ops: bool) -> list[str]:
+    """What the steps are and how they were found; which are warm-up (`has_ops`: the
+    trace has host ops, where steps were looked for)."""
     from gpudiag.analyzers.findings import format_ns
     from gpudiag.analyzers.steps.training import summary
 
     info = summary(steps)
     if not info["count"]:
-        has_ops = trace.ranges["source"].isin(["torch_op", "host", "annotation"]).any()
         return ["no training steps found (no step markers, optimizer steps, jitted step "
                 "executions or repeating ops): host tables cover the whole trace"] \
             if has_ops else []
@@ -238,17 +250,25 @@ def _step_notes(steps: pd.DataFrame, trace: Trace) -> list[str]:
     return [line]
 
 
-def _flag_warmup(found: pd.DataFrame, whole: Trace, gaps: pd.DataFrame | None,
-                 warm: tuple[int, int], steps: pd.DataFrame, *, gap_options: dict[str, Any],
-                 min_share: float = 0.5) -> pd.DataFrame:
-    """Mark findings whose lost time lies mostly (`min_share`) inside the warm-up steps:
-    the same analyzers on the warm-up window, matched by (cause, where, advice)."""
-    if warm[1] <= warm[0]:
-        return found
+def warm_findings(whole: Trace, gaps: pd.DataFrame | None, warm: tuple[int, int], *,
+                  gap_options: dict[str, Any]) -> pd.DataFrame:
+    """The findings of the GPU analyzers on the warm-up window alone (what `flag_warmup`
+    matches the findings of the whole window against)."""
     inside = window_mod.within(whole, warm)
-    parts, _ = _findings(inside, whole, _cut(gaps, warm), [], None, gap_options=gap_options,
-                         skip=HOST_ANALYZERS | {"timeline"})
-    early = findings_mod.combine(parts, 0)
+    parts, _ = _findings(inside, whole, cut_gaps(gaps, warm), [], None,
+                         gap_options=gap_options, skip=WARM_SKIPPED)
+    return findings_mod.combine(parts, 0)
+
+
+#: analyzers left out of the warm-up window's findings: host time and the stream table
+WARM_SKIPPED = HOST_ANALYZERS | {"timeline"}
+
+
+def flag_warmup(found: pd.DataFrame, early: pd.DataFrame, steps: pd.DataFrame, *,
+                min_share: float = 0.5) -> pd.DataFrame:
+    """Mark findings whose lost time lies mostly (`min_share`) inside the warm-up steps:
+    `early` holds the same analyzers' findings on the warm-up window, matched by (cause,
+    where, advice)."""
     if early.empty:
         return found
     key = ["cause", "where", "advice"]
@@ -268,7 +288,7 @@ def _flag_warmup(found: pd.DataFrame, whole: Trace, gaps: pd.DataFrame | None,
     return out
 
 
-def _rank(found: pd.DataFrame, host: list[pd.DataFrame]) -> pd.DataFrame:
+def rank_findings(found: pd.DataFrame, host: list[pd.DataFrame]) -> pd.DataFrame:
     """GPU findings by lost time, then host findings (host time, their own share of step
     time), then warm-up ones: a one-time cost is never the top finding."""
     host_found = findings_mod.frame(pd.concat([h for h in host if len(h)], ignore_index=True)) \
@@ -283,7 +303,8 @@ def _rank(found: pd.DataFrame, host: list[pd.DataFrame]) -> pd.DataFrame:
     return findings_mod.frame(both.drop(columns=["_warmup", "_group"]))
 
 
-def _cut(gaps: pd.DataFrame | None, bounds: tuple[int, int] | None) -> pd.DataFrame | None:
+def cut_gaps(gaps: pd.DataFrame | None, bounds: tuple[int, int] | None
+             ) -> pd.DataFrame | None:
     """Gap pieces inside the window, cut to it."""
     if bounds is None or gaps is None:
         return gaps
@@ -322,7 +343,9 @@ def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str]
     return timeline, idle_gaps(trace, **gap_options)
 
 
-def _applies(trace: Trace, analyzer: Analyzer, notes: list[str]) -> bool:
+def applies(trace: Trace, analyzer: Analyzer, notes: list[str]) -> bool:
+    """Whether a (non-gap) analyzer runs on the trace; a note when its times are not a
+    timeline."""
     if not any(len(getattr(trace, t)) for t in analyzer.requires):
         return False
     if analyzer.timeline and not trace.meta.get("timeline", True):

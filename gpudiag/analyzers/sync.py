@@ -13,6 +13,7 @@ synchronize calls; they are counted and their host wait reported, with no GPU id
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,11 @@ def sync_points(trace: Trace, **gap_options: Any) -> pd.DataFrame:
     `per_step` = count / steps; both NA without step markers. `gap_options` go to
     `gaps.idle_gaps`.
     """
-    waits = classified_waits(trace, **gap_options)
+    return _points(classified_waits(trace, **gap_options), len(_steps(trace)))
+
+
+def _points(waits: pd.DataFrame, steps: int) -> pd.DataFrame:
+    """`sync_points` of classified waits, `steps` step ranges in all."""
     if waits.empty:
         return _empty()
     waits = waits.assign(host_wait_ns=waits["end_ns"] - waits["start_ns"])
@@ -63,12 +68,11 @@ def sync_points(trace: Trace, **gap_options: Any) -> pd.DataFrame:
     out = grouped.agg(count=("start_ns", "size"), host_wait_ns=("host_wait_ns", "sum"),
                       gpu_idle_ns=("gpu_idle_ns", "sum"), steps_with=("step", "nunique"),
                       api=("api", _most_common)).reset_index()
-    steps = _steps(trace)
-    if steps.empty:
+    if not steps:
         out["steps_with"] = pd.NA
         out["per_step"] = np.nan
     else:
-        out["per_step"] = out["count"] / len(steps)
+        out["per_step"] = out["count"] / steps
     out = out.sort_values(["gpu_idle_ns", "host_wait_ns"], ascending=False, ignore_index=True)
     return out.loc[:, list(COLUMNS)].astype({"kind": "string", "where": "string",
                                              "steps_with": "Int64", "api": "string"})
@@ -149,9 +153,40 @@ def analyze(trace: Trace, **gap_options: Any) -> Result:
         result.tables["sync_points"].head()
         result.tables["sync_waits"][["kind", "where", "gpu_idle_ns"]]
     """
-    points = sync_points(trace, **gap_options)
-    return Result(findings(trace, points=points),
-                  {"sync_points": points, "sync_waits": classified_waits(trace, **gap_options)})
+    return combine([part(trace, **gap_options)])
+
+
+@dataclass(frozen=True)
+class Part:
+    """What one rank (or any slice of a job by whole processes) contributes: its
+    classified waits, its step ranges and whether it has GPU activity. `combine` of the
+    parts of a job's ranks is the analysis of the merged job."""
+
+    waits: pd.DataFrame
+    steps: int
+    host_only: bool
+
+
+def part(trace: Trace, **gap_options: Any) -> Part:
+    """This rank's share of the sync analysis (see `combine`)."""
+    return Part(classified_waits(trace, **gap_options), len(_steps(trace)),
+                trace.kernels.empty and trace.copies.empty)
+
+
+def combine(parts: list[Part]) -> Result:
+    """The analysis of the ranks whose parts these are, in their merge order: the waits
+    concatenated in time order (step positions numbered across the job, as in a merged
+    trace), then grouped by call site."""
+    frames, offset = [], 0
+    for piece in parts:
+        frames.append(piece.waits.assign(step=piece.waits["step"] + offset) if offset
+                      else piece.waits)
+        offset += piece.steps
+    waits = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True).sort_values(
+        "start_ns", kind="stable", ignore_index=True)  # as `blocking_waits` sorts them
+    points = _points(waits, offset)
+    host_only = all(piece.host_only for piece in parts)
+    return Result(_findings(points, host_only), {"sync_points": points, "sync_waits": waits})
 
 
 def findings(trace: Trace, *, min_lost_ns: int = 0, points: pd.DataFrame | None = None,
@@ -163,7 +198,11 @@ def findings(trace: Trace, *, min_lost_ns: int = 0, points: pd.DataFrame | None 
     `points`: a `sync_points` result to reuse (else computed with `gap_options`).
     """
     points = sync_points(trace, **gap_options) if points is None else points
-    host_only = trace.kernels.empty and trace.copies.empty
+    return _findings(points, trace.kernels.empty and trace.copies.empty, min_lost_ns)
+
+
+def _findings(points: pd.DataFrame, host_only: bool, min_lost_ns: int = 0) -> pd.DataFrame:
+    """Findings of sync points: by GPU idle, or by host wait when there is no GPU."""
     if host_only:  # no GPU timeline: rank by the host time blocked instead
         points = points[points["host_wait_ns"] > 0].assign(gpu_idle_ns=points["host_wait_ns"])
     else:

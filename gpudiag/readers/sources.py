@@ -49,6 +49,18 @@ def load(paths: PathLike | Sequence[PathLike], *, progress: Progress | None = No
     return trace
 
 
+def units_of(paths: PathLike | Sequence[PathLike]) -> list[Path]:
+    """The files (and saved trace or run directories) `load` would read for `paths`, in
+    the order it merges them: the units of a many-rank job, read one by one elsewhere."""
+    items = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    if not items:
+        raise InputError(None, "no input path given", "pass a profile file or directory")
+    found: list[Path] = []
+    for item in items:
+        found += [path for path, _ in _expand(Path(item), [])]
+    return found
+
+
 def read_file(path: Path, reader: Reader | None = None) -> Trace:
     """Read one file, saved trace directory or run directory."""
     if path.is_dir():

@@ -60,6 +60,10 @@ class LossTimeline:
 
     windows: dict[DeviceKey, tuple[int, int]] = field(default_factory=dict)
     layers: dict[DeviceKey, dict[str, Layer]] = field(default_factory=dict)
+    #: per device, the union of the segments where only collective kernels ran: what
+    #: comm_wait is carved from once the ranks' waits are known (a job's ranks are read
+    #: apart, and their waits need every rank's collectives: `jobs` intersects them later)
+    comm_only: dict[DeviceKey, intervals.Spans] = field(default_factory=dict)
 
     def amounts(self, key: tuple[Any, Any],
                 edges: npt.ArrayLike) -> dict[str, npt.NDArray[np.float64]]:
@@ -79,19 +83,28 @@ class LossTimeline:
         """`rank, device, cause, lost_ns, share` over each device's window (or `window`)."""
         rows = []
         for key, (first, last) in self.windows.items():
-            start, end = (first, last) if window is None else (max(first, window[0]),
-                                                              min(last, window[1]))
-            length = max(end - start, 0)
-            if window is not None and length == 0:
+            start, end = clip_window((first, last), window)
+            if window is not None and end - start <= 0:
                 continue  # the device ran nothing in the window
             amounts = self.amounts(key, [start, max(start, end)])
             lost = {cause: round(float(amounts.get(cause, [0.0])[0])) for cause in LOSS_CAUSES
                     if cause != "useful"}
-            lost["useful"] = length - sum(lost.values())
-            rows += [{"rank": key[0], "device": key[1], "cause": cause, "lost_ns": lost[cause],
-                      "share": lost[cause] / length if length else np.nan}
-                     for cause in LOSS_CAUSES]
+            rows += loss_rows(key, max(end - start, 0), lost)
         return losses_frame(rows)
+
+
+def clip_window(device_window: tuple[int, int], window: tuple[int, int] | None
+                ) -> tuple[int, int]:
+    """A device's window cut to the analyzed window (itself when there is none)."""
+    first, last = device_window
+    return (first, last) if window is None else (max(first, window[0]), min(last, window[1]))
+
+
+def loss_rows(key: DeviceKey, length: int, lost: dict[str, int]) -> list[dict[str, object]]:
+    """The waterfall rows of one device: each cause's lost time, `useful` the rest."""
+    lost = {**lost, "useful": length - sum(v for c, v in lost.items() if c != "useful")}
+    return [{"rank": key[0], "device": key[1], "cause": cause, "lost_ns": lost[cause],
+             "share": lost[cause] / length if length else np.nan} for cause in LOSS_CAUSES]
 
 
 def losses_frame(rows: list[dict[str, object]] | None = None) -> pd.DataFrame:
@@ -138,10 +151,10 @@ def loss_timeline(trace: Trace, *, efficiency: pd.Series | None = None,
         weights[is_kernel] = weight.reindex(rows[is_kernel]).to_numpy(np.float64)
         is_comm = np.zeros(len(idx), dtype=bool)
         is_comm[is_kernel] = comm.reindex(rows[is_kernel]).to_numpy(bool)
-        layers = _busy_layers(events.start[idx], events.end[idx], weights=weights,
-                              is_comm=is_comm, waits=_device_rows(waits, key), first=first,
-                              last=last)
-        for cause, layer in _idle_layers(_device_rows(gaps, key)).items():
+        layers, timeline.comm_only[key] = _busy_layers(
+            events.start[idx], events.end[idx], weights=weights, is_comm=is_comm,
+            waits=device_rows(waits, key), first=first, last=last)
+        for cause, layer in _idle_layers(device_rows(gaps, key)).items():
             old = layers.get(cause)
             layers[cause] = layer if old is None else (  # disjoint: busy vs idle copy time
                 np.concatenate([old[0], layer[0]]), np.concatenate([old[1], layer[1]]),
@@ -177,7 +190,8 @@ def _kernel_weights(trace: Trace, efficiency: pd.Series | None
 
 def _busy_layers(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], *,
                  weights: npt.NDArray[np.float64], is_comm: npt.NDArray[np.bool_],
-                 waits: pd.DataFrame, first: int, last: int) -> dict[str, Layer]:
+                 waits: pd.DataFrame, first: int, last: int
+                 ) -> tuple[dict[str, Layer], intervals.Spans]:
     start, end = np.clip(start, first, last), np.clip(end, first, last)
     is_copy = np.isnan(weights)
     compute = ~is_copy & ~is_comm
@@ -191,12 +205,17 @@ def _busy_layers(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], *,
     copy_only = ~has_compute & ~has_comm & (sweep.sum(is_copy) > 0.5)
     comm_only = ~has_compute & has_comm
     keep = small > 0
-    waiting = intervals.union(waits["start_ns"], waits["end_ns"])
-    comm_wait = intervals.intersect(intervals.union(seg_start[comm_only], seg_end[comm_only]),
-                                    waiting)
+    only_comm = intervals.union(seg_start[comm_only], seg_end[comm_only])
     return {"small_grid": (seg_start[keep], seg_end[keep], small[keep]),
             "copy": (seg_start[copy_only], seg_end[copy_only], np.ones(int(copy_only.sum()))),
-            "comm_wait": (*comm_wait, np.ones(len(comm_wait[0])))}
+            "comm_wait": comm_wait_layer(only_comm, waits)}, only_comm
+
+
+def comm_wait_layer(comm_only: intervals.Spans, waits: pd.DataFrame) -> Layer:
+    """The comm_wait layer of a device: where only collectives ran and the rank waited for
+    its peers (`waits`: that device's rows of `collectives.wait_intervals`)."""
+    spans = intervals.intersect(comm_only, intervals.union(waits["start_ns"], waits["end_ns"]))
+    return (*spans, np.ones(len(spans[0])))
 
 
 def _idle_layers(gaps: pd.DataFrame) -> dict[str, Layer]:
@@ -208,7 +227,7 @@ def _idle_layers(gaps: pd.DataFrame) -> dict[str, Layer]:
     return layers
 
 
-def _device_rows(frame: pd.DataFrame, key: DeviceKey) -> pd.DataFrame:
+def device_rows(frame: pd.DataFrame, key: DeviceKey) -> pd.DataFrame:
     """The rows of `frame` (rank and device NA where unknown) on the device `key`."""
     rank, device = keys.key_array(frame["rank"]), keys.key_array(frame["device"])
     return frame[(rank == key[0]) & (device == key[1])]

@@ -1,0 +1,149 @@
+"""`diagnose_job`: a job of many ranks diagnosed rank by rank, in parallel, then reduced.
+
+    dx = gpudiag.jobs.diagnose_job("traces/")              # one worker per core
+    dx = gpudiag.jobs.diagnose_job(paths, workers=1)       # in this process
+    dx = gpudiag.jobs.diagnose_job(paths, client=client)   # on a Dask cluster
+
+Each file (a rank's trace, or a run directory) is read where the map runs
+(`rank_map.read_unit`) and only its compact part comes back; `reduce` makes the job's
+Diagnosis from the parts: the same Diagnosis as `diagnose(gpudiag.load(paths))`, with
+`timeline` left None (a job's layers stay with its ranks). A file that cannot be read is
+listed in `JobDiagnosis.failed` with its one-line error and the others are analyzed.
+When warm-up steps are found, their findings need the warm-up window of the whole job:
+the files are read a second time for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpudiag.analyzers import diagnosis
+from gpudiag.analyzers import findings as findings_mod
+from gpudiag.analyzers.diagnosis import Diagnosis
+from gpudiag.analyzers.steps import training as steps_mod
+from gpudiag.diagnosis_schema import conform_frame
+from gpudiag.errors import InputError
+from gpudiag.jobs import reduce
+from gpudiag.jobs.executors import Outcome, executor
+from gpudiag.jobs.rank_map import Options, UnitPart, read_unit
+from gpudiag.readers.sources import PathLike, units_of
+
+Progress = Callable[[Outcome, int], None]
+
+
+@dataclass
+class JobDiagnosis(Diagnosis):
+    """A Diagnosis of a many-rank job: `failed` lists the files that could not be read
+    (path, one-line error); the rest were analyzed."""
+
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    units: list[str] = field(default_factory=list)
+
+
+def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = None,
+                 scheduler: str | None = None, client: Any = None, steps: bool = False,
+                 window: tuple[int, int] | None = None, launch_gap_ns: int = 50_000,
+                 sync_tolerance_ns: int = 2_000, progress: Progress | None = None
+                 ) -> JobDiagnosis:
+    """The diagnosis of the job whose rank files are `paths` (files, or folders of them).
+
+    `workers`, `scheduler`, `client`: where the ranks are read (`executors.executor`);
+    `steps`, `launch_gap_ns`, `sync_tolerance_ns`: as for `diagnose`; `window`: absolute
+    (start_ns, end_ns) bounds. `progress(outcome, total)` is called as each file finishes.
+    """
+    units = [str(path) for path in units_of(paths)]
+    options = Options(bounds=window, steps=steps, gap_options={
+        "launch_gap_ns": launch_gap_ns, "sync_tolerance_ns": sync_tolerance_ns})
+    with executor(workers=workers, scheduler=scheduler, client=client) as pool:
+        parts, failed = _run(pool, units, options, progress)
+        if not parts:
+            raise InputError(units[0] if len(units) == 1 else None,
+                             f"none of the job's {len(units)} files could be read "
+                             f"(first: {failed[0][1]})", "check the files listed")
+        dx, found, host = _reduce(parts, options)
+        warm = _warm_window(dx, found, window)
+        if warm is not None:
+            warm_parts, more = _run(pool, [p.unit for p in parts],
+                                    Options(bounds=window, gap_options=options.gap_options,
+                                            warm=warm), None)
+            failed += more
+            found = _flag(found, dx, warm_parts, options)
+    dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host))
+    dx.failed = failed
+    dx.units = units
+    return dx
+
+
+def _run(pool: Any, units: list[str], options: Options, progress: Progress | None
+         ) -> tuple[list[UnitPart], list[tuple[str, str]]]:
+    """Every file's part, in file order; the files that failed with their error."""
+    done: dict[int, UnitPart] = {}
+    failed: list[tuple[str, str]] = []
+    for outcome in pool.map(read_unit, [(unit, options) for unit in units]):
+        if progress is not None:
+            progress(outcome, len(units))
+        if outcome.ok:
+            done[outcome.index] = outcome.value
+        else:
+            failed.append((units[outcome.index], str(outcome.error)))
+    return [done[index] for index in sorted(done)], failed
+
+
+def _reduce(units: list[UnitPart], options: Options
+            ) -> tuple[JobDiagnosis, pd.DataFrame, list[pd.DataFrame]]:
+    """The job's Diagnosis, and its GPU findings and host findings before they are ranked
+    (the warm-up flags, from a second pass, come first)."""
+    ranks = reduce.placed(units)
+    meta = reduce.job_meta(units)
+    calls = reduce.collectives_trace(ranks, meta)
+    made, notes = reduce.timeline_notes(ranks, meta)
+    waits = reduce.job_waits(calls, notes) if made else None
+    gaps = reduce.gaps(ranks) if made else None
+    tables: dict[str, Any] = {}
+    gpu, host = reduce.findings(ranks, gaps, meta, notes, tables,
+                                gap_options=options.gap_options)
+    loss = reduce.losses(ranks, waits, options.bounds) if made else reduce.losses([], None, None)
+    total = int(loss["lost_ns"].sum())
+    found = findings_mod.combine(gpu, total)
+    training = reduce.steps(ranks)
+    notes.extend(diagnosis.step_notes(training, any(p.has_host_ops for _, p in ranks)))
+    dx = JobDiagnosis(losses=conform_frame("losses", loss), findings=found, tables=tables,
+                      notes=notes, window_ns=options.bounds, timeline=None, gaps=gaps,
+                      steps=training, per_step=options.steps)
+    if options.steps and made:
+        dx.by_step = reduce.by_step(ranks, waits)
+    return dx, found, host
+
+
+def _warm_window(dx: JobDiagnosis, found: pd.DataFrame, bounds: tuple[int, int] | None
+                 ) -> tuple[int, int] | None:
+    """The job's warm-up window (every process's warm-up steps), when findings may lie in it."""
+    warm = steps_mod.warmup_window(dx.steps) if dx.steps is not None else None
+    if warm is None or dx.gaps is None or not len(found):
+        return None
+    if bounds is not None:
+        warm = (max(warm[0], bounds[0]), min(warm[1], bounds[1]))
+    return warm if warm[1] > warm[0] else None
+
+
+def _flag(found: pd.DataFrame, dx: JobDiagnosis, units: list[UnitPart], options: Options
+          ) -> pd.DataFrame:
+    """Flag the findings whose time lies mostly in the warm-up steps (second pass)."""
+    ranks = reduce.placed(units)
+    meta = reduce.job_meta(units)
+    warm_gaps = reduce.gaps(ranks)
+    parts, _ = reduce.findings(ranks, warm_gaps, meta, [], None,
+                               gap_options=options.gap_options, skip=diagnosis.WARM_SKIPPED)
+    early = findings_mod.combine(parts, 0)
+    assert dx.steps is not None
+    return diagnosis.flag_warmup(found, early, dx.steps)
+
+
+def job_units(paths: PathLike | Sequence[PathLike]) -> list[Path]:
+    """The files of a job, in the order `gpudiag.load` merges them."""
+    return units_of(paths)

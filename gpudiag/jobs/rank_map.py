@@ -1,0 +1,253 @@
+"""The map of a many-rank job: what one rank's file contributes, computed where it is read.
+
+`read_unit(unit)` reads one file (or run directory) of the job and returns a `UnitPart`
+holding one `RankPart` per rank in it (usually one). Only compact results leave the worker:
+the rank's devices, meta and collective rows, each device's window and its losses except
+comm_wait (which needs every rank's collectives) with the intervals comm_wait is carved
+from, the idle gap pieces, the steps, and each analyzer's `part` (what `combine` of the
+analyzer needs from a rank: classified waits, gap pieces with call sites, ...). Never the
+rank's event tables, except for an analyzer that has no `part` yet: its rank trace
+travels (`RankPart.fallback`), so the job's answer is still the merged one.
+
+`read_unit` must be importable by name: the executors' workers import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpudiag import diagnosis_schema as declared
+from gpudiag import intervals
+from gpudiag.analyzers import diagnosis
+from gpudiag.analyzers import window as window_mod
+from gpudiag.analyzers.findings import LOSS_CAUSES
+from gpudiag.analyzers.losses.waterfall import DeviceKey, LossTimeline, clip_window
+from gpudiag.analyzers.steps import training as steps_mod
+from gpudiag.readers.sources import read_file
+from gpudiag.trace import Trace
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the job is asked: the window (absolute ns, resolved by the coordinator), the
+    per-step waterfall, the gap thresholds, and (second pass) the warm-up window."""
+
+    bounds: tuple[int, int] | None = None
+    steps: bool = False
+    gap_options: dict[str, Any] = field(default_factory=lambda: {
+        "launch_gap_ns": 50_000, "sync_tolerance_ns": 2_000})
+    warm: tuple[int, int] | None = None
+
+
+@dataclass
+class RankPart:
+    """One rank's share of the job's diagnosis (see the module docstring)."""
+
+    rank: int | None
+    meta: dict[str, Any]
+    devices: pd.DataFrame
+    collectives: pd.DataFrame
+    timeline: bool  # the source's times are a timeline
+    has_gpu: bool   # kernels or copies
+    has_host_ops: bool
+    row_counts: dict[str, int]
+    windows: dict[DeviceKey, tuple[int, int]] = field(default_factory=dict)
+    lost: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)  # no comm_wait yet
+    comm_only: dict[DeviceKey, intervals.Spans] = field(default_factory=dict)
+    occupancy: tuple[int, int, str | None] = (0, 0, None)  # unknown, kernels, why unknown
+    timeline_made: bool = False  # a waterfall (kernels or copies on a timeline)
+    gaps: pd.DataFrame | None = None
+    gap_count: int = 0  # idle gaps before the window cut them (the merged index numbers)
+    steps: pd.DataFrame | None = None
+    by_step: pd.DataFrame | None = None
+    parts: dict[str, Any] = field(default_factory=dict)
+    #: for a rank split from a file of several: the file's row number of each of its kernels
+    #: and copies rows (gap pieces name the next event by row; None: the rank is the file)
+    positions: dict[str, np.ndarray] | None = None
+    fallback: Trace | None = None  # for analyzers without a part
+    fallback_whole: Trace | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class UnitPart:
+    """What one file of the job gives: its meta, its ranks' parts and the kernel ids it
+    used (the merge numbers kernels across files, `trace.merge`)."""
+
+    unit: str
+    meta: dict[str, Any]
+    kernel_span: int
+    ranks: list[RankPart]
+    rows: dict[str, int] = field(default_factory=dict)  # kernels and copies rows of the file
+
+
+def read_unit(job: tuple[str, Options]) -> UnitPart:
+    """Read one file of the job and compute its ranks' parts."""
+    unit, options = job
+    trace = read_file(Path(unit))
+    trace.fill_rank()
+    span = int(trace.kernels["kernel_id"].max()) + 1 if len(trace.kernels) else 0
+    pieces = split_ranks(trace)
+    ranks = [rank_part(piece, options) for piece in pieces]
+    if len(pieces) > 1:
+        for piece, part in zip(pieces, ranks, strict=True):
+            part.positions = piece.meta.pop("_positions")
+    return UnitPart(unit, dict(trace.meta), span, ranks,
+                    {name: len(getattr(trace, name)) for name in GAP_TABLES})
+
+
+#: the tables a gap piece's next event (`next_table`, `next_row`) comes from
+GAP_TABLES = ("kernels", "copies")
+
+
+def split_ranks(trace: Trace) -> list[Trace]:
+    """The trace's ranks, one Trace each, in rank order (rows without a rank: one trace,
+    first); a trace of one rank is itself."""
+    ranks = {value for frame in trace.tables().values() if len(frame)
+             for value in pd.unique(frame["rank"].dropna())}
+    unranked = any(frame["rank"].isna().any() for frame in trace.tables().values() if len(frame))
+    if len(ranks) + unranked <= 1:
+        return [trace]
+    out = []
+    for rank in ([None] if unranked else []) + sorted(int(r) for r in ranks):
+        masks = {name: (frame["rank"].isna() if rank is None else frame["rank"] == rank)
+                 .fillna(False).to_numpy(bool) for name, frame in trace.tables().items()}
+        tables = {name: frame[masks[name]].reset_index(drop=True)
+                  for name, frame in trace.tables().items()}
+        meta = {**trace.meta, "rank": rank,
+                "_positions": {name: np.flatnonzero(masks[name]) for name in GAP_TABLES}}
+        out.append(Trace(meta=meta, **tables))
+    return out
+
+
+def rank_part(trace: Trace, options: Options) -> RankPart:
+    """This rank's part (the first pass), or only its warm-up parts (`options.warm`)."""
+    whole, bounds = trace, options.bounds
+    if bounds is not None:
+        trace = window_mod.within(whole, bounds)
+        from gpudiag.analyzers.steps.detection import restrict
+
+        restrict(whole, bounds, trace)
+    ranks = pd.unique(pd.concat([frame["rank"] for frame in whole.tables().values()
+                                 if len(frame)] or [pd.Series(dtype="Int64")]).dropna())
+    part = RankPart(rank=int(ranks[0]) if len(ranks) else None, meta=dict(whole.meta),
+                    devices=whole.devices, collectives=whole.collectives,
+                    timeline=bool(whole.meta.get("timeline", True)),
+                    has_gpu=not (whole.kernels.empty and whole.copies.empty),
+                    has_host_ops=diagnosis.has_host_ops(trace), row_counts=trace.row_counts())
+    gaps = _timeline_part(part, whole, bounds, options)
+    if options.warm is not None:
+        inside = window_mod.within(whole, options.warm)
+        part.row_counts = inside.row_counts()
+        _keep_gaps(part, gaps, options.warm)
+        part.parts = _analyzer_parts(part, inside, whole, part.gaps, options,
+                                     skip=diagnosis.WARM_SKIPPED)
+        return part
+    _keep_gaps(part, gaps, bounds)
+    part.parts = _analyzer_parts(part, trace, whole, part.gaps, options)
+    part.steps = declared.conform_frame("steps", steps_mod.training_steps(trace))
+    return part
+
+
+def _keep_gaps(part: RankPart, gaps: pd.DataFrame | None, bounds: tuple[int, int] | None
+               ) -> None:
+    """The rank's idle gap pieces cut to the window, and how many there were uncut."""
+    part.gap_count = 0 if gaps is None else len(gaps)
+    part.gaps = None if gaps is None else declared.conform_frame(
+        "gaps", diagnosis.cut_gaps(gaps, bounds))
+
+
+def _timeline_part(part: RankPart, whole: Trace, bounds: tuple[int, int] | None,
+                   options: Options) -> pd.DataFrame | None:
+    """The rank's waterfall without comm_wait (its totals, per-step amounts and the
+    comm-only intervals to carve it from); its idle gaps, None without a waterfall."""
+    if not part.has_gpu or not part.timeline:
+        return None
+    from gpudiag.analyzers.kernels import launch
+    from gpudiag.analyzers.losses.gaps import idle_gaps
+    from gpudiag.analyzers.losses.waterfall import loss_timeline
+
+    occupancy = launch.occupancy(whole)
+    unknown = occupancy["tail_efficiency"].isna()
+    reason = occupancy["unavailable"].dropna()
+    part.occupancy = (int(unknown.sum()), len(unknown),
+                      str(reason.iloc[0]) if len(reason) else None)
+    timeline = loss_timeline(whole, efficiency=occupancy["tail_efficiency"],
+                             **options.gap_options)
+    part.timeline_made = True
+    if options.warm is None:
+        _keep_losses(part, timeline, bounds)
+        if options.steps:
+            part.by_step = steps_mod.losses_by_step(whole if bounds is None else
+                                                    _windowed_steps(whole, bounds), timeline)
+    return idle_gaps(whole, **options.gap_options)
+
+
+def _windowed_steps(whole: Trace, bounds: tuple[int, int]) -> Trace:
+    """`losses_by_step` reads the steps of the windowed trace (as diagnose does)."""
+    trace = window_mod.within(whole, bounds)
+    from gpudiag.analyzers.steps.detection import restrict
+
+    restrict(whole, bounds, trace)
+    return trace
+
+
+def _keep_losses(part: RankPart, timeline: LossTimeline, bounds: tuple[int, int] | None
+                 ) -> None:
+    """Each device's window and lost time in the analyzed window; comm-only intervals."""
+    for key, window in timeline.windows.items():
+        start, end = clip_window(window, bounds)
+        if bounds is not None and end - start <= 0:
+            continue
+        amounts = timeline.amounts(key, [start, max(start, end)])
+        part.windows[key] = window
+        part.lost[key] = {cause: round(float(amounts.get(cause, [0.0])[0]))
+                          for cause in LOSS_CAUSES if cause not in ("useful", "comm_wait")}
+        part.comm_only[key] = intervals.clip(timeline.comm_only[key], window[0], window[1])
+
+
+def _analyzer_parts(part: RankPart, trace: Trace, whole: Trace, gaps: pd.DataFrame | None,
+                    options: Options, *, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Each analyzer's part on this rank: `module.part(...)`, or the analyzer's inputs when
+    it has no part yet (they travel as `fallback`)."""
+    out: dict[str, Any] = {}
+    empty_gaps = declared.conform_frame("gaps", no_gaps()) if gaps is None else gaps
+    for analyzer in diagnosis.ANALYZERS:
+        if analyzer.name in skip:
+            continue
+        if not analyzer.needs_gaps and not _could_apply(trace, analyzer):
+            continue
+        module = diagnosis.module_of(analyzer)
+        if not hasattr(module, "part"):
+            if any(len(getattr(trace, name)) for name in analyzer.requires):
+                part.fallback, part.fallback_whole = trace, whole
+            out[analyzer.name] = None
+            continue
+        target, kwargs = diagnosis.analyzer_inputs(analyzer, trace, whole, empty_gaps,
+                                                   options.gap_options)
+        out[analyzer.name] = module.part(target, **kwargs)
+    return out
+
+
+def _could_apply(trace: Trace, analyzer: diagnosis.Analyzer) -> bool:
+    """An analyzer that needs real times does not run on a rank without them."""
+    return not analyzer.timeline or bool(trace.meta.get("timeline", True))
+
+
+def no_gaps() -> pd.DataFrame:
+    from gpudiag.analyzers.losses.gaps import idle_gaps
+
+    return idle_gaps(Trace()).iloc[0:0]
+
+
+def comm_wait_ns(comm_only: intervals.Spans, waits: pd.DataFrame, start: int, end: int
+                 ) -> int:
+    """The comm_wait of a device between start and end (what its waterfall lacks)."""
+    spans = intervals.intersect(intervals.clip(comm_only, start, end),
+                                intervals.union(waits["start_ns"], waits["end_ns"]))
+    return int(np.sum(spans[1] - spans[0]))

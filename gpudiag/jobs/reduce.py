@@ -1,0 +1,281 @@
+"""The reduce of a many-rank job: the ranks' parts into one Diagnosis.
+
+What needs every rank is computed here, from the parts alone: the arrival skew and each
+rank's waits from the collective rows (then each device's comm_wait, carved from its
+comm-only intervals, and its `useful` time less it), every analyzer's `combine` of its
+parts, the ranking of the findings and the steps' notes. The result is the Diagnosis that
+`diagnose(gpudiag.load(files))` gives for the same files, to the nanosecond
+(tests/test_jobs.py holds the two side by side).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpudiag import diagnosis_schema as declared
+from gpudiag.analyzers import diagnosis
+from gpudiag.analyzers.losses.waterfall import (
+    DeviceKey,
+    clip_window,
+    device_rows,
+    loss_rows,
+    losses_frame,
+)
+from gpudiag.analyzers.steps import training as steps_mod
+from gpudiag.jobs.rank_map import GAP_TABLES, RankPart, UnitPart, comm_wait_ns
+from gpudiag.jobs.rank_map import no_gaps as rank_map_no_gaps
+from gpudiag.trace import Trace, merge, merge_meta
+
+Placed = tuple[int, RankPart]  # a rank's part and the kernel-id offset of its file
+
+
+def placed(units: list[UnitPart]) -> list[Placed]:
+    """Every rank's part with its file's kernel-id offset, in file order (the merge's);
+    each rank's gap pieces renumbered to name the next event by its merged row."""
+    out, offset = [], 0
+    rows = dict.fromkeys(GAP_TABLES, 0)
+    for unit in units:
+        for part in unit.ranks:
+            if part.gaps is not None:
+                part.gaps = _merged_rows(part.gaps, part, rows)
+            out.append((offset, part))
+        offset += unit.kernel_span
+        rows = {name: rows[name] + unit.rows.get(name, 0) for name in GAP_TABLES}
+    return out
+
+
+def _merged_rows(gaps: pd.DataFrame, part: RankPart, offsets: dict[str, int]) -> pd.DataFrame:
+    """`next_row` of the merged trace: the file's row (a split rank's own rows are a subset
+    of its file's), after the rows of the files before it."""
+    row = gaps["next_row"].to_numpy(dtype=np.float64, na_value=np.nan)
+    for name in GAP_TABLES:
+        mine = (gaps["next_table"] == name).fillna(False).to_numpy(bool) & ~np.isnan(row)
+        if not mine.any():
+            continue
+        local = row[mine].astype(np.int64)
+        row[mine] = (part.positions[name][local] if part.positions else local) + offsets[name]
+    return gaps.assign(next_row=pd.array(np.where(np.isnan(row), None, row), dtype="Int64")
+                       .astype("Int64"))
+
+
+def job_meta(units: list[UnitPart]) -> dict[str, Any]:
+    """The meta of the merged job (one file: its own, as `gpudiag.load` keeps it)."""
+    return dict(units[0].meta) if len(units) == 1 else merge_meta([u.meta for u in units])
+
+
+def collectives_trace(ranks: list[Placed], meta: dict[str, Any]) -> Trace:
+    """The job's collective rows and devices: all the cross-rank analyses read."""
+    rows = [part.collectives.assign(kernel_id=part.collectives["kernel_id"] + offset)
+            if offset and len(part.collectives) else part.collectives
+            for offset, part in ranks]
+    return Trace(meta=meta, collectives=_concat(rows),
+                 devices=_concat([part.devices for _, part in ranks]))
+
+
+def job_waits(calls: Trace, notes: list[str]) -> pd.DataFrame | None:
+    """Each rank's waits for its peers (`collectives.wait_intervals`), None without calls."""
+    if calls.collectives.empty:
+        return None
+    from gpudiag.analyzers.collectives.skew import wait_intervals
+
+    waits = wait_intervals(calls)
+    if waits.empty:
+        notes.append("comm_wait needs collectives from two or more ranks; not measured")
+    return waits
+
+
+def losses(ranks: list[Placed], waits: pd.DataFrame | None,
+           bounds: tuple[int, int] | None) -> pd.DataFrame:
+    """The waterfall of every device, comm_wait carved from its comm-only time."""
+    rows: list[dict[str, object]] = []
+    devices = {key: part for _, part in ranks for key in part.windows}
+    for key in sorted(devices):
+        part = devices[key]
+        start, end = clip_window(part.windows[key], bounds)
+        comm = 0 if waits is None else comm_wait_ns(part.comm_only[key],
+                                                    device_rows(waits, key), start, end)
+        rows += loss_rows(key, max(end - start, 0), {**part.lost[key], "comm_wait": comm})
+    return losses_frame(rows)
+
+
+def timeline_notes(ranks: list[Placed], meta: dict[str, Any]) -> tuple[bool, list[str]]:
+    """Whether the job has a waterfall, and the notes `diagnose` writes about it."""
+    if not any(part.has_gpu for _, part in ranks):
+        return False, ["no loss waterfall: the trace has no kernels or copies on a timeline"]
+    if not meta.get("timeline", True):
+        return False, ["no loss waterfall: the times in this source are not a timeline "
+                       "(e.g. Nsight Compute replays kernels one by one)"]
+    unknown = sum(part.occupancy[0] for _, part in ranks)
+    kernels = sum(part.occupancy[1] for _, part in ranks)
+    if unknown == kernels:
+        reason = next((part.occupancy[2] for _, part in ranks if part.occupancy[2]), None)
+        return True, ["small_grid not measured: " + (reason or "no launch configuration")]
+    if unknown:
+        return True, [f"small_grid not measured for {unknown} of {kernels} kernels (launch "
+                      "configuration or device properties missing)"]
+    return True, []
+
+
+def gaps(ranks: list[Placed]) -> pd.DataFrame:
+    """The job's idle gap pieces, numbered as the merged trace numbers them (device order),
+    and each rank's gap-indexed parts renumbered with them."""
+    frames, offset = [], 0
+    for _, part in sorted(ranks, key=lambda placed: _rank_order(placed[1])):
+        if part.gaps is None:
+            continue
+        frames.append(part.gaps.set_axis(part.gaps.index + offset))
+        pieces = part.parts.get("host_gaps")
+        if isinstance(pieces, pd.DataFrame):
+            part.parts["host_gaps"] = pieces.set_axis(pieces.index + offset)
+        offset += part.gap_count
+    if not frames:
+        return declared.conform_frame("gaps", rank_map_no_gaps())
+    return declared.conform_frame("gaps", pd.concat(frames))
+
+
+def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str, Any],
+             notes: list[str], tables: dict[str, pd.DataFrame] | None, *,
+             gap_options: dict[str, Any], skip: frozenset[str] = frozenset()
+             ) -> tuple[list[pd.DataFrame], list[pd.DataFrame]]:
+    """Every analyzer that applies to the job, combined from its parts (or run on the
+    merged inputs of an analyzer without parts); findings split into GPU and host."""
+    gpu: list[pd.DataFrame] = []
+    host: list[pd.DataFrame] = []
+    fallback: tuple[Trace, Trace] | None = None
+    for analyzer in diagnosis.ANALYZERS:
+        if analyzer.name in skip:
+            continue
+        if analyzer.needs_gaps:
+            if job_gaps is None:
+                continue
+        elif not _applies(ranks, analyzer, meta, notes):
+            continue
+        module = diagnosis.module_of(analyzer)
+        parts = [part.parts[analyzer.name] for _, part in ranks
+                 if part.parts.get(analyzer.name) is not None]
+        if hasattr(module, "combine"):
+            result = module.combine(_renumbered(analyzer.name, parts, ranks))
+        else:
+            fallback = fallback or _fallback(ranks, meta)
+            target, options = diagnosis.analyzer_inputs(analyzer, fallback[0], fallback[1],
+                                                        job_gaps, gap_options)
+            result = module.analyze(target, **options)
+        (host if analyzer.name in diagnosis.HOST_ANALYZERS else gpu).append(result.findings)
+        if tables is not None:
+            tables.update({name: declared.conform_table(name, table, analyzer.name)
+                           for name, table in result.tables.items()})
+    return gpu, host
+
+
+def _renumbered(name: str, parts: list[Any], ranks: list[Placed]) -> list[Any]:
+    """Parts whose kernel ids are their file's, shifted as the merge shifts them."""
+    shift = getattr(diagnosis.module_of(_ANALYZER[name]), "shift_kernels", None)
+    if shift is None:
+        return parts
+    offsets = [offset for offset, part in ranks if part.parts.get(name) is not None]
+    return [shift(piece, offset) if offset else piece
+            for piece, offset in zip(parts, offsets, strict=True)]
+
+
+_ANALYZER = {analyzer.name: analyzer for analyzer in diagnosis.ANALYZERS}
+
+
+def _applies(ranks: list[Placed], analyzer: diagnosis.Analyzer, meta: dict[str, Any],
+             notes: list[str]) -> bool:
+    """`diagnosis.applies` on the merged job, from the ranks' row counts."""
+    if not any(part.row_counts.get(name, 0) for _, part in ranks for name in analyzer.requires):
+        return False
+    if analyzer.timeline and not meta.get("timeline", True):
+        notes.append(f"{analyzer.name}: skipped, the source's times are not a timeline")
+        return False
+    return True
+
+
+def _fallback(ranks: list[Placed], meta: dict[str, Any]) -> tuple[Trace, Trace]:
+    """The merged window and whole traces of the ranks that sent them."""
+    sent = [(offset, part) for offset, part in ranks if part.fallback is not None]
+    offsets = [offset for offset, _ in sent]
+    window = merge([part.fallback for _, part in sent], offsets)  # type: ignore[misc]
+    whole = merge([part.fallback_whole for _, part in sent], offsets)  # type: ignore[misc]
+    window.meta.update(meta)
+    whole.meta.update(meta)
+    return window, whole
+
+
+def steps(ranks: list[Placed]) -> pd.DataFrame:
+    """The training steps of every process (training_steps sorts by rank, pid, start)."""
+    frames = [part.steps for _, part in ranks if part.steps is not None]
+    out = _concat(frames).sort_values(["rank", "pid", "start_ns"], kind="stable",
+                                      ignore_index=True, na_position="first")
+    return declared.conform_frame("steps", out)
+
+
+def by_step(ranks: list[Placed], waits: pd.DataFrame | None) -> pd.DataFrame:
+    """The per-step waterfall of every device, comm_wait carved as in `losses`."""
+    frames = []
+    for _, part in ranks:
+        table = part.by_step
+        if table is None or table.empty:
+            continue
+        if waits is not None:
+            table = _carve_steps(table, part, waits)
+        frames.append(table)
+    if not frames:
+        return declared.conform_frame("by_step", steps_mod.losses_by_step(Trace(), _empty()))
+    out = pd.concat(frames, ignore_index=True).sort_values(
+        ["rank", "device", "start_ns"], kind="stable", ignore_index=True, na_position="first")
+    return declared.conform_frame("by_step", out)
+
+
+def _carve_steps(table: pd.DataFrame, part: RankPart, waits: pd.DataFrame) -> pd.DataFrame:
+    """The comm_wait of each step, taken from its `useful` (rows of one cause list the
+    device's steps in the same order, `losses_by_step`)."""
+    lost = table["lost_ns"].to_numpy(np.int64).copy()
+    share = table["share"].to_numpy(np.float64).copy()
+    cause = table["cause"].astype(str).to_numpy()
+    rank, device = _keyed(table["rank"]), _keyed(table["device"])
+    for key, (first, last) in part.windows.items():
+        mine = (rank == key[0]) & (device == key[1])
+        wait = device_rows(waits, key)
+        for comm_row, useful_row in zip(np.flatnonzero(mine & (cause == "comm_wait")),
+                                        np.flatnonzero(mine & (cause == "useful")), strict=True):
+            start = int(np.clip(table["start_ns"].to_numpy()[comm_row], first, last))
+            end = int(np.clip(table["end_ns"].to_numpy()[comm_row], first, last))
+            comm = comm_wait_ns(part.comm_only[key], wait, start, end)
+            lost[comm_row] += comm
+            lost[useful_row] -= comm
+            for row in (comm_row, useful_row):
+                share[row] = lost[row] / max(end - start, 1) if end > start else np.nan
+    return table.assign(lost_ns=lost, share=share)
+
+
+def _keyed(values: pd.Series) -> np.ndarray:
+    from gpudiag.analyzers import keys
+
+    return keys.key_array(values)
+
+
+def _empty() -> Any:
+    from gpudiag.analyzers.losses.waterfall import LossTimeline
+
+    return LossTimeline()
+
+
+def _rank_order(part: RankPart) -> int:
+    from gpudiag.analyzers import keys
+
+    return keys.MISSING if part.rank is None else part.rank
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    from gpudiag.trace import concat_tables
+
+    return concat_tables(frames)
+
+
+def device_keys(ranks: list[Placed]) -> list[DeviceKey]:
+    """Every device of the job, in the waterfall's order."""
+    return sorted({key for _, part in ranks for key in part.windows})

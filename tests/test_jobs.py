@@ -1,0 +1,136 @@
+"""A many-rank job diagnosed rank by rank (`jobs.diagnose_job`) equals the diagnosis of the
+merged job (`diagnose(gpudiag.load(files))`), to the nanosecond, in this process, on a
+spawned local pool and on a real Dask LocalCluster; a corrupt rank is listed and skipped."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import gpudiag
+from gpudiag.analyzers.diagnosis import Diagnosis, diagnose
+from gpudiag.jobs.job import diagnose_job
+from gpudiag.jobs.rank_map import Options, read_unit
+from tests.conftest import fixtures_dir
+
+KINETO = fixtures_dir() / "kineto"
+PAIR = [KINETO / "world128_sampled_rank0.json.gz", KINETO / "world128_sampled_rank1.json.gz"]
+TS = re.compile(rb'"ts": ?(-?[0-9.]+)')
+DISTRIBUTED = re.compile(rb'"distributedInfo": ?\{[^}]*\}')
+
+
+def shifted_job(source: Path, ranks: int, folder: Path, shift_us: float = 137.0) -> Path:
+    """`ranks` copies of a real rank trace, each its own rank with its clock shifted (so
+    the late rank and the waits are known): a job built from real rank files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    text = gzip.decompress(source.read_bytes())
+    for rank in range(ranks):
+        shifted = TS.sub(lambda m, r=rank: b'"ts": ' + repr(float(m[1]) + r * shift_us)
+                         .encode(), text)
+        info = b'"distributedInfo": ' + json.dumps(
+            {"backend": "nccl", "rank": rank, "world_size": ranks}).encode()
+        ranked = (DISTRIBUTED.sub(info, shifted, count=1) if DISTRIBUTED.search(shifted)
+                  else shifted.replace(b"{", b"{" + info + b", ", 1))
+        (folder / f"rank{rank}.json.gz").write_bytes(gzip.compress(ranked, 1))
+    return folder
+
+
+def assert_same(job: Diagnosis, merged: Diagnosis) -> None:
+    """Every frame, table and note of the two diagnoses, equal (values, dtypes, order)."""
+    for name in ("losses", "findings", "gaps", "steps", "by_step"):
+        left, right = getattr(job, name), getattr(merged, name)
+        assert (left is None) == (right is None), name
+        if left is not None:
+            pd.testing.assert_frame_equal(left.reset_index(drop=True),
+                                          right.reset_index(drop=True), obj=name)
+    assert job.notes == merged.notes
+    assert sorted(job.tables) == sorted(merged.tables)
+    for name, table in merged.tables.items():
+        pd.testing.assert_frame_equal(job.tables[name].reset_index(drop=True),
+                                      table.reset_index(drop=True), obj=name)
+    if merged.gaps is not None and "host_gaps" in merged.tables:  # same gap numbering
+        assert list(job.tables["host_gaps"].index) == list(merged.tables["host_gaps"].index)
+        assert list(job.gaps.index) == list(merged.gaps.index)
+
+
+@pytest.fixture(scope="module")
+def job4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shifted_job(KINETO / "a100_80gb_rank0of16_nccl_streamsync.json.gz", 4,
+                       tmp_path_factory.mktemp("job4"))
+
+
+def test_the_real_rank_pair_in_process_equals_the_merged_diagnosis() -> None:
+    merged = diagnose(gpudiag.load(PAIR), steps=True)
+    job = diagnose_job(PAIR, workers=1, steps=True)
+    assert_same(job, merged)
+    assert job.failed == [] and len(job.findings) > 20
+    assert (job.findings["cause"] == "comm_wait").any()  # the cross-rank part is there
+
+
+def test_a_shifted_four_rank_job_on_a_local_pool_equals_the_merged_diagnosis(
+        job4: Path) -> None:
+    merged = diagnose(gpudiag.load(job4), steps=True)
+    job = diagnose_job(job4, workers=2, steps=True)
+    assert_same(job, merged)
+    waits = merged.losses[merged.losses["cause"] == "comm_wait"].set_index("rank")["lost_ns"]
+    assert waits.loc[0] > 0 and waits.loc[3] == 0  # the last rank never waits
+    assert len(merged.tables["sync_waits"]) > 0  # syncs of four ranks, combined
+
+
+def test_a_dask_local_cluster_gives_the_same_diagnosis(job4: Path, dask_client: Any) -> None:
+    merged = diagnose(gpudiag.load(job4))
+    assert_same(diagnose_job(job4, client=dask_client), merged)
+
+
+def test_a_window_gives_the_merged_windowed_diagnosis(job4: Path) -> None:
+    trace = gpudiag.load(job4)
+    start = int(trace.kernels["start_ns"].min())
+    window = (start + 400_000_000, start + 1_200_000_000)
+    assert_same(diagnose_job(job4, workers=1, window=window, steps=True),
+                diagnose(trace, window=window, steps=True))
+
+
+def test_warm_up_steps_of_a_job_are_flagged_as_in_the_merged_diagnosis(
+        tmp_path: Path) -> None:
+    """CPU torch traces without markers: steps are detected and the first are warm-up, so
+    the job reads its files a second time for the warm-up window's findings."""
+    job = shifted_job(Path(__file__).parent / "data" / "torch_cpu_train.pt.trace.json.gz", 2,
+                      tmp_path)
+    merged = diagnose(gpudiag.load(job), steps=True)
+    assert merged.steps is not None and merged.steps["warmup"].any()
+    assert_same(diagnose_job(job, workers=1, steps=True), merged)
+
+
+def test_a_corrupt_rank_is_listed_and_the_others_analyzed(job4: Path, tmp_path: Path) -> None:
+    files = sorted(job4.glob("rank*.json.gz"))
+    broken = tmp_path / "rank9.json.gz"
+    broken.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "ts": '))
+    job = diagnose_job([*files[:2], broken], workers=1)
+    assert [path for path, _ in job.failed] == [str(broken)]
+    assert "rank9.json.gz" in job.failed[0][1] or "JSON" in job.failed[0][1]
+    assert_same(job, diagnose(gpudiag.load(files[:2])))
+
+
+def test_what_crosses_the_boundary_is_compact_for_analyzers_with_parts(job4: Path) -> None:
+    """A rank's part never holds its event tables for the analyzers that have a `part`;
+    the ones still without (`fallback`) are named here, so one that gains a part must be
+    taken off the list."""
+    unit = read_unit((str(job4 / "rank0.json.gz"), Options()))
+    (part,) = unit.ranks
+    without = sorted(name for name, value in part.parts.items() if value is None)
+    assert without == ["collectives", "copies", "gpu_samples", "host_gaps", "host_steps",
+                       "kernel_metrics", "launch", "memory", "timeline"]
+    assert part.fallback is not None  # what still travels for them, until they have parts
+    assert "sync" in part.parts and part.parts["sync"] is not None
+    assert not any(isinstance(value, gpudiag.Trace) for value in vars(part.parts["sync"])
+                   .values())
+    sync_part = part.parts["sync"]
+    assert len(sync_part.waits) < len(gpudiag.load(job4 / "rank0.json.gz").api)
+    assert sys.getsizeof(part.lost) < 10_000
