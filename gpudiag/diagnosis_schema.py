@@ -287,7 +287,7 @@ _declare(
 _declare(
     "launch", "analyzers.kernels.launch.launch_rate", "launch_rate",
     "host thread that issued a kernel launch, most launches first",
-    PID, TID,
+    RANK, PID, TID,
     _c("launches", "int64", "", "API calls that launched at least one kernel (matched by "
        "correlation id)"),
     _c("kernels", "int64", "", "kernels they launched (a graph launch starts many)"),

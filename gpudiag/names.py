@@ -46,6 +46,17 @@ def short_names(names: pd.Series, width: int = 80) -> pd.Series:
     return cat.cat.rename_categories(_dedupe(shorts))
 
 
+def job_short_names(names: list[tuple[str, ...]]) -> dict[str, str]:
+    """Full -> short kernel name over the kernel names of a job's ranks (each rank's
+    category order), as `short_names` gives them on the merged trace: the categories in the
+    ranks' own order when all agree, else sorted (how `trace.concat_tables` merges them),
+    so the same two names get the same `#2` either way."""
+    order = list(names[0]) if all(group == names[0] for group in names) else sorted(
+        {name for group in names for name in group})
+    shorts = short_names(pd.Series(pd.Categorical([], categories=order)))
+    return dict(zip(order, shorts.cat.categories.astype(str), strict=True))
+
+
 def _strip_parameters(text: str) -> str:
     """Drop a trailing balanced '(...)' parameter list (templates may contain parentheses)."""
     if not text.endswith(")"):

@@ -274,7 +274,20 @@ def analyze(trace: Trace) -> Result:
         result.findings[["where", "evidence"]]
         result.tables["sample_summary"]
     """
-    return Result(findings(trace), {"sample_summary": sample_summary(trace)})
+    return combine([part(trace)])
+
+
+def part(trace: Trace) -> pd.DataFrame:
+    """One rank's share of a job's analysis: its GPUs' summary rows."""
+    return sample_summary(trace)
+
+
+def combine(parts: list[pd.DataFrame]) -> Result:
+    """The job's result from its ranks' parts: the summaries in (rank, device) order and
+    the findings read from them."""
+    summary = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True).sort_values(
+        KEYS, kind="stable", ignore_index=True)  # as the summary's groupby sorts them
+    return Result(summary_findings(summary), {"sample_summary": summary})
 
 
 def findings(trace: Trace, *, throttle_share: float = THROTTLE_SHARE) -> pd.DataFrame:
@@ -292,7 +305,12 @@ def findings(trace: Trace, *, throttle_share: float = THROTTLE_SHARE) -> pd.Data
     threshold 0.2 (THROTTLE_SHARE): a GPU held down a fifth of the time is a steady
     condition (a power limit, a hot chassis), not a transient boost-clock dip.
     """
-    summary = sample_summary(trace)
+    return summary_findings(sample_summary(trace), throttle_share=throttle_share)
+
+
+def summary_findings(summary: pd.DataFrame, *, throttle_share: float = THROTTLE_SHARE
+                     ) -> pd.DataFrame:
+    """The throttle findings of a `sample_summary` (see `findings`)."""
     rows = []
     for kind, column, advice, reasons in KINDS:
         hit = summary[summary[column].fillna(0) > throttle_share]

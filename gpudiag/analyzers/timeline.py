@@ -71,7 +71,19 @@ def analyze(trace: Trace) -> Result:
 
     No findings of its own: its idle time is the waterfall's.
     """
-    return Result(no_findings(), {"stream_summary": stream_summary(trace)})
+    return combine([part(trace)])
+
+
+def part(trace: Trace) -> pd.DataFrame:
+    """One rank's share of a job's analysis: its streams' rows (a stream is one rank's)."""
+    return stream_summary(trace)
+
+
+def combine(parts: list[pd.DataFrame]) -> Result:
+    """The job's result from its ranks' parts: their streams in the summary's order."""
+    summary = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True).sort_values(
+        STREAM_KEYS, kind="stable", na_position="last", ignore_index=True)
+    return Result(no_findings(), {"stream_summary": summary})
 
 
 def stream_summary(trace: Trace) -> pd.DataFrame:

@@ -127,9 +127,10 @@ def gaps(ranks: list[Placed]) -> pd.DataFrame:
         if part.gaps is None:
             continue
         frames.append(part.gaps.set_axis(part.gaps.index + offset))
-        pieces = part.parts.get("host_gaps")
-        if isinstance(pieces, pd.DataFrame):
-            part.parts["host_gaps"] = pieces.set_axis(pieces.index + offset)
+        for name, piece in part.parts.items():  # parts indexed like the gaps (host_gaps)
+            renumber = getattr(diagnosis.module_of(_ANALYZER[name]), "renumber_gaps", None)
+            if renumber is not None and piece is not None:
+                part.parts[name] = renumber(piece, offset, part.gaps)
         offset += part.gap_count
     if not frames:
         return declared.conform_frame("gaps", rank_map_no_gaps())

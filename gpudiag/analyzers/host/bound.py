@@ -10,6 +10,7 @@ the middle of the piece (what the host was busy with while the GPU waited: a Dat
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ import pandas as pd
 from gpudiag.analyzers import callsites
 from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
 from gpudiag.analyzers.losses.gaps import idle_gaps
-from gpudiag.names import short_names
+from gpudiag.names import job_short_names, short_names
 from gpudiag.trace import Trace
 
 
@@ -95,8 +96,58 @@ def analyze(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any) 
     `gaps`: the idle gaps already found (cut to the window), else
     `idle_gaps(trace, **gap_options)`; `host_gaps` keeps their index.
     """
+    return combine([part(trace, gaps, **gap_options)])
+
+
+@dataclass(frozen=True)
+class Part:
+    """One rank's share of a job's host-gaps analysis: its pieces (indexed like its gaps),
+    the full name of the kernel after each piece that has no call site (its `where` is
+    that kernel's short name, and short names are made unique over the whole job's kernel
+    names), and the rank's kernel names."""
+
+    pieces: pd.DataFrame
+    next_names: npt.NDArray[np.object_]
+    kernel_names: tuple[str, ...]
+
+
+def part(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any) -> Part:
+    """This rank's pieces with their call sites (see `Part`)."""
     pieces = host_gaps(trace, gaps, **gap_options)
-    return Result(findings(trace, pieces=pieces), {"host_gaps": pieces})
+    names = np.full(len(pieces), None, dtype=object)
+    if len(pieces):
+        named = (~pieces["site_known"] & (pieces["next_table"] == "kernels")).to_numpy(bool)
+        rows = pieces["next_row"].to_numpy()[named].astype(np.int64)
+        names[named] = trace.kernels["name"].astype(str).loc[rows].to_numpy(dtype=object)
+    categories = trace.kernels["name"].astype("category").cat.categories
+    return Part(pieces, names, tuple(str(name) for name in categories))
+
+
+def renumber_gaps(piece: Part, offset: int, gaps: pd.DataFrame) -> Part:
+    """The part numbered as the job's gaps: indexed after the `offset` gaps before them,
+    naming the next event by its merged row as the rank's `gaps` (renumbered) do."""
+    pieces = piece.pieces.assign(next_row=gaps["next_row"].reindex(piece.pieces.index))
+    return Part(pieces.set_axis(pieces.index + offset), piece.next_names, piece.kernel_names)
+
+
+def combine(parts: list[Part]) -> Result:
+    """The job's result: every rank's pieces in gap order, the kernel short names of the
+    pieces without a call site made unique over the job's names (as a merged trace's
+    `short_names` does), then the findings."""
+    if len(parts) == 1:
+        pieces = parts[0].pieces
+    else:
+        pieces = pd.concat([piece.pieces for piece in parts]).sort_index(kind="stable")
+        names = pd.Series(np.concatenate([piece.next_names for piece in parts]),
+                          index=pd.concat([piece.pieces for piece in parts]).index
+                          ).reindex(pieces.index)
+        named = names.notna().to_numpy(bool)
+        if named.any():
+            shorts = job_short_names([piece.kernel_names for piece in parts])
+            where = pieces["where"].astype(object).to_numpy().copy()
+            where[named] = names[named].map(shorts).to_numpy(dtype=object)
+            pieces = pieces.assign(where=pd.array(where, dtype="string"))
+    return Result(findings(Trace(), pieces=pieces), {"host_gaps": pieces})
 
 
 def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,

@@ -19,6 +19,7 @@ replays of each kernel: real kernel times, but not a timeline; findings say so.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from gpudiag.analyzers import callsites, keys
 from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
 from gpudiag.analyzers.kernels import occupancy as occ
 from gpudiag.analyzers.losses.waterfall import COMM_KERNEL
-from gpudiag.names import short_names
+from gpudiag.names import job_short_names, short_names
 from gpudiag.trace import Trace
 
 #: ncu's warp size for the Block Size rule (every NVIDIA GPU)
@@ -51,7 +52,7 @@ OVERHEAD_COLUMNS = {
     "gpu_dur_ns": "int64", "launch_delay_ns": "int64", "short": "bool", "long_delay": "bool",
 }
 RATE_COLUMNS = {
-    "pid": "Int64", "tid": "Int64", "launches": "int64", "kernels": "int64",
+    "rank": "Int64", "pid": "Int64", "tid": "Int64", "launches": "int64", "kernels": "int64",
     "window_ns": "int64", "launches_per_s": "float64", "launch_ns": "int64",
     "launch_share": "float64",
 }
@@ -169,9 +170,14 @@ def small_grid(trace: Trace, *, tail_min_speedup: float = 0.2) -> pd.DataFrame:
     `blocks_per_sm`, `sm_count`) with duration-weighted `waves` and
     `theoretical_occupancy` and that launch's `limiter`.
     """
-    groups = _launch_groups(trace, tail_min_speedup, timed_only=False)
+    return _small_grid_table(_launch_groups(trace, tail_min_speedup, timed_only=False))
+
+
+def _small_grid_table(groups: pd.DataFrame) -> pd.DataFrame:
+    """`small_grid` of launch groups (`_launch_groups`)."""
     if groups.empty:
         return _typed(pd.DataFrame(), SMALL_GRID_COLUMNS)
+    groups = groups.copy()
     groups["odd_block_launches"] = np.where(groups["ncu_block_size_speedup"] > 0,
                                             groups["count"], 0)
     groups["unknown_launches"] = np.where(groups["waves"].isna(), groups["count"], 0)
@@ -215,7 +221,7 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
     chosen = np.flatnonzero(keep)
     columns = [occupancy_["config"].to_numpy()[chosen],
                kernels["name"].cat.codes.to_numpy()[chosen]]
-    where = _sites(trace, kernels.index[chosen]) if sites else None
+    where, named = _sites(trace, kernels.index[chosen]) if sites else (None, None)
     if where is not None:
         columns.append(where)
     code = keys.codes(*columns)
@@ -226,9 +232,10 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
     out = occupancy_.iloc[rep].reset_index(drop=True)
     out.insert(0, "full_name", kernels["name"].iloc[rep].to_numpy())
     out.insert(0, "name", short_names(kernels["name"].iloc[rep]).to_numpy())
-    if where is not None:
+    if where is not None and named is not None:
         first = pd.Series(np.arange(len(chosen))).groupby(code, sort=False).first()
         out["where"] = where[first.reindex(agg.index).to_numpy()]
+        out["_named"] = named[first.reindex(agg.index).to_numpy()]  # where = the short name
     for col in ("count", "dur_ns", "max_dur_ns"):
         out[col] = agg[col].to_numpy()
     idle_share = np.nan_to_num(1 - out["tail_efficiency"].to_numpy(np.float64))
@@ -318,27 +325,28 @@ def launch_rate(trace: Trace) -> pd.DataFrame:
         lr[["pid", "tid", "launches", "launches_per_s", "launch_share"]]
         lr["launch_share"].max()       # near 1: the thread does little but launch
 
-    One row per (pid, tid) that issued a kernel launch, most launches first: `launches`
+    One row per (rank, pid, tid) that issued a kernel launch, most launches first: `launches`
     (API calls that launched at least one kernel, matched by correlation id), `kernels`
     (kernels they launched; a graph launch starts many), `window_ns` (the thread's span:
     its first to last API call or range), `launches_per_s`, `launch_ns` (time inside
     launch calls, overlaps counted once) and `launch_share` (= launch_ns / window_ns).
     """
     api, kernels = trace.api, trace.kernels
-    launched = [kernels["pid"], kernels["correlation"]]
-    is_launch = (keys.isin([api["pid"], api["correlation"]], launched)
+    launched = [kernels["rank"], kernels["pid"], kernels["correlation"]]
+    is_launch = (keys.isin([api["rank"], api["pid"], api["correlation"]], launched)
                  & api["correlation"].notna().to_numpy(bool))
-    calls = api.loc[is_launch, ["pid", "tid", "start_ns", "end_ns", "correlation"]]
-    calls = calls.drop_duplicates(["pid", "correlation"]).dropna(subset=["pid", "tid"])
+    calls = api.loc[is_launch, ["rank", "pid", "tid", "start_ns", "end_ns", "correlation"]]
+    calls = calls.drop_duplicates(["rank", "pid", "correlation"]).dropna(subset=["pid", "tid"])
     if calls.empty:
         return _typed(pd.DataFrame(), RATE_COLUMNS)
-    thread = ["pid", "tid"]
+    thread = ["_rank", "pid", "tid"]  # a thread is one rank's: pids repeat across hosts
+    calls["_rank"] = keys.key_array(calls["rank"])
     # kernels per launch call (a graph launch starts many): count kernels by their call
-    pos = keys.join(launched, [calls["pid"], calls["correlation"]])
+    pos = keys.join(launched, [calls["rank"], calls["pid"], calls["correlation"]])
     calls["kernels"] = np.bincount(pos[pos >= 0], minlength=len(calls)).astype(np.int64)
     calls = calls.sort_values([*thread, "start_ns"], kind="stable")
     reach = calls.groupby(thread)["end_ns"].cummax()
-    before = reach.groupby([calls["pid"], calls["tid"]]).shift(1)
+    before = reach.groupby([calls[key] for key in thread]).shift(1)
     begin = np.maximum(calls["start_ns"], before.fillna(calls["start_ns"]))
     calls["busy"] = (calls["end_ns"] - begin).clip(lower=0)
     out = calls.groupby(thread).agg(launches=("start_ns", "size"),
@@ -347,17 +355,26 @@ def launch_rate(trace: Trace) -> pd.DataFrame:
     out["window_ns"] = window
     out["launches_per_s"] = out["launches"] / (window / 1e9).where(window > 0)
     out["launch_share"] = out["launch_ns"] / window.where(window > 0)
-    out = out.reset_index().sort_values(["launches", "pid", "tid"], ascending=[False, True, True],
-                                        kind="stable")
-    return _typed(out, RATE_COLUMNS)
+    out = out.reset_index()
+    out["rank"] = keys.key_column(out["_rank"])
+    return _rate_order(_typed(out, RATE_COLUMNS))
+
+
+def _rate_order(rates: pd.DataFrame) -> pd.DataFrame:
+    """Most launches first; then by rank (none first), pid and tid."""
+    order = rates.assign(_rank=keys.key_array(rates["rank"])).sort_values(
+        ["launches", "_rank", "pid", "tid"], ascending=[False, True, True, True], kind="stable")
+    return order.drop(columns="_rank").reset_index(drop=True)
 
 
 def _thread_windows(trace: Trace) -> pd.Series:
-    """Per (pid, tid): last end - first start over its API calls and host ranges."""
-    cols = ["pid", "tid", "start_ns", "end_ns"]
+    """Per (rank, pid, tid), rank as `keys.MISSING` when none: last end - first start over
+    its API calls and host ranges."""
+    cols = ["rank", "pid", "tid", "start_ns", "end_ns"]
     spans = pd.concat([trace.api[cols], trace.ranges[cols]], ignore_index=True)
     spans = spans.dropna(subset=["pid", "tid"])
-    threads = spans.groupby(["pid", "tid"])
+    spans["_rank"] = keys.key_array(spans["rank"])
+    threads = spans.groupby(["_rank", "pid", "tid"])
     return (threads["end_ns"].max() - threads["start_ns"].min()).astype("int64")
 
 
@@ -370,8 +387,68 @@ def analyze(trace: Trace) -> Result:
 
     Occupancy is computed once per trace and shared by the three.
     """
-    return Result(findings(trace), {"small_grid": small_grid(trace),
-                                    "launch_rate": launch_rate(trace)})
+    return combine([part(trace)])
+
+
+@dataclass(frozen=True)
+class Part:
+    """One rank's share of a job's launch analysis: its launch groups (a group is one
+    rank's: the configuration holds the rank), its idle groups with their call sites, its
+    threads' launch rates, its kernel names (short names are unique over the job's) and
+    whether it holds ncu data and real times."""
+
+    groups: pd.DataFrame
+    idle: pd.DataFrame
+    rates: pd.DataFrame
+    kernel_names: tuple[str, ...]
+    ncu: bool
+    timeline: bool
+
+
+def part(trace: Trace, *, tail_min_speedup: float = 0.2) -> Part:
+    """This rank's launch groups and rates (see `Part`)."""
+    categories = trace.kernels["name"].astype("category").cat.categories
+    return Part(_launch_groups(trace, tail_min_speedup, timed_only=False),
+                _launch_groups(trace, tail_min_speedup, timed_only=True, idle_only=True,
+                               sites=True),
+                launch_rate(trace), tuple(str(name) for name in categories),
+                len(trace.metrics) > 0, bool(trace.meta.get("timeline", True)))
+
+
+def combine(parts: list[Part]) -> Result:
+    """The job's result: the ranks' groups in file order, short names made unique over
+    the job's kernel names (as a merged trace's are), then the tables and findings."""
+    groups = [piece.groups for piece in parts]
+    idle = [piece.idle for piece in parts]
+    if len(parts) > 1:
+        shorts = job_short_names([piece.kernel_names for piece in parts])
+        groups = [_renamed(frame_, shorts) for frame_ in groups]
+        idle = [_renamed(frame_, shorts) for frame_ in idle]
+    found = _idle_findings(_stack(idle), ncu=any(piece.ncu for piece in parts),
+                           timeline=all(piece.timeline for piece in parts))
+    rates = parts[0].rates if len(parts) == 1 else _rate_order(
+        pd.concat([piece.rates for piece in parts], ignore_index=True))
+    return Result(found, {"small_grid": _small_grid_table(_stack(groups)),
+                          "launch_rate": rates})
+
+
+def _stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    nonempty = [frame_ for frame_ in frames if len(frame_)]
+    if len(nonempty) <= 1:
+        return nonempty[0] if nonempty else frames[0]
+    return pd.concat(nonempty, ignore_index=True)
+
+
+def _renamed(groups: pd.DataFrame, shorts: dict[str, str]) -> pd.DataFrame:
+    """Groups with the job's short names (and the `where` that is a short name)."""
+    if groups.empty:
+        return groups
+    name = groups["full_name"].astype(str).map(shorts).to_numpy(dtype=object)
+    out = groups.assign(name=name)
+    if "_named" in groups:
+        out["where"] = np.where(groups["_named"].to_numpy(bool), name,
+                                groups["where"].to_numpy(dtype=object))
+    return out
 
 
 def findings(trace: Trace, *, tail_min_speedup: float = 0.2,
@@ -396,10 +473,16 @@ def findings(trace: Trace, *, tail_min_speedup: float = 0.2,
     """
     groups = _launch_groups(trace, tail_min_speedup, timed_only=True, idle_only=True,
                             sites=True)
+    return _idle_findings(groups, ncu=len(trace.metrics) > 0,
+                          timeline=bool(trace.meta.get("timeline", True)), min_share=min_share)
+
+
+def _idle_findings(groups: pd.DataFrame, *, ncu: bool, timeline: bool,
+                   min_share: float = 0.01) -> pd.DataFrame:
+    """The findings of idle launch groups (`_launch_groups(..., idle_only=True, sites=True)`)."""
     if groups.empty:
         return frame()
-    note = "" if trace.meta.get("timeline", True) else "; " + NO_TIMELINE_NOTE
-    ncu = len(trace.metrics) > 0
+    note = "" if timeline else "; " + NO_TIMELINE_NOTE
     rows = []
     for part, advice in (("small_grid_ns", "small_grid"), ("tail_ns", "tail")):
         for group in _groups(groups, part, min_share).to_dict("records"):  # per kernel x site
@@ -410,9 +493,10 @@ def findings(trace: Trace, *, tail_min_speedup: float = 0.2,
     return frame(rows)
 
 
-def _sites(trace: Trace, index: pd.Index) -> npt.NDArray[np.object_]:
+def _sites(trace: Trace, index: pd.Index
+           ) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.bool_]]:
     """Per launch (kernels index labels): the call site at its launch call, else the
-    kernel's short name."""
+    kernel's short name; and whether it is the name (no call site)."""
     kernels = trace.kernels
     # not the whole rows: 20 columns
     pid, rank = kernels["pid"].loc[index], kernels["rank"].loc[index]
@@ -425,7 +509,10 @@ def _sites(trace: Trace, index: pd.Index) -> npt.NDArray[np.object_]:
         site = callsites.where_at(trace, pid[known], mine["tid"], mine["api_start_ns"],
                                   rank[known])
         where[known] = np.where(pd.isna(site), where[known], site)
-    return where
+        named = np.ones(len(where), dtype=bool)
+        named[known] = pd.isna(site)
+        return where, named
+    return where, np.ones(len(where), dtype=bool)
 
 
 def _groups(groups: pd.DataFrame, part: str, min_share: float) -> pd.DataFrame:
