@@ -19,6 +19,7 @@ call is unknown: no `api` table, or no correlation), never a guessed False.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,10 @@ PROBLEM_COLUMNS = {
 # -- statistics ---------------------------------------------------------------------------
 
 
+#: the keys of a `copy_stats` row
+STATS_KEYS = ["rank", "device", "kind", "host_mem"]
+
+
 def copy_stats(trace: Trace) -> pd.DataFrame:
     """Per (rank, device, kind, host_mem): count, bytes, dur_ns and achieved bandwidth.
 
@@ -91,8 +96,7 @@ def copy_stats(trace: Trace) -> pd.DataFrame:
         "rated_bytes": np.where(rated, nbytes, 0), "rated_ns": np.where(rated, dur, 0),
         "rate": np.where(rated, nbytes / np.maximum(dur, 1) * 1e9, np.nan),
     })
-    keys = ["rank", "device", "kind", "host_mem"]
-    grouped = rows.groupby(keys, dropna=False, sort=True)
+    grouped = rows.groupby(STATS_KEYS, dropna=False, sort=True)
     out = grouped.agg(count=("dur_ns", "size"),
                       bytes=("bytes", lambda values: values.sum(min_count=1)),
                       dur_ns=("dur_ns", "sum"), rated_bytes=("rated_bytes", "sum"),
@@ -322,7 +326,35 @@ def analyze(trace: Trace) -> Result:
         result.findings[["where", "lost_ns", "evidence"]]
         result.tables["copy_stats"]
     """
-    return Result(findings(trace), {"copy_stats": copy_stats(trace)})
+    return combine([part(trace)])
+
+
+@dataclass(frozen=True)
+class Part:
+    """One rank's share of a job's copies analysis: its `copy_stats` rows (keyed by rank)
+    and its flagged copies (the only ones a finding counts)."""
+
+    stats: pd.DataFrame
+    flagged: pd.DataFrame
+
+
+def part(trace: Trace) -> Part:
+    """This rank's copy statistics and problem copies (see `Part`)."""
+    rows = problem_copies(trace)
+    flagged = np.logical_or.reduce([rows[flag].fillna(False).to_numpy(bool)
+                                    for flag, _ in PROBLEMS]) if len(rows) else []
+    return Part(copy_stats(trace), rows[flagged] if len(rows) else rows)
+
+
+def combine(parts: list[Part]) -> Result:
+    """The job's result: the statistics in key order, the flagged copies in file order."""
+    if len(parts) == 1:
+        stats, rows = parts[0].stats, parts[0].flagged
+    else:
+        stats = pd.concat([piece.stats for piece in parts], ignore_index=True).sort_values(
+            STATS_KEYS, kind="stable", na_position="last", ignore_index=True)
+        rows = pd.concat([piece.flagged for piece in parts])
+    return Result(_copy_findings(rows, count_host_blocked=False), {"copy_stats": stats})
 
 
 def findings(trace: Trace, *, small_bytes: int = SMALL_BYTES,
@@ -345,6 +377,11 @@ def findings(trace: Trace, *, small_bytes: int = SMALL_BYTES,
     """
     rows = problem_copies(trace, small_bytes=small_bytes,
                           sync_h2d_exempt_bytes=sync_h2d_exempt_bytes)
+    return _copy_findings(rows, count_host_blocked=count_host_blocked)
+
+
+def _copy_findings(rows: pd.DataFrame, *, count_host_blocked: bool) -> pd.DataFrame:
+    """The findings of problem copies (`problem_copies` rows)."""
     groups = _grouped(rows, count_host_blocked)
     return found.frame(pd.DataFrame({
         "cause": "copy", "lost_ns": groups["lost_ns"], "where": groups["site"],
