@@ -98,11 +98,13 @@ def read_unit(job: tuple[str, Options]) -> UnitPart:
         for piece, part in zip(pieces, ranks, strict=True):
             part.positions = piece.meta.pop("_positions")
     return UnitPart(unit, dict(trace.meta), span, ranks,
-                    {name: len(getattr(trace, name)) for name in GAP_TABLES})
+                    {name: len(getattr(trace, name)) for name in ROW_TABLES})
 
 
 #: the tables a gap piece's next event (`next_table`, `next_row`) comes from
 GAP_TABLES = ("kernels", "copies")
+#: tables whose row labels an analyzer's part holds (gap pieces; fragmentation's `event`)
+ROW_TABLES = (*GAP_TABLES, "memory")
 
 
 def split_ranks(trace: Trace) -> list[Trace]:
@@ -120,7 +122,7 @@ def split_ranks(trace: Trace) -> list[Trace]:
         tables = {name: frame[masks[name]].reset_index(drop=True)
                   for name, frame in trace.tables().items()}
         meta = {**trace.meta, "rank": rank,
-                "_positions": {name: np.flatnonzero(masks[name]) for name in GAP_TABLES}}
+                "_positions": {name: np.flatnonzero(masks[name]) for name in ROW_TABLES}}
         out.append(Trace(meta=meta, **tables))
     return out
 

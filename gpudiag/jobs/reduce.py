@@ -25,7 +25,7 @@ from gpudiag.analyzers.losses.waterfall import (
     losses_frame,
 )
 from gpudiag.analyzers.steps import training as steps_mod
-from gpudiag.jobs.rank_map import GAP_TABLES, RankPart, UnitPart, comm_wait_ns
+from gpudiag.jobs.rank_map import GAP_TABLES, ROW_TABLES, RankPart, UnitPart, comm_wait_ns
 from gpudiag.jobs.rank_map import no_gaps as rank_map_no_gaps
 from gpudiag.trace import Trace, merge, merge_meta
 
@@ -36,15 +36,33 @@ def placed(units: list[UnitPart]) -> list[Placed]:
     """Every rank's part with its file's kernel-id offset, in file order (the merge's);
     each rank's gap pieces renumbered to name the next event by its merged row."""
     out, offset = [], 0
-    rows = dict.fromkeys(GAP_TABLES, 0)
+    rows = dict.fromkeys(ROW_TABLES, 0)
     for unit in units:
         for part in unit.ranks:
             if part.gaps is not None:
                 part.gaps = _merged_rows(part.gaps, part, rows)
+            _shift_rows(part, _row_map(part, rows))
             out.append((offset, part))
         offset += unit.kernel_span
-        rows = {name: rows[name] + unit.rows.get(name, 0) for name in GAP_TABLES}
+        rows = {name: rows[name] + unit.rows.get(name, 0) for name in ROW_TABLES}
     return out
+
+
+def _row_map(part: RankPart, offsets: dict[str, int]) -> Any:
+    """This rank's row labels of a table -> the merged job's (after the files before it;
+    a split rank's rows are a subset of its file's)."""
+    def rows(table: str, local: np.ndarray) -> np.ndarray:
+        mine = part.positions[table][local] if part.positions else local
+        return np.asarray(mine, dtype=np.int64) + offsets[table]
+    return rows
+
+
+def _shift_rows(part: RankPart, rows: Any) -> None:
+    """Parts holding row labels of the rank's tables (`module.shift_rows`), renumbered."""
+    for name, piece in part.parts.items():
+        shift = getattr(diagnosis.module_of(_ANALYZER[name]), "shift_rows", None)
+        if shift is not None and piece is not None:
+            part.parts[name] = shift(piece, rows)
 
 
 def _merged_rows(gaps: pd.DataFrame, part: RankPart, offsets: dict[str, int]) -> pd.DataFrame:

@@ -12,6 +12,7 @@ use, so a number can be checked against theirs:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -172,9 +173,69 @@ def analyze(trace: Trace) -> Result:
     The arrival skew is the one the findings and the loss model's comm_wait use: matched
     once per trace.
     """
-    return Result(findings(trace), {"collective_stats": collective_stats(trace),
-                                    "overlap": overlap(trace),
-                                    "arrival_skew": arrival_skew(trace)})
+    return combine([part(trace)])
+
+
+@dataclass(frozen=True)
+class Part:
+    """One rank's share of a job's collectives analysis: its collective rows, the call
+    site of each collective kernel (by kernel id), its compute kernels' busy time inside
+    its calls (all a call's hidden time needs), its overlap rows, and the meta the
+    bandwidth and skew read (world size, real times)."""
+
+    calls: pd.DataFrame
+    sites: pd.Series
+    compute: dict[tuple[int, int], iv.Spans]
+    overlap: pd.DataFrame
+    world_size: int | None
+    timeline: bool
+
+
+def part(trace: Trace) -> Part:
+    """This rank's collectives and what its findings need of its kernels (see `Part`)."""
+    calls = trace.collectives
+    compute = spans_by_device(compute_kernels(trace))
+    inside = {key: iv.intersect(compute[key], iv.union(rows["start_ns"], rows["end_ns"]))
+              for key, rows in _by_device(calls) if key in compute}
+    world = trace.meta.get("world_size")
+    return Part(calls, _site_map(trace), inside, overlap(trace),
+                None if world is None else int(world), bool(trace.meta.get("timeline", True)))
+
+
+def shift_kernels(piece: Part, offset: int) -> Part:
+    """The part with its kernel ids after `offset` (the merge's numbering of a job)."""
+    calls = piece.calls.assign(kernel_id=piece.calls["kernel_id"] + offset)
+    return Part(calls, piece.sites.set_axis(piece.sites.index + offset), piece.compute,
+                piece.overlap, piece.world_size, piece.timeline)
+
+
+def combine(parts: list[Part]) -> Result:
+    """The job's result from its ranks' parts: their calls in file order (as merged),
+    matched across ranks, with each rank's compute and sites."""
+    calls = pd.concat([piece.calls for piece in parts], ignore_index=True) \
+        if len(parts) > 1 else parts[0].calls
+    sizes = {piece.world_size for piece in parts if piece.world_size is not None}
+    meta = {"timeline": all(piece.timeline for piece in parts),
+            **({"world_size": sizes.pop()} if len(sizes) == 1 else {})}
+    trace = Trace(meta=meta, collectives=calls)
+    compute = {key: spans for piece in parts for key, spans in piece.compute.items()}
+    sites = pd.concat([piece.sites for piece in parts]) if len(parts) > 1 else parts[0].sites
+    ov = parts[0].overlap if len(parts) == 1 else _in_device_order(
+        pd.concat([piece.overlap for piece in parts], ignore_index=True))
+    return Result(_findings(trace, compute, sites), {
+        "collective_stats": collective_stats(trace), "overlap": ov,
+        "arrival_skew": arrival_skew(trace)})
+
+
+def _by_device(rows: pd.DataFrame) -> list[tuple[tuple[int, int], pd.DataFrame]]:
+    return [((int(rank), int(device)), group)
+            for (rank, device), group in _keyed(rows).groupby(["_r", "_d"], sort=False)]
+
+
+def _in_device_order(rows: pd.DataFrame) -> pd.DataFrame:
+    """Overlap rows in (rank, device) order, none first (as `overlap` groups them)."""
+    keyed = _keyed(rows).sort_values(["_r", "_d"], kind="stable")
+    return keyed.drop(columns=["_r", "_d"]).reset_index(drop=True)
 
 
 def findings(trace: Trace, *, min_lost_ns: int = 100_000, large_bytes: int = 32 << 20,
@@ -195,13 +256,41 @@ def findings(trace: Trace, *, min_lost_ns: int = 100_000, large_bytes: int = 32 
       duration first, so a late rank is not mistaken for a slow link; lost_ns is the time
       above what the median bandwidth would take. Findings under `min_lost_ns` are dropped.
     """
-    compute = spans_by_device(compute_kernels(trace))
+    return _findings(trace, spans_by_device(compute_kernels(trace)), _site_map(trace),
+                     min_lost_ns=min_lost_ns, large_bytes=large_bytes, slow_ratio=slow_ratio,
+                     min_large_calls=min_large_calls)
+
+
+def _findings(trace: Trace, compute: dict[tuple[int, int], iv.Spans], sites: pd.Series, *,
+              min_lost_ns: int = 100_000, large_bytes: int = 32 << 20,
+              slow_ratio: float = 0.25, min_large_calls: int = 4) -> pd.DataFrame:
+    """`findings` from the collectives, each device's compute spans and the call site of
+    each collective kernel (`sites`, by kernel id)."""
     skew = arrival_skew(trace)
-    parts = [_wait_findings(trace, skew, compute), _exposed_findings(trace, compute, skew),
-             _slow_findings(trace, skew, large_bytes, slow_ratio, min_large_calls)]
+    parts = [_wait_findings(skew, compute, sites),
+             _exposed_findings(trace, compute, skew, sites),
+             _slow_findings(trace, skew, sites, large_bytes=large_bytes, slow_ratio=slow_ratio,
+                            min_large_calls=min_large_calls)]
     rows = [row for part in parts for row in part]
     out = frame(rows)
     return out[out["lost_ns"] >= min_lost_ns].reset_index(drop=True)
+
+
+def _site_map(trace: Trace) -> pd.Series:
+    """The call site of each collective kernel, by kernel id (`_sites`)."""
+    calls = trace.collectives
+    known = calls[calls["kernel_id"].notna().to_numpy(bool)].drop_duplicates("kernel_id")
+    return pd.Series(_sites(trace, known).to_numpy(dtype=object),
+                     index=pd.Index(known["kernel_id"].astype("int64")), dtype=object)
+
+
+def _site_of(rows: pd.DataFrame, sites: pd.Series) -> pd.Series:
+    """Each row's call site from `sites` (None without a kernel or a site)."""
+    ids = pd.to_numeric(rows["kernel_id"]).astype("Int64")
+    found = ids.map(sites).to_numpy(dtype=object) if len(sites) else \
+        np.full(len(rows), None, dtype=object)
+    return pd.Series([None if pd.isna(site) else site for site in found], index=rows.index,
+                     dtype=object)
 
 
 # -- intervals per device ---------------------------------------------------------------------
@@ -285,13 +374,17 @@ def _step_windows(trace: Trace) -> dict[int, iv.Spans]:
     kernels = trace.kernels
     launch = callsites.kernel_launches(trace)["api_start_ns"]
     known = (launch.notna() & kernels["pid"].notna()).to_numpy()
-    left = pd.DataFrame({"pid": kernels["pid"][known].astype("int64"),
+    # by (rank, pid): ranks on other hosts reuse pids
+    left = pd.DataFrame({"rank": key_array(kernels["rank"][known]),
+                         "pid": kernels["pid"][known].astype("int64"),
                          "t": launch[known].astype("int64"), "gpu_end": kernels["end_ns"][known]})
     # a step of no known pid (MISSING) matches no kernel: every left pid is known
-    right = pd.DataFrame({"pid": key_array(pd.to_numeric(steps["pid"])),
+    right = pd.DataFrame({"rank": key_array(pd.to_numeric(steps["rank"])),
+                          "pid": key_array(pd.to_numeric(steps["pid"])),
                           "t": steps["start_ns"], "step_end": steps["end_ns"],
                           "step": np.arange(len(steps))})
-    hit = pd.merge_asof(left.sort_values("t"), right.sort_values("t"), on="t", by="pid")
+    hit = pd.merge_asof(left.sort_values("t"), right.sort_values("t"), on="t",
+                        by=["rank", "pid"])
     hit = hit[hit["t"] < hit["step_end"]]
     gpu_end = hit.groupby("step")["gpu_end"].max().reindex(right["step"]).to_numpy()
     end = np.fmax(steps["end_ns"].to_numpy(np.float64), gpu_end).astype(np.int64)
@@ -303,13 +396,13 @@ def _step_windows(trace: Trace) -> dict[int, iv.Spans]:
 # -- findings ---------------------------------------------------------------------------------
 
 
-def _wait_findings(trace: Trace, skew: pd.DataFrame,
-                   compute: dict[tuple[int, int], iv.Spans]) -> list[dict[str, object]]:
+def _wait_findings(skew: pd.DataFrame, compute: dict[tuple[int, int], iv.Spans],
+                   sites: pd.Series) -> list[dict[str, object]]:
     rows = skew[~skew["clock_suspect"] & (skew["wait_ns"] > 0)]
     if rows.empty:
         return []
     hidden = covered(rows.assign(end_ns=rows["start_ns"] + rows["wait_ns"]), compute)
-    rows = rows.assign(exposed=rows["wait_ns"] - hidden, site=_sites(trace, rows))
+    rows = rows.assign(exposed=rows["wait_ns"] - hidden, site=_site_of(rows, sites))
     keys = ["comm", "op"]
     agg = rows.groupby(keys, sort=False).agg(
         lost_ns=("exposed", "sum"), wait_ns=("wait_ns", "sum"), max_skew=("skew_ns", "max"),
@@ -332,7 +425,7 @@ def _wait_findings(trace: Trace, skew: pd.DataFrame,
 
 
 def _exposed_findings(trace: Trace, compute: dict[tuple[int, int], iv.Spans],
-                      skew: pd.DataFrame) -> list[dict[str, object]]:
+                      skew: pd.DataFrame, sites: pd.Series) -> list[dict[str, object]]:
     calls = _on_device(trace)  # a gloo call's overlap with host compute is not measured
     if calls.empty:
         return []
@@ -341,7 +434,7 @@ def _exposed_findings(trace: Trace, compute: dict[tuple[int, int], iv.Spans],
     calls = calls.assign(comm=calls["comm"].astype("string").fillna(""),
                          op=calls["op"].astype("string"), dur_ns=dur,
                          exposed=dur - covered(calls, compute), wait_ns=wait,
-                         site=_sites(trace, calls))
+                         site=_site_of(calls, sites))
     keys = ["comm", "op"]
     agg = calls.groupby(keys, sort=False).agg(
         lost_ns=("exposed", "sum"), dur_ns=("dur_ns", "sum"), wait_ns=("wait_ns", "sum"),
@@ -357,8 +450,8 @@ def _exposed_findings(trace: Trace, compute: dict[tuple[int, int], iv.Spans],
             for (comm, operation), sums in agg.iterrows()]
 
 
-def _slow_findings(trace: Trace, skew: pd.DataFrame, large_bytes: int, slow_ratio: float,
-                   min_large_calls: int) -> list[dict[str, object]]:
+def _slow_findings(trace: Trace, skew: pd.DataFrame, sites: pd.Series, *, large_bytes: int,
+                   slow_ratio: float, min_large_calls: int) -> list[dict[str, object]]:
     calls = collective_calls(trace)
     wait = _wait_of(calls, skew).to_numpy()
     moving = calls["dur_ns"].to_numpy() - wait  # the call's time once every rank has arrived
@@ -375,7 +468,7 @@ def _slow_findings(trace: Trace, skew: pd.DataFrame, large_bytes: int, slow_rati
     if slow.empty:
         return []
     slow = slow.assign(lost=slow["moving"] * (1 - slow["busbw"] / slow["ref"]),
-                       site=_sites(trace, slow))
+                       site=_site_of(slow, sites))
     keys = ["comm", "op"]
     agg = slow.groupby(keys, sort=False).agg(
         lost_ns=("lost", "sum"), count=("lost", "size"), low=("busbw", "min"),

@@ -26,6 +26,7 @@ summed time: `host_data_loading`, `host_python_overhead`, `host_optimizer`,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -95,7 +96,11 @@ def host_breakdown(trace: Trace) -> pd.DataFrame:
 
         host_breakdown(trace).sort_values("share", ascending=False).head()
     """
-    by_step = host_by_step(trace)
+    return _breakdown(host_by_step(trace))
+
+
+def _breakdown(by_step: pd.DataFrame) -> pd.DataFrame:
+    """`host_breakdown` of a `host_by_step` table."""
     rows: list[dict[str, object]] = []
     for (rank, pid), mine in by_step[by_step["profiled"]].groupby(["rank", "pid"],
                                                                   dropna=False, sort=True):
@@ -135,11 +140,11 @@ def host_memory(trace: Trace) -> pd.DataFrame:
     return _analysis(trace)["memory"]
 
 
-def _analysis(trace: Trace) -> dict[str, pd.DataFrame]:
+def _analysis(trace: Trace) -> dict[str, Any]:
     return trace.derived("host_steps", lambda: _compute(trace))
 
 
-def _compute(trace: Trace) -> dict[str, pd.DataFrame]:
+def _compute(trace: Trace) -> dict[str, Any]:
     ranges = trace.ranges
     host = ranges[ranges["tid"].notna() & (ranges["source"] != "step")]
     # a process is (rank, pid), NA a value of its own: int64 keys (NA as keys.MISSING) to
@@ -165,6 +170,12 @@ def _compute(trace: Trace) -> dict[str, pd.DataFrame]:
         top_ops.append(_self_time(mine, steady))
         mem_rows.append(_memory_row(int(rank), int(pid), mem, table))
         gaps.append(_python_gaps(trace, mine, tid, spans, steady))
+    return _tables(by_step, top_ops, mem_rows, gaps)
+
+
+def _tables(by_step: list[pd.DataFrame], top_ops: list[pd.DataFrame],
+            mem_rows: list[dict[str, Any]], gaps: list[pd.DataFrame]) -> dict[str, Any]:
+    """The host tables from the per-process pieces (in process order)."""
     out = pd.concat(by_step, ignore_index=True) if by_step else _empty_by_step()
     out = out.astype({"tid": "Int64"}).assign(rank=keys.key_column(out["rank"]),
                                              pid=keys.key_column(out["pid"]))
@@ -175,7 +186,8 @@ def _compute(trace: Trace) -> dict[str, pd.DataFrame]:
     return {"by_step": out,
             "top_ops": _top(top_ops, out), "memory": mem_table,
             "python_where": pd.concat(gaps, ignore_index=True) if gaps
-            else pd.DataFrame({"where": [], "ns": []})}
+            else pd.DataFrame({"where": [], "ns": []}),
+            "pieces": (by_step, top_ops, mem_rows, gaps)}
 
 
 def _windows(steps: pd.DataFrame, ops: pd.DataFrame, rank: int, pid: int) -> pd.DataFrame:
@@ -317,10 +329,64 @@ def analyze(trace: Trace) -> Result:
     `host_breakdown`, `host_by_step`, `host_top_ops` and `host_memory` are all read from
     one pass over the host ops.
     """
-    return Result(findings(trace), {"host_breakdown": host_breakdown(trace),
-                                    "host_by_step": host_by_step(trace),
-                                    "host_top_ops": host_top_ops(trace),
-                                    "host_memory": host_memory(trace)})
+    return combine([part(trace)])
+
+
+@dataclass(frozen=True)
+class Part:
+    """One rank's share of a job's host analysis: its processes' pieces (steps by
+    category, op self times, memory, Python time by frame), which framework recorded it,
+    and the time of the ranges a data-loading or optimizer finding is named after."""
+
+    pieces: tuple[list[pd.DataFrame], list[pd.DataFrame], list[dict[str, Any]],
+                  list[pd.DataFrame]]
+    formats: frozenset[str]
+    torch_ops: bool
+    named: dict[tuple[str, bool], pd.Series]
+
+
+def part(trace: Trace) -> Part:
+    """This rank's host pieces (see `Part`)."""
+    formats = {str(source.get("format")) for source in trace.meta.get("sources", []) or []}
+    formats.add(str(trace.meta.get("format")))
+    if trace.meta.get("backend") == "jax":
+        formats.add("xplane")
+    return Part(_analysis(trace)["pieces"], frozenset(formats),
+                bool((trace.ranges["source"] == "torch_op").any()), _named_time(trace))
+
+
+def combine(parts: list[Part]) -> Result:
+    """The job's result: every process's pieces in process order (rank, pid), then the
+    tables and findings read from them."""
+    if len(parts) == 1:
+        pieces = parts[0].pieces
+    else:
+        order = sorted(range(len(parts)), key=lambda i: _process_order(parts[i]))
+        pieces = tuple([item for i in order for item in parts[i].pieces[n]]  # type: ignore
+                       for n in range(4))
+    tables = _tables(*pieces)
+    formats = frozenset().union(*(piece.formats for piece in parts))
+    kind = ("jax" if formats & {"xplane", "jax-perfetto"} else
+            "torch" if "kineto" in formats or any(piece.torch_ops for piece in parts)
+            else None)
+    named: dict[tuple[str, bool], pd.Series] = {}
+    for piece in parts:
+        for key, sums in piece.named.items():
+            named[key] = sums if key not in named else named[key].add(sums, fill_value=0)
+    by_step = tables["by_step"]
+    return Result(_findings(tables, kind, named), {
+        "host_breakdown": _breakdown(by_step), "host_by_step": by_step,
+        "host_top_ops": tables["top_ops"].head(15).reset_index(drop=True),
+        "host_memory": tables["memory"]})
+
+
+def _process_order(piece: Part) -> tuple[int, int]:
+    """A part's first process key (a rank's processes are one rank's: parts sort whole)."""
+    by_step = piece.pieces[0]
+    if not by_step:
+        return (keys.MISSING - 1, 0)
+    first = by_step[0]
+    return int(first["rank"].iloc[0]), int(first["pid"].iloc[0])
 
 
 def findings(trace: Trace, *, min_share: float = 0.1, min_op_share: float = 0.2,
@@ -332,12 +398,19 @@ def findings(trace: Trace, *, min_share: float = 0.1, min_op_share: float = 0.2,
     `min_share`: least share of step time a category needs to be reported (10%);
     `min_op_share`: the same for one op's self time (20%), of which the `top_ops` largest.
     """
-    by_step = host_by_step(trace)
+    return _findings(_analysis(trace), framework(trace), _named_time(trace),
+                     min_share=min_share, min_op_share=min_op_share, top_ops=top_ops)
+
+
+def _findings(tables: dict[str, Any], kind: str | None,
+              named_time: dict[tuple[str, bool], pd.Series], *, min_share: float = 0.1,
+              min_op_share: float = 0.2, top_ops: int = 3) -> pd.DataFrame:
+    """`findings` from the host tables, the framework and the named ranges' time."""
+    by_step = tables["by_step"]
     steady = by_step[by_step["profiled"] & ~by_step["warmup"]] if len(by_step) else by_step
     total = int(steady["dur_ns"].sum()) if len(steady) else 0
     if total <= 0:
         return frame()
-    kind = framework(trace)
     warm = int(by_step["warmup"].sum())
     context = {"steps": len(steady), "warmup": warm, "total": total,
                "whole": bool((steady["step"] == WHOLE).all())}
@@ -347,10 +420,10 @@ def findings(trace: Trace, *, min_share: float = 0.1, min_op_share: float = 0.2,
         if time < min_share * total:
             continue
         rows.append({"cause": cause, "lost_ns": time, "share": time / total,
-                     "where": _where(trace, cause), "count": len(steady),
+                     "where": _where(tables, named_time, cause), "count": len(steady),
                      "evidence": evidence(cause, time, context),
                      "advice": advice(cause, kind)})
-    ops = _analysis(trace)["top_ops"]
+    ops = tables["top_ops"]
     named = pd.Series(ops["name"], dtype="category")  # loader / optimizer ranges: said above
     ops = ops[~(keys.matches(named, DATA) | keys.matches(named, OPTIMIZER))]
     for row in ops[ops["self_ns"] >= min_op_share * total].head(top_ops).itertuples():
@@ -362,21 +435,34 @@ def findings(trace: Trace, *, min_share: float = 0.1, min_op_share: float = 0.2,
     return frame(rows)
 
 
-def _where(trace: Trace, cause: str) -> str:
+def _named_time(trace: Trace) -> dict[tuple[str, bool], pd.Series]:
+    """Per finding that is named after a range (data loading, optimizer): the time of the
+    matching ranges by name, outside Python frames (`True`) and in all (`False`)."""
+    out = {}
+    for cause, pattern in (("host_data_loading", DATA), ("host_optimizer", OPTIMIZER)):
+        named = keys.matches(trace.ranges["name"], pattern)
+        for framed in (True, False):
+            hit = trace.ranges[named & (trace.ranges["source"] != "python").to_numpy(bool)
+                               if framed else named]
+            out[cause, framed] = (hit["end_ns"] - hit["start_ns"]).groupby(
+                hit["name"].astype(str)).sum()
+    return out
+
+
+def _where(tables: dict[str, Any], named_time: dict[tuple[str, bool], pd.Series],
+           cause: str) -> str:
     """Where a host finding happens: the DataLoader or optimizer range name, the user frame
     that most of the Python time ran under."""
     if cause == "host_python_overhead":
-        found = _analysis(trace)["python_where"]
+        found = tables["python_where"]
         if len(found):
             return str(found.groupby("where")["ns"].sum().idxmax())
         return "(between framework ops)"
-    pattern = {"host_data_loading": DATA, "host_optimizer": OPTIMIZER}.get(cause)
-    if pattern is None:
+    if (cause, True) not in named_time:
         return "(compiler)"
-    named = keys.matches(trace.ranges["name"], pattern)
-    hit = trace.ranges[named & (trace.ranges["source"] != "python").to_numpy(bool)]
-    if hit.empty:
-        hit = trace.ranges[named]
-    if hit.empty:
+    time = named_time[cause, True]
+    if time.empty:
+        time = named_time[cause, False]
+    if time.empty:
         return "-"
-    return str((hit["end_ns"] - hit["start_ns"]).groupby(hit["name"].astype(str)).sum().idxmax())
+    return str(time.sort_index().idxmax())

@@ -26,6 +26,8 @@ a heatmap); this module assembles the tables and the findings and re-exports the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -291,7 +293,76 @@ def analyze(trace: Trace) -> Result:
 
     One replay per device serves both (`replay_devices` is computed once per trace).
     """
-    return Result(findings(trace), {"fragmentation": fragmentation(trace)})
+    return combine([part(trace)])
+
+
+@dataclass(frozen=True)
+class Part:
+    """One rank's share of a job's allocator analysis (every question is one device's):
+    its findings, and its `fragmentation` rows of replayed devices and of devices with
+    profiler totals only (the table lists the first kind, then the second)."""
+
+    findings: pd.DataFrame
+    replayed: pd.DataFrame
+    profiled: pd.DataFrame
+    first: tuple[int, int]  # its first replayed device: a job's parts sort by it
+
+
+def part(trace: Trace) -> Part:
+    """This rank's findings and fragmentation rows (see `Part`).
+
+        pieces = [allocator.part(rank) for rank in ranks]   # one per rank's trace
+        pieces[0].replayed.groupby("device").tail(1)        # each device's snapshot row
+        allocator.combine(pieces).tables["fragmentation"]   # == analyze(merged)'s
+    """
+    frag = fragmentation(trace)
+    replayed = frag["source"].isin(["replay", "snapshot"]).to_numpy(bool)
+    mine = _by_key(frag[replayed])
+    first = (int(key_array(mine["rank"])[0]), int(key_array(mine["device"])[0])) \
+        if len(mine) else (np.iinfo(np.int64).max, 0)
+    return Part(findings(trace), frag[replayed], frag[~replayed], first)
+
+
+def shift_rows(piece: Part, rows: Callable[[str, np.ndarray], np.ndarray]) -> Part:
+    """The part with its `event` labels the merged job's memory rows (`rows` maps labels).
+
+        before = len(first_rank.memory)                        # rows of the ranks before
+        later = shift_rows(part(second_rank), lambda table, rows: rows + before)
+        later.replayed["event"]                                # labels of the merged table
+    """
+    def shifted(frame: pd.DataFrame) -> pd.DataFrame:
+        known = frame["event"].notna().to_numpy(bool)
+        if not known.any():
+            return frame
+        event = frame["event"].to_numpy(dtype=np.float64, na_value=np.nan)
+        event[known] = rows("memory", event[known].astype(np.int64))
+        return frame.assign(event=pd.array(np.where(known, event, np.nan), dtype="Float64")
+                            .astype("Int64"))
+    return Part(piece.findings, shifted(piece.replayed), shifted(piece.profiled), piece.first)
+
+
+def combine(parts: list[Part]) -> Result:
+    """The job's result: findings and rows of every device, in (rank, device) order.
+
+        result = allocator.combine([allocator.part(rank) for rank in ranks])
+        result.findings[["where", "count", "evidence"]]
+        result.tables["fragmentation"]
+    """
+    if len(parts) == 1:
+        frag = _typed(pd.concat([parts[0].replayed, parts[0].profiled], ignore_index=True))
+        return Result(parts[0].findings, {"fragmentation": frag})
+    frames = [_by_key(pd.concat([getattr(piece, kind) for piece in parts], ignore_index=True))
+              for kind in ("replayed", "profiled")]
+    found_rows = pd.concat([piece.findings for piece in sorted(parts, key=lambda p: p.first)],
+                           ignore_index=True)  # one device's each, in the replays' order
+    return Result(found.frame(found_rows),
+                  {"fragmentation": _typed(pd.concat(frames, ignore_index=True))})
+
+
+def _by_key(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows in (rank, device) order, NA first (as `keys_of` lists devices)."""
+    order = np.lexsort((key_array(rows["device"]), key_array(rows["rank"])))
+    return rows.iloc[order].reset_index(drop=True)
 
 
 def findings(trace: Trace, *, min_stranded_bytes: int = 1 << 30,
