@@ -42,12 +42,21 @@ def cli(debug: bool) -> None:
               help="Analyze only START:END (e.g. 100ms:300ms from the first GPU event) or "
                    "the span of a named range (e.g. ProfilerStep#3).")
 @click.option("--steps", is_flag=True, help="Also show the waterfall of every training step.")
+@click.option("--workers", type=int, metavar="N",
+              help="Read and analyze the files (one per rank) on N local processes, then "
+                   "reduce (1: in this process). Exit 3 when some files could not be read.")
+@click.option("--scheduler", metavar="ADDR",
+              help="Read and analyze the files on a Dask cluster: tcp://HOST:PORT or a "
+                   "scheduler file (workers must see the same paths). Needs gpudiag[dask].")
 def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | None,
-            window: str | None, steps: bool) -> None:
+            window: str | None, steps: bool, workers: int | None,
+            scheduler: str | None) -> None:
     """Read profiles (files or directories), attribute the lost GPU time and say what to do.
 
     PATHS may be Kineto/PyTorch traces, Nsight Systems exports, Nsight Compute reports,
     JAX XSpace files, torch memory snapshots or gpudiag run directories; several are merged.
+    With --workers or --scheduler each file is analyzed where it is read and only its
+    results are combined: the same diagnosis, for jobs of many ranks.
     """
     from gpudiag.analyzers import budgets as budget_mod
     from gpudiag.analyzers.diagnosis import diagnose
@@ -56,10 +65,16 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
 
     budgets = budget_mod.parse(fail_on) if fail_on else []
 
-    trace = _load(list(paths))
-    _require_events(trace, paths)
-    dx = diagnose(trace, window=window, steps=steps)
-    info = summarize(trace, top=top, window_ns=dx.window_ns, window_spec=window)
+    failed: list[tuple[str, str]] = []
+    if workers is not None or scheduler is not None:
+        job = _job(paths, workers=workers, scheduler=scheduler, window=window, steps=steps)
+        dx, failed = job, job.failed
+        info = job.summary(top=top)
+    else:
+        trace = _load(list(paths))
+        _require_events(trace, paths)
+        dx = diagnose(trace, window=window, steps=steps)
+        info = summarize(trace, top=top, window_ns=dx.window_ns, window_spec=window)
     info["diagnosis"] = dx.to_dict()
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
@@ -77,6 +92,42 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
         click.echo(f"gpudiag: {line}", err=True)
     if broken:
         sys.exit(1)
+    if failed:
+        _say_failed(failed)
+        sys.exit(3)
+
+
+def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
+         window: str | None, steps: bool) -> Any:
+    """`jobs.diagnose_job` with a bar per file on a terminal (stderr)."""
+    from rich.progress import Progress
+
+    from gpudiag.jobs.job import diagnose_job
+
+    if window is not None:
+        raise InputError("--window", "a window is not supported with --workers or "
+                         "--scheduler yet", "analyze the window without them, or drop it")
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("analyzing ranks", total=None)
+
+        def advance(outcome: Any, total: int) -> None:
+            name = Path(str(outcome.item[0])).name
+            bar.update(task, total=total, advance=1,
+                       description=terminal(("failed " if outcome.error else "read ") + name))
+
+        return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps,
+                            progress=advance)
+
+
+def _say_failed(failed: list[tuple[str, str]]) -> None:
+    """The files a job could not read, one line each, after the analysis of the rest."""
+    click.echo(f"gpudiag: {len(failed)} file(s) could not be read and were left out:",
+               err=True)
+    for path, error in failed:
+        click.echo(f"gpudiag:   {printable(path)}: {printable(error)}", err=True)
 
 
 @cli.command()

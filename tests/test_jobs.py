@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -147,3 +148,36 @@ def test_what_crosses_the_boundary_is_compact_for_analyzers_with_parts(job4: Pat
     sync_part = part.parts["sync"]
     assert len(sync_part.waits) < len(gpudiag.load(job4 / "rank0.json.gz").api)
     assert sys.getsizeof(part.lost) < 10_000
+
+
+def test_analyze_with_workers_prints_what_the_merged_analysis_prints(job4: Path) -> None:
+    from click.testing import CliRunner
+
+    from gpudiag.cli import cli
+
+    merged = CliRunner().invoke(cli, ["analyze", "--json", "--steps", str(job4)])
+    job = CliRunner().invoke(cli, ["analyze", "--json", "--steps", "--workers", "2",
+                                   str(job4)])
+    assert merged.exit_code == job.exit_code == 0, job.output
+    assert json.loads(job.stdout) == json.loads(merged.stdout)
+
+
+def test_analyze_lists_a_rank_it_cannot_read_and_exits_3(job4: Path, tmp_path: Path) -> None:
+    files = sorted(job4.glob("rank*.json.gz"))[:2]
+    broken = tmp_path / "rank7.json.gz"
+    broken.write_bytes(b"not gzip, not json")
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", "--workers", "1",
+                           *map(str, files), str(broken)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert "1 file(s) could not be read" in done.stderr and "rank7.json.gz" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "findings" in done.stdout.lower() or "comm_wait" in done.stdout
+
+
+def test_a_window_with_workers_is_one_clear_line(job4: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", "--workers", "2",
+                           "--window", "0ms:10ms", str(job4)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "--window" in done.stderr

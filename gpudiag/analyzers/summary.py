@@ -5,6 +5,7 @@ Pure computation on a Trace; rendering lives in gpudiag/reports/.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -36,12 +37,13 @@ def summarize(trace: Trace, top: int = 10, *, window_ns: tuple[int, int] | None 
     shown = trace if window_ns is None else window_mod.within(trace, window_ns)
     return {
         "sources": trace.meta.get("sources", []),
-        "run": _run(trace),
-        "ranks": _ranks(trace),
+        "run": _run_of(trace.meta),
+        "ranks": _ranks_of(trace.meta),
         "vendor": trace.meta.get("vendor"),
         "timeline": bool(trace.meta.get("timeline", True)),
         "devices": _devices(trace),
-        "window": _window(trace, window_ns, window_spec),
+        "window": _window_of(trace.gpu_window_ns(), window_mod.edges(trace)[0], window_ns,
+                             window_spec),
         "rows": shown.row_counts(),
         "gpu_activity": trace.has_gpu_activity(),
         "top_kernels": top_kernels(shown.kernels, top),
@@ -49,22 +51,21 @@ def summarize(trace: Trace, top: int = 10, *, window_ns: tuple[int, int] | None 
     }
 
 
-def _window(trace: Trace, window_ns: tuple[int, int] | None,
-            spec: str | None) -> dict[str, Any] | None:
-    """The analyzed window (the GPU window without `window_ns`), None without either.
+def _window_of(whole: tuple[int, int] | None, first: int,
+               window_ns: tuple[int, int] | None, spec: str | None) -> dict[str, Any] | None:
+    """The analyzed window (the GPU window `whole` without `window_ns`), None without either.
 
     `start_ns`/`end_ns` are the trace's own clock; `offset_ns` is the start counted from the
-    first GPU event (as `--window START:END` counts); `started_at` the start as UTC wall
-    clock (ISO 8601) when the clock is the epoch's, else None; `trace_duration_ns` the whole
-    GPU window; `spec` the --window text.
+    first GPU event (`first`, as `--window START:END` counts); `started_at` the start as UTC
+    wall clock (ISO 8601) when the clock is the epoch's, else None; `trace_duration_ns` the
+    whole GPU window; `spec` the --window text.
     """
-    whole = trace.gpu_window_ns()
     bounds = window_ns if window_ns is not None else whole
     if bounds is None:
         return None
     lo, hi = int(bounds[0]), int(bounds[1])
     return {"start_ns": lo, "end_ns": hi, "duration_ns": hi - lo,
-            "offset_ns": lo - window_mod.edges(trace)[0], "started_at": wall_clock(lo),
+            "offset_ns": lo - first, "started_at": wall_clock(lo),
             "trace_duration_ns": None if whole is None else whole[1] - whole[0],
             "spec": spec}
 
@@ -77,14 +78,14 @@ def wall_clock(ns: int) -> str | None:
     return when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def _run(trace: Trace) -> dict[str, Any] | None:
+def _run_of(meta: dict[str, Any]) -> dict[str, Any] | None:
     """A `gpudiag profile` run (its meta has the command): program, command, processes."""
-    command = trace.meta.get("command")
+    command = meta.get("command")
     if not isinstance(command, list) or not command:
         return None
     return {"program": program_name([str(c) for c in command]),
             "command": [str(c) for c in command],
-            "processes": len(trace.meta.get("processes") or [])}
+            "processes": len(meta.get("processes") or [])}
 
 
 def top_kernels(kernels: pd.DataFrame, top: int = 10) -> list[dict[str, Any]]:
@@ -93,8 +94,12 @@ def top_kernels(kernels: pd.DataFrame, top: int = 10) -> list[dict[str, Any]]:
         return []
     dur = (kernels["end_ns"] - kernels["start_ns"]).rename("dur_ns")
     grouped = dur.groupby(kernels["name"], observed=True).agg(["count", "sum", "mean"])
+    return _top_rows(grouped, float(dur.sum()) or 1.0, top)
+
+
+def _top_rows(grouped: pd.DataFrame, total: float, top: int) -> list[dict[str, Any]]:
+    """The `top` names of a per-name count/sum/mean table, most time first."""
     grouped = grouped.sort_values("sum", ascending=False)
-    total = float(dur.sum()) or 1.0
     head = grouped.head(top)
     shorts = short_names(pd.Series(head.index.astype(str), index=head.index))
     return [
@@ -114,7 +119,11 @@ def _devices(trace: Trace) -> list[dict[str, Any]]:
     used = set()
     for table in (trace.kernels, trace.copies):
         used |= set(table["device"].dropna().astype(int))
-    devices = trace.devices.drop_duplicates(subset=["rank", "device"])
+    return _device_rows(trace.devices, frozenset(used))
+
+
+def _device_rows(devices: pd.DataFrame, used: frozenset[int]) -> list[dict[str, Any]]:
+    devices = devices.drop_duplicates(subset=["rank", "device"])
     rows = []
     for _, d in devices.iterrows():  # a handful of GPUs: no hot path
         rows.append({
@@ -130,12 +139,92 @@ def _devices(trace: Trace) -> list[dict[str, Any]]:
     return rows
 
 
-def _ranks(trace: Trace) -> list[int]:
-    ranks = set(trace.meta.get("ranks", []) or [])
-    if trace.meta.get("rank") is not None:
-        ranks.add(int(trace.meta["rank"]))
+def _ranks_of(meta: dict[str, Any]) -> list[int]:
+    ranks = set(meta.get("ranks", []) or [])
+    if meta.get("rank") is not None:
+        ranks.add(int(meta["rank"]))
     return sorted(ranks)
 
 
 def _int(value: Any) -> int | None:
     return None if pd.isna(value) else int(value)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One rank's share of a job's summary: its devices and the device indices its events
+    ran on, its windows (GPU, and all events), its rows (in the analyzed window), and its
+    kernels' count and time by name (with the name order of its categories)."""
+
+    devices: pd.DataFrame
+    used: frozenset[int]
+    gpu_window: tuple[int, int] | None
+    edges: tuple[int, int]
+    rows: dict[str, int]
+    kernels: pd.DataFrame  # index name: count, sum (ns)
+    names: tuple[str, ...]
+
+
+def part(trace: Trace, *, window_ns: tuple[int, int] | None = None) -> Part:
+    """This rank's share of `summarize` (see `Part`).
+
+        parts = [summary.part(rank) for rank in ranks]
+        info = summary.combine(parts, merged_meta)      # == summarize(merged trace)
+        info["top_kernels"][0]["name"]
+    """
+    shown = trace if window_ns is None else window_mod.within(trace, window_ns)
+    used = {int(device) for table in (trace.kernels, trace.copies)
+            for device in table["device"].dropna()}
+    kernels = shown.kernels
+    dur = (kernels["end_ns"] - kernels["start_ns"]).rename("dur_ns")
+    grouped = dur.groupby(kernels["name"].astype(str)).agg(["count", "sum"]) if len(kernels) \
+        else pd.DataFrame({"count": [], "sum": []})
+    names = tuple(str(c) for c in kernels["name"].astype("category").cat.categories)
+    return Part(trace.devices, frozenset(used), trace.gpu_window_ns(), window_mod.edges(trace),
+                shown.row_counts(), grouped, names)
+
+
+def combine(parts: list[Part], meta: dict[str, Any], top: int = 10, *,
+            window_ns: tuple[int, int] | None = None,
+            window_spec: str | None = None) -> dict[str, Any]:
+    """`summarize` of the job whose ranks' parts these are (in file order), with the
+    merged job's `meta`.
+
+        info = summary.combine([summary.part(rank) for rank in ranks], merged_meta)
+        info["rows"]["kernels"]                          # every rank's
+        info["window"]["duration_ns"]
+    """
+    used = frozenset().union(*(piece.used for piece in parts))
+    devices = pd.concat([piece.devices for piece in parts], ignore_index=True)
+    windows = [piece.gpu_window for piece in parts if piece.gpu_window is not None]
+    whole = (min(w[0] for w in windows), max(w[1] for w in windows)) if windows else None
+    spans = [piece.edges for piece in parts if piece.edges != (0, 0)]
+    first = whole[0] if whole else (min(s[0] for s in spans) if spans else 0)
+    rows = {name: sum(piece.rows.get(name, 0) for piece in parts) for name in parts[0].rows}
+    return {
+        "sources": meta.get("sources", []),
+        "run": _run_of(meta),
+        "ranks": _ranks_of(meta),
+        "vendor": meta.get("vendor"),
+        "timeline": bool(meta.get("timeline", True)),
+        "devices": _device_rows(devices, used),
+        "window": _window_of(whole, first, window_ns, window_spec),
+        "rows": rows,
+        "gpu_activity": bool(rows.get("kernels") or rows.get("copies")),
+        "top_kernels": _top_of(parts, top),
+        "warnings": dict(meta.get("warnings", {})),
+    }
+
+
+def _top_of(parts: list[Part], top: int) -> list[dict[str, Any]]:
+    """`top_kernels` from the ranks' per-name sums, in the merged trace's name order."""
+    frames = [piece.kernels for piece in parts if len(piece.kernels)]
+    if not frames or top <= 0:
+        return []
+    sums = pd.concat(frames).groupby(level=0).sum()
+    same = all(piece.names == parts[0].names for piece in parts)
+    order = [name for name in (parts[0].names if same else sorted(sums.index))
+             if name in sums.index]
+    grouped = sums.reindex(order).astype({"count": "int64", "sum": "int64"})
+    grouped["mean"] = grouped["sum"] / grouped["count"]
+    return _top_rows(grouped, float(grouped["sum"].sum()) or 1.0, top)

@@ -43,6 +43,15 @@ class JobDiagnosis(Diagnosis):
 
     failed: list[tuple[str, str]] = field(default_factory=list)
     units: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict, repr=False)  # the merged job's
+    summary_parts: list[Any] = field(default_factory=list, repr=False)
+
+    def summary(self, top: int = 10, window_spec: str | None = None) -> dict[str, Any]:
+        """`summarize` of the job (what `gpudiag analyze` prints above the diagnosis)."""
+        from gpudiag.analyzers import summary
+
+        return summary.combine(self.summary_parts, self.meta, top, window_ns=self.window_ns,
+                               window_spec=window_spec)
 
 
 def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = None,
@@ -117,6 +126,8 @@ def _reduce(units: list[UnitPart], options: Options
                       steps=training, per_step=options.steps)
     if options.steps and made:
         dx.by_step = reduce.by_step(ranks, waits)
+    dx.meta = meta
+    dx.summary_parts = [part.summary for _, part in ranks]
     return dx, found, host
 
 

@@ -69,6 +69,7 @@ class RankPart:
     #: for a rank split from a file of several: the file's row number of each of its kernels
     #: and copies rows (gap pieces name the next event by row; None: the rank is the file)
     positions: dict[str, np.ndarray] | None = None
+    summary: Any = None  # `summary.part`: devices, windows, rows, kernels by name
     fallback: Trace | None = None  # for analyzers without a part
     fallback_whole: Trace | None = None
     notes: list[str] = field(default_factory=list)
@@ -153,6 +154,9 @@ def rank_part(trace: Trace, options: Options) -> RankPart:
     _keep_gaps(part, gaps, bounds)
     part.parts = _analyzer_parts(part, trace, whole, part.gaps, options)
     part.steps = declared.conform_frame("steps", steps_mod.training_steps(trace))
+    from gpudiag.analyzers import summary
+
+    part.summary = summary.part(whole, window_ns=bounds)
     return part
 
 
