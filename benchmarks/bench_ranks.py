@@ -2,13 +2,18 @@
 
     python benchmarks/bench_ranks.py                     # 8, 16 and 32 ranks, best of 1
     python benchmarks/bench_ranks.py --ranks 8 64 --repeat 3 --json out.json
+    python benchmarks/bench_ranks.py --tools merged workers2 hta   # some of the columns
 
 The job is built from one real Kineto rank trace (default: the 16-rank A100 fixture, 25.8 MB
 uncompressed), copied once per rank with that rank's `distributedInfo` and its clock shifted
 by `rank x 37 µs`, so the ranks are distinct and their collectives do not line up exactly.
 Each measurement runs in a fresh process (the user's cold start, its own peak memory):
-- gpudiag: `gpudiag.diagnose(gpudiag.load(folder))` (today: one process reads every rank
-  and merges them; issue 14's per-rank map/reduce adds `--workers` and Dask columns here);
+- gpudiag `merged`: `gpudiag.diagnose(gpudiag.load(folder))` (one process reads every rank
+  and merges them);
+- gpudiag `workers1` / `workers2`: `jobs.diagnose_job(folder, workers=N)` (each rank read
+  and analyzed apart, in this process or on N spawned processes, then reduced);
+- gpudiag `dask2`: the same on a `distributed.LocalCluster` of 2 worker processes, started
+  inside the measured process (its start-up is counted);
 - HTA: `TraceAnalysis(trace_dir=folder)` then `get_temporal_breakdown()` (HTA parses the
   ranks with a process pool), in HTA's own environment (benchmarks/.venv-hta).
 Wall time, CPU time of the process and its children (CPU utilization = CPU / wall), and peak
@@ -39,9 +44,21 @@ MEASURE = r"""
 import json, resource, sys, time
 folder, tool = sys.argv[1], sys.argv[2]
 started, cpu = time.perf_counter(), time.process_time()
-if tool == "gpudiag":
+if tool == "merged":
     import gpudiag
     dx = gpudiag.diagnose(gpudiag.load(folder))
+    detail = {"findings": len(dx.findings), "devices": int(dx.losses["device"].nunique())}
+elif tool.startswith("workers"):
+    from gpudiag.jobs.job import diagnose_job
+    dx = diagnose_job(folder, workers=int(tool.removeprefix("workers")))
+    detail = {"findings": len(dx.findings), "devices": int(dx.losses["device"].nunique())}
+elif tool == "dask2":
+    import distributed
+    from gpudiag.jobs.job import diagnose_job
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        dx = diagnose_job(folder, client=client)
     detail = {"findings": len(dx.findings), "devices": int(dx.losses["device"].nunique())}
 else:
     from hta.trace_analysis import TraceAnalysis
@@ -92,16 +109,18 @@ def best(python: str, job: Path, tool: str, repeat: int) -> dict[str, Any]:
     return min(good, key=lambda r: r["wall_s"]) if good else runs[0]
 
 
-def row(ranks: int, ours: dict[str, Any], hta: dict[str, Any]) -> str:
-    def cells(result: dict[str, Any]) -> str:
-        if "error" in result:
-            return f"failed: {result['error']} | | |"
-        utilization = result["cpu_s"] / result["wall_s"] if result["wall_s"] else 0.0
-        peak = max(result["peak_mb"], result["children_peak_mb"])
-        return f"{result['wall_s']:.2f} | {utilization:.2f} | {peak:,.0f}"
-    ratio = (f"{hta['wall_s'] / ours['wall_s']:.2f}×"
-             if "error" not in ours and "error" not in hta else "")
-    return f"| {ranks} | {cells(ours)} | {cells(hta)} | {ratio} |"
+def row(ranks: int, tool: str, result: dict[str, Any], hta: dict[str, Any] | None) -> str:
+    """One table row: wall, CPU utilization, coordinator and largest child peak RSS."""
+    if "error" in result:
+        return f"| {ranks} | {tool} | failed: {result['error']} | | | | |"
+    utilization = result["cpu_s"] / result["wall_s"] if result["wall_s"] else 0.0
+    ratio = (f"{hta['wall_s'] / result['wall_s']:.2f}×"
+             if hta is not None and "error" not in hta and tool != "hta" else "")
+    return (f"| {ranks} | {tool} | {result['wall_s']:.2f} | {utilization:.2f} | "
+            f"{result['peak_mb']:,.0f} | {result['children_peak_mb']:,.0f} | {ratio} |")
+
+
+TOOLS = ("merged", "workers1", "workers2", "dask2", "hta")
 
 
 def main() -> None:
@@ -111,20 +130,23 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--hta-python", default=str(HTA_PYTHON))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
     args = parser.parse_args()
     results = []
-    lines = ["| ranks | gpudiag wall s | CPU/wall | peak MB | HTA wall s | CPU/wall | peak MB "
-             "| HTA / gpudiag |", "|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    lines = ["| ranks | run | wall s | CPU/wall | coordinator peak MB | largest child peak MB "
+             "| HTA / this |", "|--:|--|--:|--:|--:|--:|--:|"]
     with tempfile.TemporaryDirectory(prefix="gpudiag-ranks-") as tmp:
         for ranks in args.ranks:
             job = build_job(args.source, ranks, Path(tmp))
             print(f"# {ranks} ranks in {job}", file=sys.stderr)
-            ours = best(sys.executable, job, "gpudiag", args.repeat)
-            hta = best(args.hta_python, job, "hta", args.repeat)
-            results.append({"ranks": ranks, "gpudiag": ours, "hta": hta})
-            lines.append(row(ranks, ours, hta))
-    print(f"Source: {args.source.name}, best of {args.repeat}, fresh processes; peak MB is the "
-          "larger of the process and its children.")
+            measured = {tool: best(args.hta_python if tool == "hta" else sys.executable, job,
+                                   tool, args.repeat) for tool in args.tools}
+            results.append({"ranks": ranks, **measured})
+            lines += [row(ranks, tool, result, measured.get("hta"))
+                      for tool, result in measured.items()]
+    print(f"Source: {args.source.name}, best of {args.repeat}, fresh processes; the "
+          "coordinator is the measured process, a child a pool or Dask worker (HTA: its "
+          "parser pool).")
     print("\n".join(lines))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
