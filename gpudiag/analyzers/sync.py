@@ -113,13 +113,15 @@ def _idle_ended(trace: Trace, waits: pd.DataFrame, gap_options: dict[str, Any]) 
     stalls = gaps[gaps["cause"] == "sync_stall"]
     if stalls.empty:
         return np.zeros(len(waits), dtype=np.int64)
+    # by (rank, pid, start): ranks on other hosts reuse pids
     lost = (stalls["end_ns"] - stalls["start_ns"]).groupby(
-        [stalls["pid"], stalls["wait_start_ns"]]).sum()
-    keys = pd.MultiIndex.from_arrays([waits["pid"], waits["start_ns"]])
-    pos = lost.index.get_indexer(keys)
+        [keys.key_array(stalls["rank"]), stalls["pid"], stalls["wait_start_ns"]]).sum()
+    found = pd.MultiIndex.from_arrays([keys.key_array(waits["rank"]), waits["pid"],
+                                       waits["start_ns"]])
+    pos = lost.index.get_indexer(found)
     values = lost.to_numpy(np.int64)
     # several waits may start together (a stream sync under .item()): credit the first
-    first = ~keys.duplicated()
+    first = ~found.duplicated()
     return np.where((pos >= 0) & first, values[np.maximum(pos, 0)], 0)
 
 
