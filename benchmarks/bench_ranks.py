@@ -10,8 +10,9 @@ by `rank x 37 µs`, so the ranks are distinct and their collectives do not line 
 Each measurement runs in a fresh process (the user's cold start, its own peak memory):
 - gpudiag `merged`: `gpudiag.diagnose(gpudiag.load(folder))` (one process reads every rank
   and merges them);
-- gpudiag `workers1` / `workers2`: `jobs.diagnose_job(folder, workers=N)` (each rank read
-  and analyzed apart, in this process or on N spawned processes, then reduced);
+- gpudiag `workers1` / `workers2`: `jobs.diagnose_job(folder, workers=N, rows=False)` (each
+  rank read and analyzed apart, in this process or on N spawned processes, then reduced;
+  without the gap rows, as `gpudiag analyze --workers N` runs it);
 - gpudiag `dask2`: the same on a `distributed.LocalCluster` of 2 worker processes, started
   inside the measured process (its start-up is counted);
 - HTA: `TraceAnalysis(trace_dir=folder)` then `get_temporal_breakdown()` (HTA parses the
@@ -50,7 +51,7 @@ if tool == "merged":
     detail = {"findings": len(dx.findings), "devices": int(dx.losses["device"].nunique())}
 elif tool.startswith("workers"):
     from gpudiag.jobs.job import diagnose_job
-    dx = diagnose_job(folder, workers=int(tool.removeprefix("workers")))
+    dx = diagnose_job(folder, workers=int(tool.removeprefix("workers")), rows=False)
     detail = {"findings": len(dx.findings), "devices": int(dx.losses["device"].nunique())}
 elif tool == "dask2":
     import distributed
@@ -58,7 +59,7 @@ elif tool == "dask2":
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
-        dx = diagnose_job(folder, client=client)
+        dx = diagnose_job(folder, client=client, rows=False)
     detail = {"findings": len(dx.findings), "devices": int(dx.losses["device"].nunique())}
 else:
     from hta.trace_analysis import TraceAnalysis

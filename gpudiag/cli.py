@@ -109,7 +109,8 @@ def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
                          "--scheduler yet", "analyze the window without them, or drop it")
     console = Console(stderr=True)
     if not console.is_terminal:
-        return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps)
+        return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps,
+                            rows=False)  # what is printed needs no gap rows
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("analyzing ranks", total=None)
 
@@ -119,7 +120,7 @@ def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
                        description=terminal(("failed " if outcome.error else "read ") + name))
 
         return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps,
-                            progress=advance)
+                            progress=advance, rows=False)
 
 
 def _say_failed(failed: list[tuple[str, str]]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 import re
 import subprocess
 import sys
@@ -43,8 +44,16 @@ def shifted_job(source: Path, ranks: int, folder: Path, shift_us: float = 137.0)
     return folder
 
 
-def assert_same(job: Diagnosis, merged: Diagnosis) -> None:
-    """Every frame, table and note of the two diagnoses, equal (values, dtypes, order)."""
+ROW_TABLES = ("host_gaps",)  # what a compact job (rows=False) leaves with its ranks
+
+
+def assert_same(job: Diagnosis, merged: Diagnosis, *, rows: bool = True) -> None:
+    """Every frame, table and note of the two diagnoses, equal (values, dtypes, order);
+    without the row-level results when the job is compact (`rows=False`)."""
+    if not rows:
+        assert job.gaps is None and not set(ROW_TABLES) & set(job.tables)
+        merged = Diagnosis(**{**vars(merged), "gaps": None, "tables": {
+            name: table for name, table in merged.tables.items() if name not in ROW_TABLES}})
     for name in ("losses", "findings", "gaps", "steps", "by_step"):
         left, right = getattr(job, name), getattr(merged, name)
         assert (left is None) == (right is None), name
@@ -88,6 +97,18 @@ def test_a_shifted_four_rank_job_on_a_local_pool_equals_the_merged_diagnosis(
 def test_a_dask_local_cluster_gives_the_same_diagnosis(job4: Path, dask_client: Any) -> None:
     merged = diagnose(gpudiag.load(job4))
     assert_same(diagnose_job(job4, client=dask_client), merged)
+
+
+def test_a_compact_job_gives_the_same_findings_without_the_gap_rows(job4: Path) -> None:
+    """rows=False: host-gap pieces are summed per finding key where they are found (with
+    each gap's size for the medians); the gap rows stay with their ranks."""
+    merged = diagnose(gpudiag.load(job4), steps=True)
+    assert_same(diagnose_job(job4, workers=2, steps=True, rows=False), merged, rows=False)
+    unit = read_unit((str(job4 / "rank0.json.gz"), Options(rows=False)))
+    (part,) = unit.ranks
+    assert part.gaps is None and part.parts["host_gaps"].pieces is None
+    full = read_unit((str(job4 / "rank0.json.gz"), Options()))
+    assert len(pickle.dumps(unit)) < 0.4 * len(pickle.dumps(full))
 
 
 def test_allocator_events_of_two_ranks_give_the_merged_fragmentation(tmp_path: Path) -> None:

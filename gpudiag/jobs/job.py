@@ -44,6 +44,7 @@ class JobDiagnosis(Diagnosis):
     failed: list[tuple[str, str]] = field(default_factory=list)
     units: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict, repr=False)  # the merged job's
+    waterfall: bool = False  # the job has kernels or copies on a timeline
     summary_parts: list[Any] = field(default_factory=list, repr=False)
 
     def summary(self, top: int = 10, window_spec: str | None = None) -> dict[str, Any]:
@@ -57,17 +58,19 @@ class JobDiagnosis(Diagnosis):
 def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = None,
                  scheduler: str | None = None, client: Any = None, steps: bool = False,
                  window: tuple[int, int] | None = None, launch_gap_ns: int = 50_000,
-                 sync_tolerance_ns: int = 2_000, progress: Progress | None = None
-                 ) -> JobDiagnosis:
+                 sync_tolerance_ns: int = 2_000, progress: Progress | None = None,
+                 rows: bool = True) -> JobDiagnosis:
     """The diagnosis of the job whose rank files are `paths` (files, or folders of them).
 
     `workers`, `scheduler`, `client`: where the ranks are read (`executors.executor`);
     `steps`, `launch_gap_ns`, `sync_tolerance_ns`: as for `diagnose`; `window`: absolute
     (start_ns, end_ns) bounds. `progress(outcome, total)` is called as each file finishes.
+    `rows=False`: the Diagnosis leaves out the row-level results (`gaps`, the `host_gaps`
+    table), so the coordinator holds only what the findings and waterfall need.
     """
     units = [str(path) for path in units_of(paths)]
     options = Options(bounds=window, steps=steps, gap_options={
-        "launch_gap_ns": launch_gap_ns, "sync_tolerance_ns": sync_tolerance_ns})
+        "launch_gap_ns": launch_gap_ns, "sync_tolerance_ns": sync_tolerance_ns}, rows=rows)
     with executor(workers=workers, scheduler=scheduler, client=client) as pool:
         parts, failed = _run(pool, units, options, progress)
         if not parts:
@@ -79,7 +82,7 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
         if warm is not None:
             warm_parts, more = _run(pool, [p.unit for p in parts],
                                     Options(bounds=window, gap_options=options.gap_options,
-                                            warm=warm), None)
+                                            warm=warm, rows=rows), None)
             failed += more
             found = _flag(found, dx, warm_parts, options)
     dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host))
@@ -112,10 +115,10 @@ def _reduce(units: list[UnitPart], options: Options
     calls = reduce.collectives_trace(ranks, meta)
     made, notes = reduce.timeline_notes(ranks, meta)
     waits = reduce.job_waits(calls, notes) if made else None
-    gaps = reduce.gaps(ranks) if made else None
+    gaps = reduce.gaps(ranks) if made and options.rows else None
     tables: dict[str, Any] = {}
     gpu, host = reduce.findings(ranks, gaps, meta, notes, tables,
-                                gap_options=options.gap_options)
+                                gap_options=options.gap_options, waterfall=made)
     loss = reduce.losses(ranks, waits, options.bounds) if made else reduce.losses([], None, None)
     total = int(loss["lost_ns"].sum())
     found = findings_mod.combine(gpu, total)
@@ -127,6 +130,7 @@ def _reduce(units: list[UnitPart], options: Options
     if options.steps and made:
         dx.by_step = reduce.by_step(ranks, waits)
     dx.meta = meta
+    dx.waterfall = made
     dx.summary_parts = [part.summary for _, part in ranks]
     return dx, found, host
 
@@ -135,7 +139,7 @@ def _warm_window(dx: JobDiagnosis, found: pd.DataFrame, bounds: tuple[int, int] 
                  ) -> tuple[int, int] | None:
     """The job's warm-up window (every process's warm-up steps), when findings may lie in it."""
     warm = steps_mod.warmup_window(dx.steps) if dx.steps is not None else None
-    if warm is None or dx.gaps is None or not len(found):
+    if warm is None or not dx.waterfall or not len(found):
         return None
     if bounds is not None:
         warm = (max(warm[0], bounds[0]), min(warm[1], bounds[1]))
@@ -147,8 +151,8 @@ def _flag(found: pd.DataFrame, dx: JobDiagnosis, units: list[UnitPart], options:
     """Flag the findings whose time lies mostly in the warm-up steps (second pass)."""
     ranks = reduce.placed(units)
     meta = reduce.job_meta(units)
-    warm_gaps = reduce.gaps(ranks)
-    parts, _ = reduce.findings(ranks, warm_gaps, meta, [], None,
+    warm_gaps = reduce.gaps(ranks) if options.rows else None
+    parts, _ = reduce.findings(ranks, warm_gaps, meta, [], None, waterfall=True,
                                gap_options=options.gap_options, skip=diagnosis.WARM_SKIPPED)
     early = findings_mod.combine(parts, 0)
     assert dx.steps is not None

@@ -42,6 +42,9 @@ class Options:
     gap_options: dict[str, Any] = field(default_factory=lambda: {
         "launch_gap_ns": 50_000, "sync_tolerance_ns": 2_000})
     warm: tuple[int, int] | None = None
+    #: keep the row-level results (gap pieces, host_gaps rows) for the job's Diagnosis;
+    #: False sends only what the findings need, so the coordinator stays small
+    rows: bool = True
 
 
 @dataclass
@@ -150,14 +153,31 @@ def rank_part(trace: Trace, options: Options) -> RankPart:
         _keep_gaps(part, gaps, options.warm)
         part.parts = _analyzer_parts(part, inside, whole, part.gaps, options,
                                      skip=diagnosis.WARM_SKIPPED)
+        if not options.rows:
+            _compact(part)
         return part
     _keep_gaps(part, gaps, bounds)
     part.parts = _analyzer_parts(part, trace, whole, part.gaps, options)
+    if not options.rows:
+        _compact(part)
     part.steps = declared.conform_frame("steps", steps_mod.training_steps(trace))
     from gpudiag.analyzers import summary
 
     part.summary = summary.part(whole, window_ns=bounds)
     return part
+
+
+def _compact(part: RankPart) -> None:
+    """Only what the findings need travels: no gap pieces, parts made compact
+    (`module.compact`, host_gaps' sums)."""
+    part.gaps = None
+    for name, piece in part.parts.items():
+        shrink = getattr(diagnosis.module_of(_ANALYZERS[name]), "compact", None)
+        if shrink is not None and piece is not None:
+            part.parts[name] = shrink(piece)
+
+
+_ANALYZERS = {analyzer.name: analyzer for analyzer in diagnosis.ANALYZERS}
 
 
 def _keep_gaps(part: RankPart, gaps: pd.DataFrame | None, bounds: tuple[int, int] | None

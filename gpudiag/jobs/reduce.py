@@ -157,7 +157,8 @@ def gaps(ranks: list[Placed]) -> pd.DataFrame:
 
 def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str, Any],
              notes: list[str], tables: dict[str, pd.DataFrame] | None, *,
-             gap_options: dict[str, Any], skip: frozenset[str] = frozenset()
+             gap_options: dict[str, Any], waterfall: bool,
+             skip: frozenset[str] = frozenset()
              ) -> tuple[list[pd.DataFrame], list[pd.DataFrame]]:
     """Every analyzer that applies to the job, combined from its parts (or run on the
     merged inputs of an analyzer without parts); findings split into GPU and host."""
@@ -168,7 +169,7 @@ def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str,
         if analyzer.name in skip:
             continue
         if analyzer.needs_gaps:
-            if job_gaps is None:
+            if not waterfall:  # no waterfall: the note says why
                 continue
         elif not _applies(ranks, analyzer, meta, notes):
             continue

@@ -106,9 +106,19 @@ class Part:
     that kernel's short name, and short names are made unique over the whole job's kernel
     names), and the rank's kernel names."""
 
-    pieces: pd.DataFrame
+    pieces: pd.DataFrame | None  # None in a compact part (`compact`)
     next_names: npt.NDArray[np.object_]
     kernel_names: tuple[str, ...]
+    sums: Sums | None = None  # a compact part's pieces, summed with their next kernel
+
+
+def compact(piece: Part) -> Part:
+    """The part without its pieces: summed per finding key and next kernel name, with each
+    gap's size (what the findings need), for a job that keeps no gap rows."""
+    assert piece.pieces is not None
+    named = piece.pieces.assign(next_name=pd.array(piece.next_names, dtype="string"))
+    return Part(None, np.empty(0, dtype=object), piece.kernel_names,
+                _aggregate(named, [*BY, "next_name"]))
 
 
 def part(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any) -> Part:
@@ -126,6 +136,8 @@ def part(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any) -> 
 def renumber_gaps(piece: Part, offset: int, gaps: pd.DataFrame) -> Part:
     """The part numbered as the job's gaps: indexed after the `offset` gaps before them,
     naming the next event by its merged row as the rank's `gaps` (renumbered) do."""
+    if piece.pieces is None:
+        return piece
     pieces = piece.pieces.assign(next_row=gaps["next_row"].reindex(piece.pieces.index))
     return Part(pieces.set_axis(pieces.index + offset), piece.next_names, piece.kernel_names)
 
@@ -133,7 +145,10 @@ def renumber_gaps(piece: Part, offset: int, gaps: pd.DataFrame) -> Part:
 def combine(parts: list[Part]) -> Result:
     """The job's result: every rank's pieces in gap order, the kernel short names of the
     pieces without a call site made unique over the job's names (as a merged trace's
-    `short_names` does), then the findings."""
+    `short_names` does), then the findings. Compact parts (`compact`) give the findings
+    alone: the job keeps no `host_gaps` rows."""
+    if any(piece.pieces is None for piece in parts):
+        return Result(_findings_of(_compact_sums(parts)), {})
     if len(parts) == 1:
         pieces = parts[0].pieces
     else:
@@ -147,7 +162,25 @@ def combine(parts: list[Part]) -> Result:
             where = pieces["where"].astype(object).to_numpy().copy()
             where[named] = names[named].map(shorts).to_numpy(dtype=object)
             pieces = pieces.assign(where=pd.array(where, dtype="string"))
+    assert pieces is not None
     return Result(findings(Trace(), pieces=pieces), {"host_gaps": pieces})
+
+
+def _compact_sums(parts: list[Part]) -> Sums:
+    """The compact parts' sums, their named keys renamed with the job's short names."""
+    shorts = job_short_names([piece.kernel_names for piece in parts])
+
+    def renamed(frame_: pd.DataFrame) -> pd.DataFrame:
+        known = frame_["next_name"].notna().to_numpy(bool)
+        where = frame_["where"].astype(object).to_numpy().copy()
+        where[known] = frame_["next_name"][known].astype(str).map(shorts).to_numpy(object)
+        return frame_.assign(where=where).drop(columns="next_name")
+    sums = [piece.sums for piece in parts if piece.sums is not None]
+    offsets = np.cumsum([0] + [len(s.groups) for s in sums])
+    return Sums(pd.concat([renamed(s.groups) for s in sums], ignore_index=True),
+                pd.concat([s.gaps.assign(group=s.gaps["group"] + offset)
+                           for s, offset in zip(sums, offsets, strict=False)],
+                          ignore_index=True))
 
 
 def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
@@ -163,22 +196,55 @@ def findings(trace: Trace, gaps: pd.DataFrame | None = None, *, top: int = 20,
     (1 ms: eager per-op overhead), else host work in the step in general. `pieces`: a
     `host_gaps` result to reuse (read, never changed).
     """
-    pieces = (host_gaps(trace, gaps, **gap_options) if pieces is None else pieces).copy()
+    pieces = host_gaps(trace, gaps, **gap_options) if pieces is None else pieces
+    return _findings_of(_aggregate(pieces), top=top, python_gap_ns=python_gap_ns)
+
+
+#: a finding's keys: its cause, whether the work was already queued, its call site
+BY = ["cause", "queued", "where"]
+
+
+@dataclass(frozen=True)
+class Sums:
+    """Pieces summed per finding key (`BY`, and `next_name` in a rank's compact part) and
+    the whole gaps under each key (`group`: its row of `groups`; rank, device, start and
+    size: a gap split in pieces counts once, and the median gap needs every size)."""
+
+    groups: pd.DataFrame
+    gaps: pd.DataFrame
+
+
+def _aggregate(pieces: pd.DataFrame, by: list[str] = BY) -> Sums:
     if pieces.empty:
-        return frame()
-    pieces["length"] = pieces["end_ns"] - pieces["start_ns"]
-    pieces["queued"] = pieces["rule"] == "queued"
-    pieces["no_launch"] = pieces["rule"] == "no_launch"
-    by = ["cause", "queued", "where"]
-    grouped = pieces.groupby(by, observed=True).agg(
+        return Sums(pd.DataFrame(columns=[*by, "lost", "site_known", "short", "no_launch"]),
+                    pd.DataFrame(columns=["group", "rank", "device", "gap_start_ns", "size"]))
+    pieces = pieces.assign(length=pieces["end_ns"] - pieces["start_ns"],
+                           queued=pieces["rule"] == "queued",
+                           no_launch=pieces["rule"] == "no_launch")
+    grouped = pieces.groupby(by, observed=True, dropna=False)
+    groups = grouped.agg(
         lost=("length", "sum"), site_known=("site_known", "any"), short=("next_short", "sum"),
-        no_launch=("no_launch", "all"),
-        # one gap may be split in pieces: count and measure whole gaps
-        gaps=("gap_start_ns", "nunique")).reset_index()
-    sizes = pieces.drop_duplicates(["rank", "device", "gap_start_ns", *by]).assign(
-        size=lambda d: d["gap_end_ns"] - d["gap_start_ns"]).groupby(by, observed=True)[
-        "size"].median().rename("median")
-    grouped = grouped.join(sizes, on=by)
+        no_launch=("no_launch", "all")).reset_index()
+    whole = pieces.assign(group=grouped.ngroup()).drop_duplicates(
+        ["rank", "device", "gap_start_ns", "group"])
+    whole = whole.assign(size=whole["gap_end_ns"] - whole["gap_start_ns"])
+    return Sums(groups, whole[["group", "rank", "device", "gap_start_ns", "size"]]
+                .reset_index(drop=True))
+
+
+def _findings_of(sums: Sums, *, top: int = 20, python_gap_ns: int = 1_000_000) -> pd.DataFrame:
+    """The findings of pieces summed per key (`_aggregate`)."""
+    if sums.groups.empty:
+        return frame()
+    grouped = sums.groups.groupby(BY, observed=True).agg(
+        lost=("lost", "sum"), site_known=("site_known", "any"), short=("short", "sum"),
+        no_launch=("no_launch", "all")).reset_index()
+    keyed = sums.groups[BY].iloc[sums.gaps["group"].to_numpy(np.int64)].reset_index(drop=True)
+    whole = pd.concat([keyed, sums.gaps.drop(columns="group").reset_index(drop=True)], axis=1)
+    whole = whole.drop_duplicates(["rank", "device", "gap_start_ns", *BY])
+    per_key = whole.groupby(BY, observed=True)["size"]
+    grouped = grouped.join(per_key.size().rename("gaps"), on=BY).join(
+        per_key.median().rename("median"), on=BY)
     grouped = grouped.sort_values("lost", ascending=False).groupby("cause").head(top)
     rows = [{
         "cause": g.cause, "lost_ns": g.lost, "where": g.where, "count": g.gaps,
