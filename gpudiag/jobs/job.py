@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -158,7 +157,3 @@ def _flag(found: pd.DataFrame, dx: JobDiagnosis, units: list[UnitPart], options:
     assert dx.steps is not None
     return diagnosis.flag_warmup(found, early, dx.steps)
 
-
-def job_units(paths: PathLike | Sequence[PathLike]) -> list[Path]:
-    """The files of a job, in the order `gpudiag.load` merges them."""
-    return units_of(paths)

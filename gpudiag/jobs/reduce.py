@@ -18,7 +18,6 @@ import pandas as pd
 from gpudiag import diagnosis_schema as declared
 from gpudiag.analyzers import diagnosis
 from gpudiag.analyzers.losses.waterfall import (
-    DeviceKey,
     clip_window,
     device_rows,
     loss_rows,
@@ -295,7 +294,3 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
     return concat_tables(frames)
 
-
-def device_keys(ranks: list[Placed]) -> list[DeviceKey]:
-    """Every device of the job, in the waterfall's order."""
-    return sorted({key for _, part in ranks for key in part.windows})
