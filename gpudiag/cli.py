@@ -23,6 +23,19 @@ from gpudiag.trace import Trace
 _DEBUG = {"on": False}
 
 
+def job_options(command: Any) -> Any:
+    """`--workers N` and `--scheduler ADDR`: a job of many ranks analyzed rank by rank
+    (`jobs.diagnose_job`), for every command that diagnoses."""
+    command = click.option(
+        "--scheduler", metavar="ADDR",
+        help="Read and analyze the files on a Dask cluster: tcp://HOST:PORT or a scheduler "
+             "file (workers must see the same paths). Needs gpudiag[dask].")(command)
+    return click.option(
+        "--workers", type=int, metavar="N",
+        help="Read and analyze the files (one per rank) on N local processes, then reduce "
+             "(1: in this process). Exit 3 when some files could not be read.")(command)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpudiag")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
@@ -42,12 +55,7 @@ def cli(debug: bool) -> None:
               help="Analyze only START:END (e.g. 100ms:300ms from the first GPU event) or "
                    "the span of a named range (e.g. ProfilerStep#3).")
 @click.option("--steps", is_flag=True, help="Also show the waterfall of every training step.")
-@click.option("--workers", type=int, metavar="N",
-              help="Read and analyze the files (one per rank) on N local processes, then "
-                   "reduce (1: in this process). Exit 3 when some files could not be read.")
-@click.option("--scheduler", metavar="ADDR",
-              help="Read and analyze the files on a Dask cluster: tcp://HOST:PORT or a "
-                   "scheduler file (workers must see the same paths). Needs gpudiag[dask].")
+@job_options
 def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | None,
             window: str | None, steps: bool, workers: int | None,
             scheduler: str | None) -> None:
@@ -92,14 +100,20 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
         click.echo(f"gpudiag: {line}", err=True)
     if broken:
         sys.exit(1)
+    _exit_if_failed(failed)
+
+
+def _exit_if_failed(failed: list[tuple[str, str]]) -> None:
+    """Exit 3 after the rest was analyzed and written when some files could not be read."""
     if failed:
         _say_failed(failed)
         sys.exit(3)
 
 
 def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
-         window: str | None, steps: bool) -> Any:
-    """`jobs.diagnose_job` with a bar per file on a terminal (stderr)."""
+         window: str | None, steps: bool, rows: bool = False) -> Any:
+    """`jobs.diagnose_job` with a bar per file on a terminal (stderr). `rows`: keep the
+    row-level results (what is printed or drawn needs none; an export lists them)."""
     from rich.progress import Progress
 
     from gpudiag.jobs.job import diagnose_job
@@ -110,7 +124,7 @@ def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
     console = Console(stderr=True)
     if not console.is_terminal:
         return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps,
-                            rows=False)  # what is printed needs no gap rows
+                            rows=rows)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("analyzing ranks", total=None)
 
@@ -120,7 +134,7 @@ def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
                        description=terminal(("failed " if outcome.error else "read ") + name))
 
         return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps,
-                            progress=advance, rows=False)
+                            progress=advance, rows=rows)
 
 
 def _say_failed(failed: list[tuple[str, str]]) -> None:
@@ -139,17 +153,23 @@ def _say_failed(failed: list[tuple[str, str]]) -> None:
               "needs the network) instead of inlining it.")
 @click.option("--window", metavar="RANGE", help="As for `analyze`.")
 @click.option("--steps", is_flag=True, help="Also the waterfall of every training step.")
+@job_options
 def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | None,
-           steps: bool) -> None:
+           steps: bool, workers: int | None, scheduler: str | None) -> None:
     """Write one self-contained HTML report (opens offline): summary, waterfall, findings,
-    heatmaps, kernels, syncs, collectives, memory, Nsight Compute metrics."""
+    stragglers, heatmaps, kernels, syncs, collectives, memory, Nsight Compute metrics."""
     from gpudiag.analyzers.diagnosis import diagnose
-    from gpudiag.reports.build import report_page
+    from gpudiag.reports.build import job_report_page, report_page
 
+    command = "gpudiag report " + " ".join(str(p) for p in paths)
+    if workers is not None or scheduler is not None:
+        job = _job(paths, workers=workers, scheduler=scheduler, window=window, steps=steps)
+        _write(output, job_report_page(job, cdn=cdn, generated_for=command))
+        _exit_if_failed(job.failed)
+        return
     trace = _load(list(paths))
     _require_events(trace, paths)
     dx = diagnose(trace, window=window, steps=steps)
-    command = "gpudiag report " + " ".join(str(p) for p in paths)
     _write(output, report_page(trace, dx, cdn=cdn, generated_for=command))
 
 
@@ -264,21 +284,51 @@ def _write(path: Path, text: str) -> None:
                    "(csv/parquet; default gpudiag-tables).")
 @click.option("--tables", metavar="NAMES", help="csv/parquet: comma-separated table names.")
 @click.option("--no-diagnosis", is_flag=True, help="Export the events only.")
+@job_options
 def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: str | None,
-           no_diagnosis: bool) -> None:
-    """Export the normalized events (and the diagnosis) for other tools."""
+           no_diagnosis: bool, workers: int | None, scheduler: str | None) -> None:
+    """Export the normalized events (and the diagnosis) for other tools. With --workers or
+    --scheduler (csv/parquet): the job's diagnosis tables, its events staying with its
+    ranks."""
     from gpudiag.analyzers.diagnosis import diagnose
     from gpudiag.reports.export import write_chrome_trace, write_tables
 
+    names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
+    if workers is not None or scheduler is not None:
+        _export_job(paths, fmt, output, names, no_diagnosis, workers, scheduler)
+        return
     trace = _load(list(paths))
     dx = None if no_diagnosis else diagnose(trace)
     if fmt in ("perfetto", "chrome"):
         written = write_chrome_trace(trace, output or Path("trace.gpudiag.json.gz"), dx)
         click.echo(f"wrote {written}", err=True)
         return
-    names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
     files = write_tables(trace, output or Path("gpudiag-tables"), fmt, tables=names, dx=dx)
     click.echo(f"wrote {len(files)} {fmt} files to {output or 'gpudiag-tables'}", err=True)
+
+
+def _export_job(paths: tuple[Path, ...], fmt: str, output: Path | None,
+                names: list[str] | None, no_diagnosis: bool, workers: int | None,
+                scheduler: str | None) -> None:
+    """`export --workers`: the job's diagnosis tables; the events never leave the ranks."""
+    from gpudiag.reports.export import write_tables
+
+    if fmt in ("perfetto", "chrome"):
+        raise InputError(f"--format {fmt}", "needs every event of the job in one file, and "
+                         "--workers/--scheduler keep the events with their ranks",
+                         "export without --workers, or use --format csv/parquet for the "
+                         "job's diagnosis tables")
+    if no_diagnosis:
+        raise InputError("--no-diagnosis", "with --workers/--scheduler leaves nothing to "
+                         "export (the events stay with their ranks)",
+                         "export the events without --workers")
+    job = _job(paths, workers=workers, scheduler=scheduler, window=None, steps=False,
+               rows=True)
+    folder = output or Path("gpudiag-tables")
+    files = write_tables(Trace(meta=job.meta), folder, fmt, tables=names, dx=job,
+                         events=False)
+    click.echo(f"wrote {len(files)} {fmt} files to {folder}", err=True)
+    _exit_if_failed(job.failed)
 
 
 class StepCount(click.ParamType):

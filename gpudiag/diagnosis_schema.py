@@ -386,6 +386,52 @@ _declare(
 )
 
 _declare(
+    "stragglers", "analyzers.stragglers.late_arrivals", "late_arrivals",
+    "(collective op, rank that arrived last) of a job of two or more ranks, the costliest "
+    "first (clock-suspect calls left out)",
+    _c("op", "str", "", "collective"),
+    _c("rank", "int64", "", "the rank that arrived last"),
+    _c("last_calls", "int64", "calls", "calls of the op at which this rank arrived last"),
+    _c("op_calls", "int64", "calls", "the op's calls matched across ranks"),
+    _c("share", "float64", "", "last_calls / op_calls (1 / ranks is chance)"),
+    _c("ranks", "float64", "ranks", "median ranks present in those calls"),
+    _ns("skew_median_ns", "median latest - earliest start of those calls", "float64"),
+    _ns("skew_max_ns", "largest latest - earliest start of those calls"),
+    _ns("margin_ns", "sum over those calls of its start - the next-latest rank's start: how "
+        "much earlier they would start were this rank only as late as the next one"),
+    _ns("caused_wait_ns", "every rank's wait in those calls (`arrival_skew.wait_ns`)"),
+)
+
+_declare(
+    "stragglers", "analyzers.stragglers.step_stragglers", "step_stragglers",
+    "training step that two or more ranks ran, in step order",
+    _c("step", "str", "", "step name (or position, when a process repeats names)"),
+    _c("index", "int64", "", "0-based position of the step (the lowest of its ranks')"),
+    _c("warmup", "bool", "", "a warm-up step on some rank (`Diagnosis.steps`)"),
+    _c("ranks", "int64", "ranks", "ranks that ran the step"),
+    _c("slowest_rank", "int64", "", "the rank with the longest step window (ties: lowest)"),
+    _ns("slowest_ns", "its step window (a rank's longest process)"),
+    _ns("median_ns", "median step window of the ranks"),
+    _ns("excess_ns", "slowest_ns - median_ns"),
+    _c("last_rank", "Int64", "", "the rank whose late arrivals at the step's collectives "
+       "caused the most waiting (NA: no matched collectives in the step)"),
+    _c("last_calls", "Int64", "calls", "the step's collectives that rank arrived last at"),
+    _ns("caused_wait_ns", "every rank's wait in those calls", "Int64"),
+    _ns("wait_ns", "every rank's wait in all the step's collectives", "Int64"),
+)
+
+_declare(
+    "stragglers", "analyzers.stragglers.rank_losses", "rank_losses",
+    "rank of a job of two or more: the loss waterfall of its devices together, the least "
+    "useful first",
+    _c("rank", "Int64", "", "distributed rank"),
+    _c("devices", "int64", "devices", "devices of the rank in the waterfall"),
+    _ns("window_ns", "the rank's devices' windows, summed"),
+    *(_c(f"{cause}_share", "float64", "", f"share of the window: {cause}")
+      for cause in LOSS_CAUSES),
+)
+
+_declare(
     "memory", "analyzers.memory.allocator.fragmentation", "fragmentation",
     "allocator state of a device at a moment the history changes it (host memory left out)",
     RANK, DEVICE,

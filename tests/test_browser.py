@@ -170,6 +170,9 @@ PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "memory_report": ("report", ("memsnap/cs336_ctx256_forward_segment_free.pickle",)),
     "ranks_report": ("report", ("kineto/world128_sampled_rank0.json.gz",
                                 "kineto/world128_sampled_rank1.json.gz")),
+    # the same pair analyzed rank by rank: the job's report, from its Diagnosis alone
+    "job_report": ("report --workers 2", ("kineto/world128_sampled_rank0.json.gz",
+                                          "kineto/world128_sampled_rank1.json.gz")),
     "ncu_report": ("report", ("ncu/a10g_esmm_4kernels_default.ncu-rep",)),
     "ncu_heatmap": ("heatmap", ("ncu/rtx4090_smem_transpose_15sections_source.ncu-rep",)),
     "ncu_heatmap_no_metrics": ("heatmap", ("ncu/a10g_esmm_4kernels_default.ncu-rep",)),
@@ -195,7 +198,7 @@ def write_page(name: str, folder: Path) -> Path:
     command, sources = PAGES[name]
     out = folder / f"{name}.html"
     here = Path(__file__).resolve().parents[1]
-    args = [command, *(str(here / s if s.startswith("tests/") else fixture(s))
+    args = [*command.split(), *(str(here / s if s.startswith("tests/") else fixture(s))
                        for s in sources), "-o", str(out)]
     done = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert done.exit_code == 0, done.output

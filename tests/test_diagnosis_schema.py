@@ -114,7 +114,8 @@ def test_each_part_names_its_analyzer_and_function_and_follows_the_conventions(
         name: str) -> None:
     part = PARTS[name]
     assert part.table.name == name
-    assert part.analyzer in {a.name for a in diagnosis.ANALYZERS} | {"diagnose"}
+    assert part.analyzer in {a.name for a in diagnosis.ANALYZERS} | diagnosis.VIEWS \
+        | {"diagnose"}
     assert (part.analyzer == "diagnose") == (name in ds.FRAME_NAMES)
     module, _, attr = part.source.rpartition(".")
     try:

@@ -65,6 +65,10 @@ ANALYZERS = (
 
 #: analyzers whose findings are host time (a share of step time), ranked after GPU time
 HOST_ANALYZERS = frozenset({"host_steps"})
+#: tables `diagnose` derives from the Diagnosis' own tables once the analyzers ran (not from
+#: the trace), so a job diagnosed rank by rank derives them the same way
+VIEWS = frozenset({"stragglers"})
+STRAGGLER_TABLES = ("rank_losses", "late_arrivals", "step_stragglers")
 
 
 @dataclass
@@ -103,6 +107,10 @@ class Diagnosis:
             if self.per_step and "host_by_step" in self.tables:
                 host["by_step"] = _records(self.tables["host_by_step"])
             out["host"] = host
+        ranks = {name: _records(self.tables[name]) for name in STRAGGLER_TABLES
+                 if name in self.tables}
+        if ranks:
+            out["stragglers"] = ranks
         return out
 
     def _repr_html_(self) -> str:
@@ -165,7 +173,18 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
                    steps=declared.conform_frame("steps", training), per_step=steps)
     if steps and timeline is not None:
         dx.by_step = declared.conform_frame("by_step", steps_mod.losses_by_step(trace, timeline))
+    add_views(dx)
     return dx
+
+
+def add_views(dx: Diagnosis) -> None:
+    """The `VIEWS` tables into `dx.tables`: the stragglers of a job of two or more ranks,
+    from its waterfall, steps and arrival skew."""
+    from gpudiag.analyzers import stragglers
+
+    for name, table in stragglers.tables(dx.losses, dx.steps,
+                                         dx.tables.get("arrival_skew")).items():
+        dx.tables[name] = declared.conform_table(name, table, "stragglers")
 
 
 def bounds_of(trace: Trace, window: str | tuple[int, int] | None) -> tuple[int, int] | None:

@@ -87,6 +87,7 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
     dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host))
     dx.failed = failed
     dx.units = units
+    diagnosis.add_views(dx)
     return dx
 
 

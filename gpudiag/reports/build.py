@@ -5,15 +5,17 @@ caller passes the Diagnosis (or Comparison) it already has.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
 
 from gpudiag.analyzers.compare import Comparison
 from gpudiag.analyzers.diagnosis import Diagnosis
-from gpudiag.reports import figures, figures_samples, ncu_heatmap
+from gpudiag.jobs.job import JobDiagnosis
+from gpudiag.reports import figures, figures_ranks, figures_samples, ncu_heatmap
 from gpudiag.reports.html import Section, page
-from gpudiag.reports.html_report import report, rule_table
+from gpudiag.reports.html_report import MAX_DEVICES, TOP_ROWS, report, rule_table
 from gpudiag.reports.html_tables import Table
 from gpudiag.trace import Trace
 
@@ -24,13 +26,9 @@ def report_figures(trace: Trace, dx: Diagnosis) -> dict[str, Any]:
         figs = report_figures(trace, gpudiag.diagnose(trace))
         sorted(figs)                      # e.g. ['utilization', 'waterfall']
     """
-    figs: dict[str, Any] = {}
+    figs = diagnosis_figures(dx)
     if len(dx.losses):
-        figs["waterfall"] = figures.waterfall(dx)
         figs["utilization"] = figures.utilization(trace, dx)
-    waits = figures.collective_waits(dx) if "arrival_skew" in dx.tables else None
-    if waits is not None:
-        figs["collective_waits"] = waits
     memory = figures.memory(trace, frag=dx.tables.get("fragmentation"))
     if memory is not None:
         figs["memory"] = memory
@@ -40,6 +38,41 @@ def report_figures(trace: Trace, dx: Diagnosis) -> dict[str, Any]:
     if samples is not None:
         figs["gpu_samples"] = samples
     return figs
+
+
+def diagnosis_figures(dx: Diagnosis) -> dict[str, Any]:
+    """The figures drawn from the Diagnosis alone (a job diagnosed rank by rank has no
+    trace to draw the rest from): the waterfall (as bars up to `MAX_DEVICES` devices; a
+    larger job's ranks are the rank x cause heatmap), the collective waits, the ranks."""
+    figs: dict[str, Any] = {}
+    devices = len(dx.losses[["rank", "device"]].drop_duplicates())
+    if len(dx.losses) and devices <= MAX_DEVICES:
+        figs["waterfall"] = figures.waterfall(dx)
+    waits = figures.collective_waits(dx) if "arrival_skew" in dx.tables else None
+    if waits is not None:
+        figs["collective_waits"] = waits
+    ranks = figures_ranks.rank_causes(dx)
+    if ranks is not None:
+        figs["rank_causes"] = ranks
+    return figs
+
+
+def job_report_page(job: JobDiagnosis, *, cdn: bool = False,
+                    generated_for: str | None = None) -> str:
+    """The report of a job diagnosed rank by rank (`jobs.diagnose_job`): the same page
+    but the figures that need every event (utilization per stream, memory, samples), which
+    stayed with the ranks; a note says so.
+
+        html = job_report_page(gpudiag.diagnose_job("traces/"))
+    """
+    noted = replace(job, notes=[*job.notes, JOB_NOTE])
+    return report(Trace(meta=job.meta), noted, figures=diagnosis_figures(job), cdn=cdn,
+                  generated_for=generated_for, info=job.summary(top=TOP_ROWS))
+
+
+JOB_NOTE = ("analyzed rank by rank (--workers/--scheduler): the per-stream utilization, "
+            "allocator and GPU-sample figures need every event in one process and are left "
+            "out; `gpudiag report` without --workers draws them")
 
 
 def report_page(trace: Trace, dx: Diagnosis, *, cdn: bool = False,

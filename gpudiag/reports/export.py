@@ -98,8 +98,8 @@ def write_chrome_trace(trace: Trace, path: str | Path, dx: Diagnosis | None = No
 
 
 def write_tables(trace: Trace, out_dir: str | Path, fmt: str = "csv",
-                 tables: Sequence[str] | None = None, dx: Diagnosis | None = None
-                 ) -> dict[str, Path]:
+                 tables: Sequence[str] | None = None, dx: Diagnosis | None = None, *,
+                 events: bool = True) -> dict[str, Path]:
     """Write each table to `out_dir/<table>.<fmt>` (`csv` or `parquet`); returns the paths.
 
         write_tables(trace, "out/")                              # the 11 trace tables
@@ -111,11 +111,12 @@ def write_tables(trace: Trace, out_dir: str | Path, fmt: str = "csv",
     empty field, rows end in CRLF, and a text cell that a spreadsheet would run as a
     formula (starting with = + - @ TAB or CR, as a hostile kernel name may) gets a leading
     `'`; Parquet keeps the dtypes and the text as it is (object columns as strings, which
-    Arrow needs).
+    Arrow needs). `events=False`: the diagnosis' tables only (a job diagnosed rank by rank,
+    whose events stayed with its ranks).
     """
     if fmt not in ("csv", "parquet"):
         raise InputError(None, f"unknown table format {fmt!r}", "use csv or parquet")
-    frames = _export_tables(trace, dx)
+    frames = _export_tables(trace, dx, events)
     names = list(frames) if tables is None else list(tables)
     unknown = [n for n in names if n not in frames]
     if unknown:
@@ -150,9 +151,10 @@ def _spreadsheet_safe(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _export_tables(trace: Trace, dx: Diagnosis | None) -> dict[str, Any]:
+def _export_tables(trace: Trace, dx: Diagnosis | None, events: bool = True) -> dict[str, Any]:
     """Table name -> a function computing it (so unselected tables cost nothing)."""
-    frames: dict[str, Any] = {name: (lambda f=f: f) for name, f in trace.tables().items()}
+    frames: dict[str, Any] = {name: (lambda f=f: f) for name, f in trace.tables().items()} \
+        if events else {}
     if dx is not None:
         frames["losses"] = lambda: dx.losses
         frames["findings"] = lambda: dx.findings
@@ -160,5 +162,7 @@ def _export_tables(trace: Trace, dx: Diagnosis | None) -> dict[str, Any]:
             frames["idle_gaps"] = lambda: annotated_gaps(dx)
         if dx.by_step is not None:
             frames["by_step"] = lambda: dx.by_step
+        if dx.steps is not None and not events:
+            frames["steps"] = lambda: dx.steps
         frames.update({name: (lambda f=f: f) for name, f in dx.tables.items()})
     return frames

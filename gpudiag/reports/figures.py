@@ -148,7 +148,7 @@ _MIN_PLOT_PX = 120
 
 
 def collective_waits(source: Diagnosis | Trace | pd.DataFrame, *,
-                     max_calls: int = 400) -> go.Figure | None:
+                     max_calls: int = 400, max_ranks: int = 64) -> go.Figure | None:
     """Rank x collective heatmap of the time each rank waited for the last one to arrive.
 
         trace = gpudiag.load(["rank0.json.gz", "rank1.json.gz"])
@@ -157,8 +157,9 @@ def collective_waits(source: Diagnosis | Trace | pd.DataFrame, *,
 
     `source`: a Diagnosis (its `arrival_skew` table), a Trace (`arrival_skew` is run on
     it) or an `arrival_skew` frame. Columns are the matched collectives in time order; past
-    `max_calls` consecutive ones share a column and the cells sum their waits. None when
-    fewer than two ranks matched a collective or nobody waited.
+    `max_calls` consecutive ones share a column and the cells sum their waits; past
+    `max_ranks`, consecutive ranks share a row the same way. None when fewer than two ranks
+    matched a collective or nobody waited.
     """
     skew = _skew_of(source)
     if skew.empty or skew["rank"].nunique() < 2 or not (skew["wait_ns"] > 0).any():
@@ -166,11 +167,13 @@ def collective_waits(source: Diagnosis | Trace | pd.DataFrame, *,
     n = int(skew["match_id"].max()) + 1
     column = skew["match_id"].to_numpy(np.int64) * min(n, max_calls) // n
     ranks, rank_row = np.unique(skew["rank"].to_numpy(np.int64), return_inverse=True)
-    z = np.zeros((len(ranks), min(n, max_calls)))
-    np.add.at(z, (rank_row, column), skew["wait_ns"].to_numpy(np.float64) / 1e6)
+    rows = min(len(ranks), max_ranks)
+    group = np.arange(len(ranks)) * rows // len(ranks)  # consecutive ranks share a row
+    z = np.zeros((rows, min(n, max_calls)))
+    np.add.at(z, (group[rank_row], column), skew["wait_ns"].to_numpy(np.float64) / 1e6)
     labels = _call_labels(skew, column, z.shape[1])
     fig = go.Figure(go.Heatmap(
-        x=labels, y=[f"rank {r}" for r in ranks], z=z.round(6), colorscale="Reds", zmin=0,
+        x=labels, y=_rank_labels(ranks, group, rows), z=z.round(6), colorscale="Reds", zmin=0,
         colorbar={"title": "wait (ms)"},
         hovertemplate="%{y}<br>%{x}<br>waited %{z:.3f} ms<extra></extra>"))
     fig.update_layout(title={"text": "Time each rank waited for its peers, per collective",
@@ -182,8 +185,18 @@ def collective_waits(source: Diagnosis | Trace | pd.DataFrame, *,
                                                                "b": _AXIS_BOTTOM_PX},
                       # the rows, but tall enough that the colorbar's ticks stay apart
                       height=_TITLE_TOP_PX + _AXIS_BOTTOM_PX
-                      + max(_ROW_PX * len(ranks), _MIN_PLOT_PX))
+                      + max(_ROW_PX * rows, _MIN_PLOT_PX))
     return fig
+
+
+def _rank_labels(ranks: IntArray, group: IntArray, rows: int) -> list[str]:
+    """'rank 3' per row, or 'ranks 8-15' for a row that several consecutive ranks share."""
+    labels = []
+    for row in range(rows):
+        members = ranks[group == row]
+        labels.append(f"rank {members[0]}" if len(members) == 1
+                      else f"ranks {members[0]}-{members[-1]}")
+    return labels
 
 
 # -- utilization --------------------------------------------------------------------------

@@ -23,21 +23,26 @@ from gpudiag.analyzers.findings import HOST_CAUSES
 from gpudiag.analyzers.summary import summarize
 from gpudiag.commands import program_name
 from gpudiag.reports.html import Section, page
+from gpudiag.reports.html_ranks import stragglers
 from gpudiag.reports.html_tables import Table
 from gpudiag.reports.terminal import format_bytes, format_ns, format_window
 from gpudiag.trace import Trace
 
 FIGURE_SLOTS = ("waterfall", "utilization", "gpu_samples", "collective_waits", "memory",
-                "ncu_heatmap")
+                "ncu_heatmap", "rank_causes")
 """Where `report(figures=...)` places each figure; other names get a section of their own."""
 
 TOP_ROWS = 50
 """Rows shown per long table (findings, sync points, kernels...); the rest is counted."""
 
+MAX_DEVICES = 32
+"""Devices listed one by one in the waterfall; a job of more shows its total there (and
+its ranks, worst first, under Stragglers)."""
+
 
 def report(trace: Trace, dx: Diagnosis, *, figures: Mapping[str, Any] | None = None,
-           cdn: bool = False, title: str | None = None,
-           generated_for: str | None = None) -> str:
+           cdn: bool = False, title: str | None = None, generated_for: str | None = None,
+           info: dict[str, Any] | None = None) -> str:
     """The report page for one trace: run summary, waterfall, findings, tables, figures.
 
         dx = gpudiag.diagnose(trace)
@@ -45,13 +50,17 @@ def report(trace: Trace, dx: Diagnosis, *, figures: Mapping[str, Any] | None = N
         Path("report.html").write_text(html, encoding="utf-8")
 
     Sections without data are left out. `cdn`: link plotly.js instead of inlining it.
+    `info`: the run summary when the caller has it (a job diagnosed rank by rank passes
+    `JobDiagnosis.summary()` with a `trace` that holds only the job's meta).
     """
-    info = summarize(trace, top=TOP_ROWS, window_ns=dx.window_ns)
+    if info is None:
+        info = summarize(trace, top=TOP_ROWS, window_ns=dx.window_ns)
     figs = {name: _as_list(fig) for name, fig in (figures or {}).items()}
     built: list[Section | list[Section] | None] = [
         _run_summary(trace, info),
         _waterfall(dx, figs.pop("waterfall", [])),
         _findings(dx),
+        stragglers(dx, figs.pop("rank_causes", [])),
         _figures_only("GPU utilization over time", figs.pop("utilization", [])),
         _gpu_samples(dx, figs.pop("gpu_samples", [])),
         _top_kernels(info),
@@ -91,6 +100,8 @@ def _title(trace: Trace) -> str:
 
 def _device(rank: Any, device: Any) -> str:
     """'r3:0' for rank 3 device 0, '0' without a rank (as the terminal report writes it)."""
+    if isinstance(device, str):  # a label already ('all 64': a job's total)
+        return device
     dev = "-" if pd.isna(device) else str(int(device))
     return dev if pd.isna(rank) else f"r{int(rank)}:{dev}"
 
@@ -168,12 +179,24 @@ def _waterfall(dx: Diagnosis, figs: list[Any]) -> Section | None:
     if loss.empty and not figs:
         return None
     keep = loss[(loss["lost_ns"] > 0) | (loss["cause"] == "useful")]
+    devices = len(loss[["rank", "device"]].drop_duplicates())
+    if devices > MAX_DEVICES:  # a job of many ranks: its total here, its ranks under Stragglers
+        keep = _job_total(keep, devices)
     frame = _with_device(keep.reset_index(drop=True))[["device", "cause", "lost_ns", "share"]]
     frame.columns = ["device", "cause", "time", "share"]
     return Section("Where the GPU time went", figures=figs, table=frame,
                    formats={"time": "ns", "share": "share"},
                    text="The loss waterfall per device: each GPU nanosecond of the window "
                         "is either useful or lost to one cause (docs/analysis.md).")
+
+
+def _job_total(loss: pd.DataFrame, devices: int) -> pd.DataFrame:
+    """The waterfall of all `devices` together: one row per cause."""
+    time = loss.groupby("cause", sort=False)["lost_ns"].sum()
+    window = int(loss["lost_ns"].sum())
+    return pd.DataFrame({"rank": pd.NA, "device": f"all {devices:,}", "cause": time.index,
+                         "lost_ns": time.to_numpy(),
+                         "share": time.to_numpy() / window if window else float("nan")})
 
 
 def _findings(dx: Diagnosis) -> Section | None:
@@ -482,8 +505,10 @@ def _streams(dx: Diagnosis) -> Section | None:
     frame = frame[["device", "stream", "span_ns", "busy_ns", "idle_ns", "events"]] \
         .assign(busy_share=busy)
     frame.columns = ["device", "stream", "span", "busy", "idle", "events", "busy share"]
-    return Section("Streams", table=frame, formats={"span": "ns", "busy": "ns", "idle": "ns",
-                                                    "busy share": "share"})
+    notes: list[str] = []
+    frame = _cut(frame, notes, "streams")
+    return Section("Streams", notes=notes, table=frame,
+                   formats={"span": "ns", "busy": "ns", "idle": "ns", "busy share": "share"})
 
 
 def _notes(dx: Diagnosis) -> Section | None:

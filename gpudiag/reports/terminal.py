@@ -77,8 +77,15 @@ def format_window(window: dict[str, Any]) -> str:
     return text
 
 
+#: device rows listed one by one; past them, alike devices share a row with their counts
+MAX_DEVICE_ROWS = 16
+
+
 def _devices(devices: list[dict[str, Any]], console: Console) -> None:
     if not devices:
+        return
+    if len(devices) > MAX_DEVICE_ROWS:
+        _device_kinds(devices, console)
         return
     table = Table(title="Devices", title_justify="left")
     for col in ("rank", "device", "name", "SMs", "CC", "memory", "used"):
@@ -90,6 +97,24 @@ def _devices(devices: list[dict[str, Any]], console: Console) -> None:
             safe(d["compute_capability"] or "?"),
             format_bytes(d["mem_bytes"]), "yes" if d["used"] else "",
         )
+    console.print(table)
+
+
+def _device_kinds(devices: list[dict[str, Any]], console: Console) -> None:
+    """Many devices (a job of many ranks): one row per kind, with how many, on how many
+    ranks, and how many ran GPU work."""
+    kinds: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for d in devices:
+        kinds.setdefault((d["name"], d["sm_count"], d["compute_capability"], d["mem_bytes"]),
+                         []).append(d)
+    table = Table(title=f"Devices ({len(devices):,})", title_justify="left")
+    for col in ("name", "SMs", "CC", "memory", "devices", "ranks", "used"):
+        table.add_column(col, justify="right" if col in ("devices", "ranks", "used")
+                         else "left")
+    for (name, sms, cc, mem), rows in kinds.items():
+        ranks = len({d["rank"] for d in rows})
+        table.add_row(safe(name or "?"), safe(sms or "?"), safe(cc or "?"), format_bytes(mem),
+                      f"{len(rows):,}", f"{ranks:,}", f"{sum(bool(d['used']) for d in rows):,}")
     console.print(table)
 
 
@@ -139,14 +164,25 @@ def print_diagnosis(dx: dict[str, Any], console: Console, top: int = 10) -> None
     from gpudiag.reports.terminal_steps import print_steps
 
     print_steps(dx, console)
+    from gpudiag.reports.terminal_ranks import print_stragglers
+
+    print_stragglers(dx, console)
     _findings(dx["findings"][:top], console)
     for note in dx["notes"]:
         console.print(f"[dim]note[/dim]: {safe(note)}", highlight=False)
 
 
+#: devices drawn one by one; a job of more is drawn as one bar per cause (its ranks follow
+#: in the per-rank table, worst first)
+MAX_DEVICES = 8
+
+
 def _waterfall(losses: list[dict[str, Any]], console: Console) -> None:
     if not losses:
         return
+    devices = {(row["rank"], row["device"]) for row in losses}
+    if len(devices) > MAX_DEVICES:
+        losses = _job_total(losses, len(devices))
     table = Table(title="Where the GPU time went (loss waterfall per device)",
                   title_justify="left")
     for col, justify in (("device", "left"), ("cause", "left"), ("time", "right"),
@@ -161,6 +197,18 @@ def _waterfall(losses: list[dict[str, Any]], console: Console) -> None:
         table.add_row(device, safe(row["cause"]), format_ns(row["lost_ns"]), _percent(share),
                       f"[{_CAUSE_STYLE.get(row['cause'], 'white')}]{bar}[/]")
     console.print(table)
+
+
+def _job_total(losses: list[dict[str, Any]], devices: int) -> list[dict[str, Any]]:
+    """The waterfall of every device together: one row per cause, its share of all the
+    devices' windows."""
+    time: dict[str, int] = {}
+    for row in losses:
+        time[row["cause"]] = time.get(row["cause"], 0) + row["lost_ns"]
+    window = sum(time.values())
+    return [{"rank": None, "device": f"all {devices:,} devices", "cause": cause,
+             "lost_ns": ns, "share": ns / window if window else None}
+            for cause, ns in time.items()]
 
 
 def _findings(findings: list[dict[str, Any]], console: Console) -> None:

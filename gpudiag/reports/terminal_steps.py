@@ -17,6 +17,8 @@ from gpudiag.reports.safe_text import terminal as safe
 
 #: per-step rows shown before the rest is summarized in one line
 MAX_STEP_ROWS = 30
+#: processes whose host breakdown is listed (a job of many ranks: the first ones)
+MAX_PROCESSES = 4
 
 _LABELS = {"data_loading": "data loading", "optimizer": "optimizer", "backward": "backward",
            "compile": "compile", "forward": "forward", "other_ops": "other ops",
@@ -57,7 +59,11 @@ def _breakdown(rows: list[dict[str, Any]], console: Console) -> None:
         return
     table = Table(title="Host time per step, by category (steps after warm-up)",
                   title_justify="left")
-    several = len({(r["rank"], r["pid"]) for r in shown}) > 1
+    processes = list(dict.fromkeys((r["rank"], r["pid"]) for r in shown))
+    several = len(processes) > 1
+    if len(processes) > MAX_PROCESSES:  # a job of many ranks: the first few
+        kept = set(processes[:MAX_PROCESSES])
+        shown = [r for r in shown if (r["rank"], r["pid"]) in kept]
     for col in (["process"] if several else []) + ["category", "per step", "share",
                                                      "warm-up"]:
         table.add_column(col, justify="left" if col in ("process", "category") else "right")
@@ -66,6 +72,9 @@ def _breakdown(rows: list[dict[str, Any]], console: Console) -> None:
                  format_ns(r["warmup_ns"]) if r["warmup_ns"] else "-"]
         table.add_row(*([safe(_process(r))] if several else []), *cells)
     console.print(table)
+    if len(processes) > MAX_PROCESSES:
+        console.print(f"[dim]... {len(processes) - MAX_PROCESSES:,} more processes "
+                      "(`--json` lists all)[/dim]", highlight=False)
 
 
 def _top_ops(rows: list[dict[str, Any]], console: Console) -> None:
