@@ -4,6 +4,7 @@
     trace = gpudiag.load("rank0.pt.trace.json.gz")   # Kineto, nsys, ncu, JAX, memory snapshots
     dx = gpudiag.diagnose(trace)                       # the loss waterfall and the findings
     dx.findings.head()
+    job = gpudiag.diagnose_job("traces/", workers=8)   # many ranks, rank by rank, in parallel
 
 Heavy optional packages (torch, jax, cupy, cupti, ncu_report) are never imported here.
 """
@@ -20,6 +21,7 @@ from gpudiag.errors import (
     MissingDependencyError,
     SchemaError,
 )
+from gpudiag.jobs.job import JobDiagnosis, diagnose_job
 from gpudiag.markers import end_step, region, step
 from gpudiag.readers.sources import load
 from gpudiag.trace import Trace, merge
@@ -46,12 +48,14 @@ __all__ = [
     "Diagnosis",
     "GpudiagError",
     "InputError",
+    "JobDiagnosis",
     "MissingDependencyError",
     "SchemaError",
     "Trace",
     "__version__",
     "capture",
     "diagnose",
+    "diagnose_job",
     "end_step",
     "load",
     "merge",

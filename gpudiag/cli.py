@@ -25,7 +25,7 @@ _DEBUG = {"on": False}
 
 def job_options(command: Any) -> Any:
     """`--workers N` and `--scheduler ADDR`: a job of many ranks analyzed rank by rank
-    (`jobs.diagnose_job`), for every command that diagnoses."""
+    (`gpudiag.diagnose_job`), for every command that diagnoses."""
     command = click.option(
         "--scheduler", metavar="ADDR",
         help="Read and analyze the files on a Dask cluster: tcp://HOST:PORT or a scheduler "
@@ -112,7 +112,7 @@ def _exit_if_failed(failed: list[tuple[str, str]]) -> None:
 
 def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
          window: str | None, steps: bool, rows: bool = False) -> Any:
-    """`jobs.diagnose_job` with a bar per file on a terminal (stderr). `rows`: keep the
+    """`gpudiag.diagnose_job` with a bar per file on a terminal (stderr). `rows`: keep the
     row-level results (what is printed or drawn needs none; an export lists them)."""
     from rich.progress import Progress
 
@@ -160,11 +160,13 @@ def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | No
     stragglers, heatmaps, kernels, syncs, collectives, memory, Nsight Compute metrics."""
     from gpudiag.analyzers.diagnosis import diagnose
     from gpudiag.reports.build import job_report_page, report_page
+    from gpudiag.reports.html_report import TOP_ROWS
 
     command = "gpudiag report " + " ".join(str(p) for p in paths)
     if workers is not None or scheduler is not None:
         job = _job(paths, workers=workers, scheduler=scheduler, window=window, steps=steps)
-        _write(output, job_report_page(job, cdn=cdn, generated_for=command))
+        _write(output, job_report_page(job, job.meta, info=job.summary(top=TOP_ROWS), cdn=cdn,
+                                        generated_for=command))
         _exit_if_failed(job.failed)
         return
     trace = _load(list(paths))
@@ -214,7 +216,7 @@ def compare(*, paths: tuple[Path, ...], output: Path | None, fail_on: str | None
     from gpudiag.analyzers.compare import compare as compare_runs
     from gpudiag.analyzers.compare import parse_fail_on, regressions
     from gpudiag.reports.build import compare_page
-    from gpudiag.reports.compare_terminal import print_comparison
+    from gpudiag.reports.terminal.compare import print_comparison
 
     if len(paths) < 2:
         raise InputError(str(paths[0]), "is only one run", "give two or more to compare")
@@ -295,7 +297,8 @@ def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: st
 
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
     if workers is not None or scheduler is not None:
-        _export_job(paths, fmt, output, names, no_diagnosis, workers, scheduler)
+        _export_job(paths, fmt, output, names=names, no_diagnosis=no_diagnosis,
+                    workers=workers, scheduler=scheduler)
         return
     trace = _load(list(paths))
     dx = None if no_diagnosis else diagnose(trace)
@@ -307,7 +310,7 @@ def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: st
     click.echo(f"wrote {len(files)} {fmt} files to {output or 'gpudiag-tables'}", err=True)
 
 
-def _export_job(paths: tuple[Path, ...], fmt: str, output: Path | None,
+def _export_job(paths: tuple[Path, ...], fmt: str, output: Path | None, *,
                 names: list[str] | None, no_diagnosis: bool, workers: int | None,
                 scheduler: str | None) -> None:
     """`export --workers`: the job's diagnosis tables; the events never leave the ranks."""

@@ -19,7 +19,7 @@ from rich.console import Console
 import gpudiag
 from gpudiag.analyzers.compare import Comparison, compare, parse_fail_on, regressions, versus
 from gpudiag.errors import InputError
-from gpudiag.reports.compare_terminal import print_comparison
+from gpudiag.reports.terminal.compare import print_comparison
 from gpudiag.trace import Trace
 from tests.builders import api_call, kernel, sync, trace
 from tests.conftest import fixture

@@ -20,8 +20,9 @@ import gpudiag
 from gpudiag.analyzers import budgets
 from gpudiag.analyzers.compare import compare
 from gpudiag.analyzers.findings import format_ns
-from gpudiag.reports import terminal
-from gpudiag.reports.compare_terminal import print_comparison
+from gpudiag.reports import formats, terminal
+from gpudiag.reports.terminal import diagnosis as terminal_diagnosis
+from gpudiag.reports.terminal.compare import print_comparison
 from tests.conftest import fixture
 
 
@@ -36,7 +37,7 @@ def test_format_ns_picks_the_unit_that_fits(ns: float | None, text: str) -> None
 
 
 def test_the_terminal_uses_the_same_formatter() -> None:
-    assert terminal.format_ns is format_ns
+    assert formats.format_ns is terminal_diagnosis.format_ns is format_ns
 
 
 def _render(print_fn: Callable[..., None], *args: Any) -> str:

@@ -15,7 +15,7 @@ waited (comm_wait); this module names the rank that caused it:
   the worst (least useful time) first: what the report's rank x cause heatmap draws.
 
 Everything here reads the Diagnosis' own tables (`arrival_skew`, `steps`, `losses`), so a
-job diagnosed rank by rank (`jobs.diagnose_job`) gets the same tables as the merged trace,
+job diagnosed rank by rank (`gpudiag.diagnose_job`) gets the same tables as the merged trace,
 and nothing more has to cross from the ranks to the coordinator. Calls flagged
 `clock_suspect` (offset clocks, not waiting) are left out, as the findings leave them out.
 """

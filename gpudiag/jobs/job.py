@@ -1,8 +1,8 @@
 """`diagnose_job`: a job of many ranks diagnosed rank by rank, in parallel, then reduced.
 
-    dx = gpudiag.jobs.diagnose_job("traces/")              # one worker per core
-    dx = gpudiag.jobs.diagnose_job(paths, workers=1)       # in this process
-    dx = gpudiag.jobs.diagnose_job(paths, client=client)   # on a Dask cluster
+    dx = gpudiag.diagnose_job("traces/")              # one worker per core
+    dx = gpudiag.diagnose_job(paths, workers=1)       # in this process
+    dx = gpudiag.diagnose_job(paths, client=client)   # on a Dask cluster
 
 Each file (a rank's trace, or a run directory) is read where the map runs
 (`rank_map.read_unit`) and only its compact part comes back; `reduce` makes the job's

@@ -12,10 +12,9 @@ import pandas as pd
 
 from gpudiag.analyzers.compare import Comparison
 from gpudiag.analyzers.diagnosis import Diagnosis
-from gpudiag.jobs.job import JobDiagnosis
 from gpudiag.reports import figures, figures_ranks, figures_samples, ncu_heatmap
 from gpudiag.reports.html import Section, page
-from gpudiag.reports.html_report import MAX_DEVICES, TOP_ROWS, report, rule_table
+from gpudiag.reports.html_report import MAX_DEVICES, report, rule_table
 from gpudiag.reports.html_tables import Table
 from gpudiag.trace import Trace
 
@@ -57,17 +56,19 @@ def diagnosis_figures(dx: Diagnosis) -> dict[str, Any]:
     return figs
 
 
-def job_report_page(job: JobDiagnosis, *, cdn: bool = False,
-                    generated_for: str | None = None) -> str:
-    """The report of a job diagnosed rank by rank (`jobs.diagnose_job`): the same page
+def job_report_page(dx: Diagnosis, meta: dict[str, Any], *, info: dict[str, Any] | None = None,
+                    cdn: bool = False, generated_for: str | None = None) -> str:
+    """The report of a job diagnosed rank by rank (`gpudiag.diagnose_job`): the same page
     but the figures that need every event (utilization per stream, memory, samples), which
-    stayed with the ranks; a note says so.
+    stayed with the ranks; a note says so. `meta`: the merged job's (`JobDiagnosis.meta`);
+    `info`: its summary, for the page's header.
 
-        html = job_report_page(gpudiag.diagnose_job("traces/"))
+        job = gpudiag.diagnose_job("traces/")
+        html = job_report_page(job, job.meta, info=job.summary())
     """
-    noted = replace(job, notes=[*job.notes, JOB_NOTE])
-    return report(Trace(meta=job.meta), noted, figures=diagnosis_figures(job), cdn=cdn,
-                  generated_for=generated_for, info=job.summary(top=TOP_ROWS))
+    noted = replace(dx, notes=[*dx.notes, JOB_NOTE])
+    return report(Trace(meta=meta), noted, figures=diagnosis_figures(dx), cdn=cdn,
+                  generated_for=generated_for, info=info)
 
 
 JOB_NOTE = ("analyzed rank by rank (--workers/--scheduler): the per-stream utilization, "

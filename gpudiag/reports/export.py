@@ -162,7 +162,7 @@ def _export_tables(trace: Trace, dx: Diagnosis | None, events: bool = True) -> d
             frames["idle_gaps"] = lambda: annotated_gaps(dx)
         if dx.by_step is not None:
             frames["by_step"] = lambda: dx.by_step
-        if dx.steps is not None and not events:
+        if dx.steps is not None and "steps" not in frames:
             frames["steps"] = lambda: dx.steps
         frames.update({name: (lambda f=f: f) for name, f in dx.tables.items()})
     return frames

@@ -29,7 +29,7 @@ def rank_causes(source: Diagnosis | pd.DataFrame, *, max_rows: int = MAX_ROWS
                 ) -> go.Figure | None:
     """Rank x cause heatmap of the loss waterfall, the least useful ranks at the top.
 
-        dx = gpudiag.jobs.diagnose_job("traces/")        # or gpudiag.diagnose(trace)
+        dx = gpudiag.diagnose_job("traces/")        # or gpudiag.diagnose(trace)
         fig = figures_ranks.rank_causes(dx)                 # None with fewer than two ranks
 
     `source`: a Diagnosis (its `rank_losses` table) or that table.

@@ -16,7 +16,7 @@ from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.reports.html import Section
 from gpudiag.reports.html_tables import Table
-from gpudiag.reports.terminal_ranks import headline
+from gpudiag.reports.terminal.ranks import headline
 
 TOP_ROWS = 50
 

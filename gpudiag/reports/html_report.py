@@ -22,10 +22,10 @@ from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.findings import HOST_CAUSES
 from gpudiag.analyzers.summary import summarize
 from gpudiag.commands import program_name
+from gpudiag.reports.formats import format_bytes, format_ns, format_window
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_ranks import stragglers
 from gpudiag.reports.html_tables import Table
-from gpudiag.reports.terminal import format_bytes, format_ns, format_window
 from gpudiag.trace import Trace
 
 FIGURE_SLOTS = ("waterfall", "utilization", "gpu_samples", "collective_waits", "memory",

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpudiag.reports.terminal import format_bytes, format_ns
+from gpudiag.reports.formats import format_bytes, format_ns
 
 Format = str | Callable[[Any], str]
 """A column format: a name from `FORMATS` ('ns', 'bytes', 'share', ...) or a function."""

@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gpudiag.analyzers.findings import HOST_CAUSES, format_ns
+from gpudiag.reports.formats import format_bytes, format_window
 from gpudiag.reports.safe_text import terminal as safe
 
-__all__ = ["format_bytes", "format_ns", "format_window", "print_diagnosis", "print_summary",
-           "sources_line"]
+__all__ = ["print_diagnosis", "print_summary", "sources_line"]
 
 
 def print_summary(info: dict[str, Any], console: Console) -> None:
@@ -56,25 +56,6 @@ def sources_line(info: dict[str, Any]) -> str:
         unnamed.pop("gpudiag-host", None)
     parts += [f"{fmt} ({n} part{'s' if n != 1 else ''})" for fmt, n in unnamed.items()]
     return ", ".join(parts) or "-"
-
-
-def format_window(window: dict[str, Any]) -> str:
-    """`summarize`'s window in words: its length, where it lies from the first GPU event
-    (a chosen window) and its start as UTC wall clock when the clock is the epoch's.
-
-        '12.9 s, starting 2023-09-27 17:26:12.943 UTC'
-        'ProfilerStep#3, 5.01 ms: 1.2 s to 1.21 s from the first GPU event (of 12.9 s)'
-    """
-    text = format_ns(window["duration_ns"])
-    start, whole = window.get("offset_ns") or 0, window.get("trace_duration_ns")
-    if window.get("spec") or (start, window["duration_ns"]) != (0, whole):  # a chosen one
-        text = (f"{window['spec'] + ', ' if window.get('spec') else ''}{text}: "
-                f"{format_ns(start)} to {format_ns(start + window['duration_ns'])} from the "
-                "first GPU event" + (f" (of {format_ns(whole)})" if whole is not None else ""))
-    when = window.get("started_at")
-    if when:
-        text += ", starting " + when.replace("T", " ").replace("Z", " UTC")
-    return text
 
 
 #: device rows listed one by one; past them, alike devices share a row with their counts
@@ -140,17 +121,6 @@ def _kernels(kernels: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
-def format_bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.3g} {unit}"
-        value /= 1024
-    return f"{value:.3g} TiB"
-
-
 _CAUSE_STYLE = {"useful": "green", "sync_stall": "red", "launch_bound": "magenta",
                 "host_bound": "yellow", "copy": "cyan", "comm_wait": "blue",
                 "small_grid": "bright_red"}
@@ -161,10 +131,10 @@ def print_diagnosis(dx: dict[str, Any], console: Console, top: int = 10) -> None
     _waterfall(dx["losses"], console)
     if dx.get("by_step"):
         _steps(dx["by_step"], console)
-    from gpudiag.reports.terminal_steps import print_steps
+    from gpudiag.reports.terminal.steps import print_steps
 
     print_steps(dx, console)
-    from gpudiag.reports.terminal_ranks import print_stragglers
+    from gpudiag.reports.terminal.ranks import print_stragglers
 
     print_stragglers(dx, console)
     _findings(dx["findings"][:top], console)

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpudiag.analyzers.compare import Comparison
+from gpudiag.reports.formats import format_bytes, format_ns
 from gpudiag.reports.safe_text import terminal as safe
-from gpudiag.reports.terminal import format_bytes, format_ns
 
 _SUMMARY_NAMES = {"wall_time_ns": "wall time (GPU window)",
                   "process_time_ns": "process wall time",
