@@ -210,9 +210,12 @@ def heatmap(*, path: Path, output: Path | None, metrics: str | None, sort: str, 
               "against the first run, e.g. 'step_time>+5%,peak_memory>+10%,sync_stall>+2pp'.")
 @click.option("--step-size", type=click.IntRange(min=1), help="Samples per step, for samples/s.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@job_options
 def compare(*, paths: tuple[Path, ...], output: Path | None, fail_on: str | None,
-            step_size: int | None, as_json: bool) -> None:
-    """Compare two or more runs or traces side by side (the first is the baseline)."""
+            step_size: int | None, as_json: bool, workers: int | None,
+            scheduler: str | None) -> None:
+    """Compare two or more runs or traces side by side (the first is the baseline). With
+    --workers or --scheduler each run (a folder of ranks) is diagnosed rank by rank."""
     from gpudiag.analyzers.compare import compare as compare_runs
     from gpudiag.analyzers.compare import parse_fail_on, regressions
     from gpudiag.reports.build import compare_page
@@ -221,7 +224,10 @@ def compare(*, paths: tuple[Path, ...], output: Path | None, fail_on: str | None
     if len(paths) < 2:
         raise InputError(str(paths[0]), "is only one run", "give two or more to compare")
     budgets = parse_fail_on(fail_on) if fail_on else []
-    cmp = compare_runs([_load([p]) for p in paths], _labels(paths), step_size=step_size)
+    if workers is not None or scheduler is not None:
+        cmp = _compare_jobs(paths, workers=workers, scheduler=scheduler, step_size=step_size)
+    else:
+        cmp = compare_runs([_load([p]) for p in paths], _labels(paths), step_size=step_size)
     broken = regressions(cmp, budgets) if budgets else []
     if as_json:
         click.echo(json.dumps(cmp.to_dict(), indent=1, default=str))
@@ -233,6 +239,27 @@ def compare(*, paths: tuple[Path, ...], output: Path | None, fail_on: str | None
         click.echo(f"gpudiag: {line}", err=True)
     if broken:
         sys.exit(1)
+
+
+def _compare_jobs(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
+                  step_size: int | None) -> Any:
+    """`compare --workers`: each run a job diagnosed rank by rank, compared from its
+    Diagnosis and `run_facts.of_parts` (what the ranks sent): the comparison of the merged
+    runs. A run with unreadable files stops the comparison (a partial run would compare
+    as a regression)."""
+    from gpudiag.analyzers import run_facts
+    from gpudiag.analyzers.compare import compare as compare_runs
+
+    jobs = [_job((path,), workers=workers, scheduler=scheduler, window=None, steps=False)
+            for path in paths]
+    for path, job in zip(paths, jobs, strict=True):
+        if job.failed:
+            _say_failed(job.failed)
+            raise InputError(str(path), f"has {len(job.failed)} file(s) that could not be "
+                             "read, so it would compare as a smaller run",
+                             "fix or remove those files")
+    facts = [run_facts.of_parts(job.summary_parts, job.meta) for job in jobs]
+    return compare_runs(facts, _labels(paths), step_size=step_size, diagnoses=jobs)
 
 
 #: how to record what gpudiag needs, in the words of the framework that made the trace

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from gpudiag.analyzers.compare import compare, kernel_key
+from gpudiag.analyzers.compare import compare
+from gpudiag.analyzers.run_facts import kernel_key
 from gpudiag.trace import Trace
 from tests.builders import kernel, trace
 

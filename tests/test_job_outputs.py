@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 import gpudiag
+from gpudiag.analyzers import run_facts
 from gpudiag.cli import cli
 from gpudiag.reports import figures, figures_ranks, html_ranks
 from gpudiag.reports.build import JOB_NOTE, diagnosis_figures
@@ -75,6 +76,28 @@ def test_a_perfetto_export_with_workers_is_one_clear_line(job3: Path) -> None:
                           timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1 and "--format csv/parquet" in done.stderr
+
+
+def test_run_facts_of_a_job_s_parts_equal_those_of_the_merged_trace(job3: Path) -> None:
+    job = gpudiag.diagnose_job(job3, workers=1, rows=False)
+    merged, parts = run_facts.of_trace(gpudiag.load(job3)), run_facts.of_parts(
+        job.summary_parts, job.meta)
+    assert (parts.window_ns, parts.memory) == (merged.window_ns, merged.memory)
+    assert parts.process_time_ns == merged.process_time_ns > 0
+    pd.testing.assert_frame_equal(parts.kernels, merged.kernels, check_names=False)
+    assert parts.kernels["size"].sum() == len(gpudiag.load(job3 / "rank0.json.gz").kernels) * 3
+
+
+def test_compare_with_workers_prints_the_merged_comparison(job3: Path, tmp_path: Path) -> None:
+    later = shifted_job(KINETO / "a100_80gb_rank0of16_nccl_streamsync.json.gz", 3,
+                        tmp_path / "later", shift_us=900.0)
+    runs = [str(job3), str(later)]
+    merged = CliRunner().invoke(cli, ["compare", "--json", *runs])
+    job = CliRunner().invoke(cli, ["compare", "--json", "--workers", "2", *runs])
+    assert merged.exit_code == job.exit_code == 0, job.output
+    assert json.loads(job.stdout) == json.loads(merged.stdout)
+    shares = json.loads(job.stdout)["shares"]
+    assert any(row.get("pp:later") for row in shares)  # the later run waits more
 
 
 def big_job() -> gpudiag.Trace:

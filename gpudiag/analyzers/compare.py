@@ -41,15 +41,17 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from gpudiag.analyzers import run_facts
 from gpudiag.analyzers.diagnosis import Diagnosis, diagnose
 from gpudiag.analyzers.findings import LOSS_CAUSES, format_ns
 from gpudiag.analyzers.memory.allocator import fragmentation
+from gpudiag.analyzers.run_facts import RunFacts
 from gpudiag.analyzers.steps.training import summary as step_summary
 from gpudiag.analyzers.steps.training import training_steps
 from gpudiag.errors import InputError
@@ -112,8 +114,9 @@ class Comparison:
                 **{name: _records(frame) for name, frame in self.tables().items()}}
 
 
-def compare(traces: Sequence[Trace], labels: Sequence[str], *, step_size: int | None = None,
-            top: int = 20, diagnoses: Sequence[Diagnosis] | None = None) -> Comparison:
+def compare(traces: Sequence[Trace | RunFacts], labels: Sequence[str], *,
+            step_size: int | None = None, top: int = 20,
+            diagnoses: Sequence[Diagnosis] | None = None) -> Comparison:
     """Compare runs against the first (the baseline).
 
         cmp = compare([before, after], ["before", "after"], step_size=32)
@@ -121,15 +124,22 @@ def compare(traces: Sequence[Trace], labels: Sequence[str], *, step_size: int | 
         cmp.shares["pp:after"]                             # waterfall change, in points
 
     `top`: kernels kept, by the largest time change against the baseline. `diagnoses`:
-    the runs' `diagnose()` results when the caller already has them (else computed).
+    the runs' `diagnose()` results when the caller already has them (else computed). A run
+    may be its `run_facts.RunFacts` instead of its trace (a job diagnosed rank by rank,
+    `run_facts.of_parts`); its diagnosis must then be given.
     """
     labels = _check(traces, labels, step_size)
-    dxs = list(diagnoses) if diagnoses is not None else [diagnose(trace) for trace in traces]
+    if diagnoses is None and not all(isinstance(run, Trace) for run in traces):
+        raise ValueError("compare: runs given as RunFacts need their diagnoses")
+    dxs = list(diagnoses) if diagnoses is not None else [
+        diagnose(trace) for trace in traces if isinstance(trace, Trace)]
     if len(dxs) != len(labels):
         raise ValueError("compare: one diagnosis per trace, in the same order")
+    dxs = [_completed(run, dx) for run, dx in zip(traces, dxs, strict=True)]
+    runs = [run_facts.of_trace(run) if isinstance(run, Trace) else run for run in traces]
     notes: list[str] = []
-    summary = pd.DataFrame({label: _summary(trace, diagnosis, step_size, label, notes)
-                            for label, trace, diagnosis in zip(labels, traces, dxs, strict=True)})
+    summary = pd.DataFrame({label: _summary(run, diagnosis, step_size, label, notes)
+                            for label, run, diagnosis in zip(labels, runs, dxs, strict=True)})
     summary.index.name = "metric"
     lost = pd.DataFrame({label: _lost(diagnosis)
                          for label, diagnosis in zip(labels, dxs, strict=True)})
@@ -137,10 +147,27 @@ def compare(traces: Sequence[Trace], labels: Sequence[str], *, step_size: int | 
     return Comparison(
         labels=labels, summary=versus(summary.loc[list(SUMMARY_ROWS)], labels),
         losses=versus(lost, labels), shares=versus(shares, labels, points=True),
-        kernels=_kernels(traces, labels, top, notes),
+        kernels=_kernels(runs, labels, top, notes),
         collectives=_per_key(labels, [_collectives(diagnosis) for diagnosis in dxs], "op"),
         syncs=_per_key(labels, [_syncs(diagnosis) for diagnosis in dxs], "kind"),
         step_size=step_size, notes=notes)
+
+
+def _completed(run: Trace | RunFacts, dx: Diagnosis) -> Diagnosis:
+    """`dx` with what compare reads of it that a caller's diagnosis may lack (its steps,
+    host memory, fragmentation) computed from the trace; a diagnosis from `diagnose` (or
+    `diagnose_job`) already holds them where they apply."""
+    if not isinstance(run, Trace):
+        return dx
+    tables = dict(dx.tables)
+    if "host_memory" not in tables:
+        from gpudiag.analyzers.host.steps import host_memory
+
+        tables["host_memory"] = host_memory(run)
+    if "fragmentation" not in tables and not (run.memory.empty and run.memory_blocks.empty):
+        tables["fragmentation"] = fragmentation(run)
+    steps = dx.steps if dx.steps is not None else training_steps(run)
+    return replace(dx, tables=tables, steps=steps)
 
 
 def versus(values: pd.DataFrame, labels: Sequence[str], *, points: bool = False) -> pd.DataFrame:
@@ -170,7 +197,8 @@ def versus(values: pd.DataFrame, labels: Sequence[str], *, points: bool = False)
 # -- per run --------------------------------------------------------------------------------
 
 
-def _check(traces: Sequence[Trace], labels: Sequence[str], step_size: int | None) -> list[str]:
+def _check(traces: Sequence[Trace | RunFacts], labels: Sequence[str],
+           step_size: int | None) -> list[str]:
     """Caller mistakes are ValueErrors (the CLI derives labels and checks --step-size)."""
     if len(traces) < 2 or len(traces) != len(labels):
         raise ValueError("compare: two or more traces, one label each")
@@ -181,72 +209,52 @@ def _check(traces: Sequence[Trace], labels: Sequence[str], step_size: int | None
     return [str(label) for label in labels]
 
 
-def _summary(trace: Trace, diagnosis: Diagnosis, step_size: int | None, label: str,
+def _summary(run: RunFacts, diagnosis: Diagnosis, step_size: int | None, label: str,
              notes: list[str]) -> pd.Series:
     """One run's SUMMARY_ROWS (NaN where not available, with a note saying why)."""
-    window = trace.gpu_window_ns()
+    window = run.window_ns
     if window is None:
         notes.append(f"{label}: no kernels or copies on a timeline, so no wall time or "
                      "waterfall (process time, steps and CPU memory still compare)")
-    steps = diagnosis.steps if diagnosis.steps is not None else training_steps(trace)
-    info = step_summary(steps)
+    info = step_summary(diagnosis.steps)
     step = math.nan if info["median_ns"] is None else float(info["median_ns"])
     if not info["count"]:
         notes.append(f"{label}: no steps found (no step markers, optimizer steps, jitted "
                      "step or repeating ops), so no step time or samples/s")
     elif info["method"] != "markers":
         notes.append(f"{label}: steps are {info['method_text']} ({info['detail']})")
-    reserved, allocated = _peaks(trace, diagnosis)
-    cpu = _cpu_peak(trace, diagnosis)
+    reserved, allocated = _peaks(run, diagnosis)
+    cpu = _cpu_peak(diagnosis)
     if math.isnan(reserved) and math.isnan(allocated) and math.isnan(cpu):
         notes.append(f"{label}: no memory totals or snapshot, so no peak memory")
-    dur = trace.kernels["end_ns"] - trace.kernels["start_ns"]
     return pd.Series({
         "wall_time_ns": math.nan if window is None else float(window[1] - window[0]),
-        "process_time_ns": _process_time(trace),
+        "process_time_ns": run.process_time_ns,
         "step_time_ns": step,
         "steps": float(info["count"]) if info["count"] else math.nan,
         "warmup_steps": float(info["warmup"]) if info["count"] else math.nan,
         "samples_per_s": step_size / step * 1e9 if step_size and step > 0 else math.nan,
         "peak_reserved_bytes": reserved, "peak_allocated_bytes": allocated,
         "peak_cpu_bytes": cpu,
-        "kernel_time_ns": float(dur.sum()), "kernels": float(len(dur)),
+        "kernel_time_ns": float(run.kernels["sum"].sum()),
+        "kernels": float(run.kernels["size"].sum()),
     }, dtype="float64")
 
 
-def _process_time(trace: Trace) -> float:
-    """The longest profiled process's wall time (run metadata), else the span of the host
-    events; NaN without either."""
-    spans = [process.get("end_ns", 0) - process.get("start_ns", 0)
-             for process in trace.meta.get("processes", []) or []
-             if isinstance(process, dict) and isinstance(process.get("start_ns"), int)
-             and isinstance(process.get("end_ns"), int)]
-    if spans and max(spans) > 0:
-        return float(max(spans))
-    host = trace.ranges[trace.ranges["tid"].notna()]
-    if host.empty:
-        return math.nan
-    return float(host["end_ns"].max() - host["start_ns"].min())
-
-
-def _cpu_peak(trace: Trace, diagnosis: Diagnosis) -> float:
+def _cpu_peak(diagnosis: Diagnosis) -> float:
     """The highest CPU allocation total of any one process; NaN when unknown."""
     memory = diagnosis.tables.get("host_memory")
-    if memory is None:
-        from gpudiag.analyzers.host.steps import host_memory
-
-        memory = host_memory(trace)
-    peak = memory["peak_bytes"].dropna() if len(memory) else memory
+    if memory is None or not len(memory):
+        return math.nan
+    peak = memory["peak_bytes"].dropna()
     return float(peak.max()) if len(peak) else math.nan
 
 
-def _peaks(trace: Trace, diagnosis: Diagnosis) -> tuple[float, float]:
+def _peaks(run: RunFacts, diagnosis: Diagnosis) -> tuple[float, float]:
     """(reserved, allocated) peaks of the busiest device; NaN when unknown."""
-    if trace.memory.empty and trace.memory_blocks.empty:
-        return math.nan, math.nan
     frag = diagnosis.tables.get("fragmentation")
-    if frag is None:
-        frag = fragmentation(trace)
+    if not run.memory or frag is None:
+        return math.nan, math.nan
     frag = frag[frag["source"] != "deltas"]
     peak = [frag[col].max() if len(frag) else pd.NA
             for col in ("reserved_bytes", "allocated_bytes")]
@@ -288,16 +296,14 @@ def _per_key(labels: list[str], frames: list[pd.DataFrame], key: str) -> pd.Data
     return versus(pd.DataFrame(long).astype("float64").fillna(0.0).sort_index(), labels)
 
 
-def _kernels(traces: Sequence[Trace], labels: list[str], top: int,
+def _kernels(runs: Sequence[RunFacts], labels: list[str], top: int,
              notes: list[str]) -> pd.DataFrame:
     """GPU ns per kernel per run (0 where a run lacks it), the `top` largest changes first;
     `count:<label>` launches per run; `short_name` for display. Kernels are matched by name,
     NCCL's by what they do (`kernel_key`), which stays when their signature changes."""
     time, count = {}, {}
-    for label, trace in zip(labels, traces, strict=True):
-        grouped = (trace.kernels["end_ns"] - trace.kernels["start_ns"]).groupby(
-            kernel_key(trace.kernels["name"])).agg(["sum", "size"])
-        time[label], count[label] = grouped["sum"], grouped["size"]
+    for label, run in zip(labels, runs, strict=True):
+        time[label], count[label] = run.kernels["sum"], run.kernels["size"]
     times = pd.DataFrame(time).astype("float64").fillna(0.0)
     names = [set(series.index) for series in time.values()]
     if all(names) and not set.intersection(*names):
@@ -312,54 +318,6 @@ def _kernels(traces: Sequence[Trace], labels: list[str], top: int,
                  .astype(str))
     counts = pd.DataFrame(count).reindex(table.index).fillna(0).astype("int64")
     return table.join(counts.add_prefix("count:"))
-
-
-#: NCCL kernel names: ncclKernel_<op>_<algo>_<proto>[_<redop>_<type>] (NCCL < 2.19) and
-#: ncclDevKernel_<op>[_<redop>_<type>]_<algo>_<proto> (2.19 on), with the parameter list cut
-_NCCL_ALGO = r"(?P<algo>RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)"
-_NCCL_PROTO = r"(?P<proto>LL128|LL|SIMPLE)"
-_NCCL_NAMES = [re.compile(p) for p in (
-    rf"nccl(?:Dev)?Kernel_(?P<op>[A-Za-z]+)_{_NCCL_ALGO}_{_NCCL_PROTO}"
-    r"(?:_(?P<redop>[A-Za-z]+)_(?P<type>\w+))?",
-    rf"nccl(?:Dev)?Kernel_(?P<op>[A-Za-z]+)(?:_(?P<redop>[A-Za-z]+)_(?P<type>\w+?))?"
-    rf"_{_NCCL_ALGO}_{_NCCL_PROTO}",
-    r"nccl(?:Dev)?Kernel_(?P<op>SendRecv|Send|Recv)(?:_\w+)?",
-)]
-#: NCCL < 2.19 element types -> the newer names
-_NCCL_TYPES = {"int8_t": "i8", "uint8_t": "u8", "int32_t": "i32", "uint32_t": "u32",
-               "int64_t": "i64", "uint64_t": "u64", "half": "f16", "float": "f32",
-               "double": "f64", "__nv_bfloat16": "bf16", "__nv_fp8_e4m3": "f8e4m3",
-               "__nv_fp8_e5m2": "f8e5m2"}
-#: ops whose kernel does not depend on a reduction or element type (older NCCL still named
-#: them, as Sum_int8_t), and the point-to-point ops, whose newer kernel names no algorithm
-_NCCL_COPY_OPS = ("AllGather", "Broadcast")
-_NCCL_P2P_OPS = ("SendRecv", "Send", "Recv")
-
-
-def kernel_key(names: pd.Series) -> pd.Series:
-    """The name kernels are matched by across runs: the name itself, except NCCL kernels,
-    keyed by op, algorithm, protocol, reduction and element type so that one collective
-    keeps one row across NCCL versions, e.g. `ncclKernel_AllReduce_RING_LL_Sum_float
-    (ncclWorkElem)` and `ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, ...)` are
-    both 'nccl AllReduce RING LL Sum f32'. Computed once per distinct name."""
-    cat = names.astype(str).astype("category")
-    keys = [_nccl_key(str(category)) or str(category) for category in cat.cat.categories]
-    return pd.Series(np.asarray(keys, dtype=object)[cat.cat.codes.to_numpy()],
-                     index=names.index, dtype=object)
-
-
-def _nccl_key(name: str) -> str | None:
-    head = name.strip().removeprefix("void ").split("(", 1)[0].strip()
-    match = next((found for pattern in _NCCL_NAMES if (found := pattern.fullmatch(head))), None)
-    if match is None:
-        return None
-    parts = match.groupdict()
-    if parts["op"] in _NCCL_P2P_OPS:
-        return f"nccl {parts['op']}"
-    words = [parts["op"], parts.get("algo"), parts.get("proto")]
-    if parts["op"] not in _NCCL_COPY_OPS:
-        words += [parts.get("redop"), _NCCL_TYPES.get(parts.get("type") or "", parts.get("type"))]
-    return " ".join(["nccl", *(word for word in words if word)])
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:

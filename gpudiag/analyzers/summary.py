@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpudiag.analyzers import run_facts
 from gpudiag.analyzers import window as window_mod
 from gpudiag.commands import program_name
 from gpudiag.names import short_names
@@ -153,8 +154,10 @@ def _int(value: Any) -> int | None:
 @dataclass(frozen=True)
 class Part:
     """One rank's share of a job's summary: its devices and the device indices its events
-    ran on, its windows (GPU, and all events), its rows (in the analyzed window), and its
-    kernels' count and time by name (with the name order of its categories)."""
+    ran on, its windows (GPU, and all events), its rows (in the analyzed window), its
+    kernels' count and time by name (with the name order of its categories), and the span
+    of its host events (`run_facts.host_span`, what `compare` measures a run without GPU
+    activity by)."""
 
     devices: pd.DataFrame
     used: frozenset[int]
@@ -163,6 +166,7 @@ class Part:
     rows: dict[str, int]
     kernels: pd.DataFrame  # index name: count, sum (ns)
     names: tuple[str, ...]
+    host_span: tuple[int, int] | None = None
 
 
 def part(trace: Trace, *, window_ns: tuple[int, int] | None = None) -> Part:
@@ -181,7 +185,7 @@ def part(trace: Trace, *, window_ns: tuple[int, int] | None = None) -> Part:
         else pd.DataFrame({"count": [], "sum": []})
     names = tuple(str(c) for c in kernels["name"].astype("category").cat.categories)
     return Part(trace.devices, frozenset(used), trace.gpu_window_ns(), window_mod.edges(trace),
-                shown.row_counts(), grouped, names)
+                shown.row_counts(), grouped, names, run_facts.host_span(trace))
 
 
 def combine(parts: list[Part], meta: dict[str, Any], top: int = 10, *,
