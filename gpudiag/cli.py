@@ -77,7 +77,7 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
     if workers is not None or scheduler is not None:
         job = _job(paths, workers=workers, scheduler=scheduler, window=window, steps=steps)
         dx, failed = job, job.failed
-        info = job.summary(top=top)
+        info = job.summary(top=top, window_spec=window)
     else:
         trace = _load(list(paths))
         _require_events(trace, paths)
@@ -118,13 +118,10 @@ def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
 
     from gpudiag.jobs.job import diagnose_job
 
-    if window is not None:
-        raise InputError("--window", "a window is not supported with --workers or "
-                         "--scheduler yet", "analyze the window without them, or drop it")
     console = Console(stderr=True)
     if not console.is_terminal:
         return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps,
-                            rows=rows)
+                            window=window, rows=rows)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("analyzing ranks", total=None)
 
@@ -134,7 +131,7 @@ def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
                        description=terminal(("failed " if outcome.error else "read ") + name))
 
         return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps,
-                            progress=advance, rows=rows)
+                            window=window, progress=advance, rows=rows)
 
 
 def _say_failed(failed: list[tuple[str, str]]) -> None:
@@ -165,7 +162,8 @@ def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | No
     command = "gpudiag report " + " ".join(str(p) for p in paths)
     if workers is not None or scheduler is not None:
         job = _job(paths, workers=workers, scheduler=scheduler, window=window, steps=steps)
-        _write(output, job_report_page(job, job.meta, info=job.summary(top=TOP_ROWS), cdn=cdn,
+        info = job.summary(top=TOP_ROWS, window_spec=window)
+        _write(output, job_report_page(job, job.meta, info=info, cdn=cdn,
                                         generated_for=command))
         _exit_if_failed(job.failed)
         return

@@ -196,9 +196,46 @@ def test_analyze_lists_a_rank_it_cannot_read_and_exits_3(job4: Path, tmp_path: P
     assert "findings" in done.stdout.lower() or "comm_wait" in done.stdout
 
 
-def test_a_window_with_workers_is_one_clear_line(job4: Path) -> None:
+@pytest.mark.parametrize("spec", ["400ms:1200ms", "ProfilerStep#552", "ProfilerStep#55[23]"])
+def test_a_window_spec_is_resolved_from_the_ranks_as_on_the_merged_trace(
+        job4: Path, spec: str) -> None:
+    """Relative to the job's first GPU event, a step name over every rank, a pattern: the
+    edges each rank sends give the merged trace's bounds."""
+    merged = diagnose(gpudiag.load(job4), window=spec, steps=True)
+    job = diagnose_job(job4, workers=2, window=spec, steps=True)
+    assert job.window_ns == merged.window_ns and merged.window_ns is not None
+    assert_same(job, merged)
+
+
+def test_a_detected_step_name_is_a_window_of_a_job_too(tmp_path: Path) -> None:
+    """A run without step markers: `step 3` names a detected step of every rank."""
+    job = shifted_job(Path(__file__).parent / "data" / "torch_cpu_train.pt.trace.json.gz", 2,
+                      tmp_path)
+    merged = diagnose(gpudiag.load(job), window="step 3")
+    assert merged.window_ns is not None
+    assert diagnose_job(job, workers=1, window="step 3").window_ns == merged.window_ns
+
+
+def test_analyze_with_workers_and_a_window_prints_the_merged_analysis(job4: Path) -> None:
+    from click.testing import CliRunner
+
+    from gpudiag.cli import cli
+
+    args = ["analyze", "--json", "--window", "ProfilerStep#553", str(job4)]
+    merged = CliRunner().invoke(cli, args)
+    job = CliRunner().invoke(cli, [*args, "--workers", "2"])
+    assert merged.exit_code == job.exit_code == 0, job.output
+    assert json.loads(job.stdout) == json.loads(merged.stdout)
+
+
+@pytest.mark.parametrize("spec", ["NoSuchStep", "90s:100s"])
+def test_a_window_that_names_nothing_in_the_job_is_one_clear_line(job4: Path,
+                                                                   spec: str) -> None:
+    merged = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", "--window", spec,
+                             str(job4)], capture_output=True, text=True, timeout=120)
     done = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", "--workers", "2",
-                           "--window", "0ms:10ms", str(job4)], capture_output=True, text=True,
+                           "--window", spec, str(job4)], capture_output=True, text=True,
                           timeout=120)
-    assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and "--window" in done.stderr
+    assert done.returncode == merged.returncode == 2
+    assert done.stderr == merged.stderr and done.stderr.count("\n") == 1
+    assert "--window" in done.stderr and "Traceback" not in done.stderr

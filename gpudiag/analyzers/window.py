@@ -27,7 +27,7 @@ _BOUND = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s)?\s*$")
 
 #: tables with start_ns/end_ns intervals; `samples` has instants. The allocator tables stay
 #: whole: the fragmentation analysis replays them back from the snapshot at the end.
-_INTERVALS = ("kernels", "copies", "api", "syncs", "ranges", "collectives")
+INTERVAL_TABLES = ("kernels", "copies", "api", "syncs", "ranges", "collectives")
 
 
 def resolve(trace: Trace, spec: str | tuple[int, int]) -> tuple[int, int]:
@@ -38,24 +38,35 @@ def resolve(trace: Trace, spec: str | tuple[int, int]) -> tuple[int, int]:
     """
     if isinstance(spec, tuple):
         return int(spec[0]), int(spec[1])
-    origin, last = edges(trace)
-    if ":" in spec and all(_BOUND.match(part) or not part.strip()
-                           for part in spec.split(":", 1)):
-        start_text, end_text = spec.split(":", 1)
-        start = origin + _parse(start_text) if start_text.strip() else origin
-        end = origin + _parse(end_text) if end_text.strip() else last
-        if end <= start:
-            raise InputError("--window", f"window '{spec}' ends before it starts",
-                             "give START:END with END after START, e.g. 100ms:300ms")
-        if last > origin and (start >= last or end <= origin):
-            span = format_ns(last - origin)
-            raise InputError(
-                "--window", f"window '{spec}' lies outside the trace: its events span "
-                f"0 ns to {span}, counted from its first GPU event",
-                f"give START:END within 0:{span.replace(' ', '').replace(',', '')}, "
-                "or a range name")
-        return start, end
+    if is_span(spec):
+        return span_bounds(spec, *edges(trace))
     return _named(trace, spec)
+
+
+def is_span(spec: str) -> bool:
+    """Whether `spec` is `START:END` (with units, either side may be empty), not a name."""
+    return ":" in spec and all(_BOUND.match(part) or not part.strip()
+                               for part in spec.split(":", 1))
+
+
+def span_bounds(spec: str, origin: int, last: int) -> tuple[int, int]:
+    """A `START:END` spec as absolute bounds, counted from `origin`, the trace's first
+    event, `last` its last (`edges`): an InputError when it ends before it starts or
+    misses the trace."""
+    start_text, end_text = spec.split(":", 1)
+    start = origin + _parse(start_text) if start_text.strip() else origin
+    end = origin + _parse(end_text) if end_text.strip() else last
+    if end <= start:
+        raise InputError("--window", f"window '{spec}' ends before it starts",
+                         "give START:END with END after START, e.g. 100ms:300ms")
+    if last > origin and (start >= last or end <= origin):
+        span = format_ns(last - origin)
+        raise InputError(
+            "--window", f"window '{spec}' lies outside the trace: its events span "
+            f"0 ns to {span}, counted from its first GPU event",
+            f"give START:END within 0:{span.replace(' ', '').replace(',', '')}, "
+            "or a range name")
+    return start, end
 
 
 def _parse(text: str) -> int:
@@ -70,29 +81,56 @@ def edges(trace: Trace) -> tuple[int, int]:
     window = trace.gpu_window_ns()
     if window is not None:
         return window
-    tables = [table for name in _INTERVALS if len(table := getattr(trace, name))]
+    tables = [table for name in INTERVAL_TABLES if len(table := getattr(trace, name))]
     starts = [int(table["start_ns"].min()) for table in tables]
     ends = [int(table["end_ns"].max()) for table in tables]
     return (min(starts), max(ends)) if starts else (0, 0)
 
 
 def _named(trace: Trace, spec: str) -> tuple[int, int]:
-    names = trace.ranges["name"].astype(str)
-    exact = trace.ranges[names == spec]
-    if exact.empty:
-        try:
-            exact = trace.ranges[names.str.fullmatch(spec)]
-        except re.error:
-            exact = exact.iloc[0:0]
-    if exact.empty:  # name some ranges, steps first: a step is what one usually wants
-        ranges = trace.ranges
-        shown = [name for source in ("step", "nvtx", "annotation") for name in sorted(
-            set(ranges.loc[ranges["source"] == source, "name"].astype(str)))]
-        sample = ", ".join(shown[:5])
-        raise InputError("--window", f"no range named '{spec}' in the trace",
-                         f"give START:END (e.g. 100ms:300ms) or a range name"
-                         f"{' such as ' + sample if sample else ''}")
-    return int(exact["start_ns"].min()), int(exact["end_ns"].max())
+    exact, matched = named_spans(trace.ranges, spec)
+    found = exact or matched
+    if found is None:
+        raise no_range(spec, shown_names(trace.ranges))
+    return found
+
+
+def named_spans(ranges: pd.DataFrame, spec: str
+                ) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """(start, end) of the ranges named exactly `spec`, and of those whose name matches it
+    as a regular expression (only looked for without an exact one); None where none is."""
+    names = ranges["name"].astype(str)
+    exact = ranges[names == spec]
+    if len(exact):
+        return (int(exact["start_ns"].min()), int(exact["end_ns"].max())), None
+    try:
+        matched = ranges[names.str.fullmatch(spec)]
+    except re.error:
+        return None, None
+    if matched.empty:
+        return None, None
+    return None, (int(matched["start_ns"].min()), int(matched["end_ns"].max()))
+
+
+#: the range sources named when no range has the asked name, steps first (a step is what
+#: one usually wants), five names in all
+SHOWN_SOURCES = ("step", "nvtx", "annotation")
+SHOWN = 5
+
+
+def shown_names(ranges: pd.DataFrame) -> dict[str, list[str]]:
+    """The first `SHOWN` names (sorted) of each of `SHOWN_SOURCES`, for `no_range`."""
+    return {source: sorted(set(ranges.loc[ranges["source"] == source, "name"].astype(str)))
+            [:SHOWN] for source in SHOWN_SOURCES}
+
+
+def no_range(spec: str, shown: dict[str, list[str]]) -> InputError:
+    """The error for a window naming no range, with some names there are (`shown_names`)."""
+    sample = ", ".join([name for source in SHOWN_SOURCES for name in shown.get(source, [])]
+                       [:SHOWN])
+    return InputError("--window", f"no range named '{spec}' in the trace",
+                      f"give START:END (e.g. 100ms:300ms) or a range name"
+                      f"{' such as ' + sample if sample else ''}")
 
 
 def within(trace: Trace, window: tuple[int, int]) -> Trace:
@@ -103,7 +141,7 @@ def within(trace: Trace, window: tuple[int, int]) -> Trace:
     launched = pd.concat([gpu.loc[(gpu["end_ns"] > start) & (gpu["start_ns"] < end),
                                   ["rank", "pid", "correlation"]]
                           for gpu in (trace.kernels, trace.copies)])
-    for name in _INTERVALS:
+    for name in INTERVAL_TABLES:
         frame = getattr(trace, name)
         inside = (frame["end_ns"] > start) & (frame["start_ns"] < end)
         if name == "api":  # the launch calls of kept GPU work, even from before the window

@@ -27,7 +27,7 @@ from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.steps import training as steps_mod
 from gpudiag.diagnosis_schema import conform_frame
 from gpudiag.errors import InputError
-from gpudiag.jobs import reduce
+from gpudiag.jobs import reduce, window_pass
 from gpudiag.jobs.executors import Outcome, executor
 from gpudiag.jobs.rank_map import Options, UnitPart, read_unit
 from gpudiag.readers.sources import PathLike, units_of
@@ -56,26 +56,31 @@ class JobDiagnosis(Diagnosis):
 
 def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = None,
                  scheduler: str | None = None, client: Any = None, steps: bool = False,
-                 window: tuple[int, int] | None = None, launch_gap_ns: int = 50_000,
+                 window: str | tuple[int, int] | None = None, launch_gap_ns: int = 50_000,
                  sync_tolerance_ns: int = 2_000, progress: Progress | None = None,
                  rows: bool = True) -> JobDiagnosis:
     """The diagnosis of the job whose rank files are `paths` (files, or folders of them).
 
     `workers`, `scheduler`, `client`: where the ranks are read (`executors.executor`);
-    `steps`, `launch_gap_ns`, `sync_tolerance_ns`: as for `diagnose`; `window`: absolute
-    (start_ns, end_ns) bounds. `progress(outcome, total)` is called as each file finishes.
+    `steps`, `window`, `launch_gap_ns`, `sync_tolerance_ns`: as for `diagnose`; a window
+    spec (`START:END`, a range name) is resolved from the files first (`window_pass`: one
+    more read of each), absolute (start_ns, end_ns) bounds are used as they are.
+    `progress(outcome, total)` is called as each file finishes.
     `rows=False`: the Diagnosis leaves out the row-level results (`gaps`, the `host_gaps`
     table), so the coordinator holds only what the findings and waterfall need.
     """
-    units = [str(path) for path in units_of(paths)]
-    options = Options(bounds=window, steps=steps, gap_options={
-        "launch_gap_ns": launch_gap_ns, "sync_tolerance_ns": sync_tolerance_ns}, rows=rows)
+    files = units = [str(path) for path in units_of(paths)]
     with executor(workers=workers, scheduler=scheduler, client=client) as pool:
-        parts, failed = _run(pool, units, options, progress)
+        failed: list[tuple[str, str]] = []
+        if isinstance(window, str):
+            units, failed, window = _resolve_window(pool, units, window)
+        options = Options(bounds=window, steps=steps, gap_options={
+            "launch_gap_ns": launch_gap_ns, "sync_tolerance_ns": sync_tolerance_ns},
+            rows=rows)
+        parts, more = _run(pool, units, options, progress)
+        failed += more
         if not parts:
-            raise InputError(units[0] if len(units) == 1 else None,
-                             f"none of the job's {len(units)} files could be read "
-                             f"(first: {failed[0][1]})", "check the files listed")
+            raise _none_read(files, failed)
         dx, found, host = _reduce(parts, options)
         warm = _warm_window(dx, found, window)
         if warm is not None:
@@ -86,9 +91,32 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
             found = _flag(found, dx, warm_parts, options)
     dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host))
     dx.failed = failed
-    dx.units = units
+    dx.units = files
     diagnosis.add_views(dx)
     return dx
+
+
+def _none_read(units: list[str], failed: list[tuple[str, str]]) -> InputError:
+    return InputError(units[0] if len(units) == 1 else None,
+                      f"none of the job's {len(units)} files could be read "
+                      f"(first: {failed[0][1]})", "check the files listed")
+
+
+def _resolve_window(pool: Any, units: list[str], spec: str
+                    ) -> tuple[list[str], list[tuple[str, str]], tuple[int, int]]:
+    """The files that could be read, those that could not, and the job's window bounds."""
+    edges: dict[int, window_pass.Edges] = {}
+    failed = []
+    for outcome in pool.map(window_pass.edges_of, [(unit, spec) for unit in units]):
+        if outcome.ok:
+            edges[outcome.index] = outcome.value
+        else:
+            failed.append((units[outcome.index], str(outcome.error)))
+    if not edges:
+        raise _none_read(units, failed)
+    read = sorted(edges)
+    return ([units[index] for index in read], failed,
+            window_pass.resolve([edges[index] for index in read], spec))
 
 
 def _run(pool: Any, units: list[str], options: Options, progress: Progress | None
