@@ -125,9 +125,10 @@ def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("analyzing ranks", total=None)
 
-        def advance(outcome: Any, total: int) -> None:
-            name = Path(str(outcome.item[0])).name
-            bar.update(task, total=total, advance=1,
+        def advance(outcome: Any, files: int, total: int) -> None:
+            batch = outcome.item[0]  # the batch's files
+            name = Path(str(batch[-1])).name + (f" and {files - 1} more" if files > 1 else "")
+            bar.update(task, total=total, advance=files,
                        description=terminal(("failed " if outcome.error else "read ") + name))
 
         return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps,

@@ -19,7 +19,7 @@ import pytest
 import gpudiag
 from gpudiag.analyzers.diagnosis import Diagnosis, diagnose
 from gpudiag.jobs.job import diagnose_job
-from gpudiag.jobs.rank_map import Options, read_unit
+from gpudiag.jobs.rank_map import Options, read_batch
 from tests.conftest import fixtures_dir
 
 KINETO = fixtures_dir() / "kineto"
@@ -99,15 +99,61 @@ def test_a_dask_local_cluster_gives_the_same_diagnosis(job4: Path, dask_client: 
     assert_same(diagnose_job(job4, client=dask_client), merged)
 
 
+@pytest.fixture(scope="module")
+def job32(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """32 DLRM ranks (the 128-rank job's rank 0, 120 KB, shifted per rank): small files
+    that share batches, whose names sort rank0, rank1, rank10, ..., so every batch holds
+    ranks far apart and the job interleaves them back in rank order."""
+    return shifted_job(PAIR[0], 32, tmp_path_factory.mktemp("job32"), shift_us=53.0)
+
+
+def test_a_32_rank_job_in_batches_equals_the_merged_diagnosis_everywhere(
+        job32: Path, dask_client: Any) -> None:
+    merged = diagnose(gpudiag.load(job32), steps=True)
+    assert len(merged.losses["rank"].unique()) == 32
+    for where in ({"workers": 1}, {"workers": 2}, {"client": dask_client}):
+        assert_same(diagnose_job(job32, steps=True, **where), merged)
+    assert_same(diagnose_job(job32, workers=2, rows=False), diagnose(gpudiag.load(job32)),
+                rows=False)
+
+
+def test_batches_group_consecutive_small_files_and_leave_large_ones_alone(
+        job32: Path, job4: Path) -> None:
+    from gpudiag.jobs.batches import plan, read_bytes
+
+    small = [str(path) for path in sorted(job32.glob("*.json.gz"))]
+    assert [len(batch) for batch in plan(small, 2)] == [8, 8, 8, 8]
+    assert [len(batch) for batch in plan(small, 1, batch_bytes=2**30)] == [32]
+    assert [file for batch in plan(small, 3) for file in batch] == small  # order kept
+    large = [str(path) for path in sorted(job4.glob("*.json.gz"))]
+    assert read_bytes(Path(large[0])) > 20 * 2**20  # the gzip trailer: 25.8 MB inflated
+    assert [len(batch) for batch in plan(large, 1)] == [1, 1, 1, 1]
+    each = max(read_bytes(Path(file)) for file in small)  # 1.7 MB inflated
+    assert [len(batch) for batch in plan(small, 1, batch_bytes=2 * each)] == [2] * 16
+
+
+def test_a_batch_with_a_corrupt_file_analyzes_the_others(job32: Path, tmp_path: Path
+                                                         ) -> None:
+    files = sorted(job32.glob("*.json.gz"))[:3]
+    broken = tmp_path / "rank99.json.gz"
+    broken.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "ts": '))
+    part = read_batch(((str(files[0]), str(broken), str(files[1])), Options()))
+    assert part.files == (str(files[0]), str(files[1]))
+    assert [path for path, _ in part.failed] == [str(broken)]
+    job = diagnose_job([files[0], broken, files[1]], workers=1)
+    assert [path for path, _ in job.failed] == [str(broken)]
+    assert_same(job, diagnose(gpudiag.load(files[:2])))
+
+
 def test_a_compact_job_gives_the_same_findings_without_the_gap_rows(job4: Path) -> None:
     """rows=False: host-gap pieces are summed per finding key where they are found (with
     each gap's size for the medians); the gap rows stay with their ranks."""
     merged = diagnose(gpudiag.load(job4), steps=True)
     assert_same(diagnose_job(job4, workers=2, steps=True, rows=False), merged, rows=False)
-    unit = read_unit((str(job4 / "rank0.json.gz"), Options(rows=False)))
-    (part,) = unit.ranks
-    assert part.gaps is None and part.parts["host_gaps"].pieces is None
-    full = read_unit((str(job4 / "rank0.json.gz"), Options()))
+    unit = read_batch(((str(job4 / "rank0.json.gz"),), Options(rows=False)))
+    part = unit.group
+    assert part is not None and part.gaps is None and part.parts["host_gaps"].pieces is None
+    full = read_batch(((str(job4 / "rank0.json.gz"),), Options()))
     assert len(pickle.dumps(unit)) < 0.4 * len(pickle.dumps(full))
 
 
@@ -153,8 +199,8 @@ def test_what_crosses_the_boundary_is_compact_for_analyzers_with_parts(job4: Pat
     """A rank's part never holds its event tables for the analyzers that have a `part`;
     the ones still without (`fallback`) are named here, so one that gains a part must be
     taken off the list."""
-    unit = read_unit((str(job4 / "rank0.json.gz"), Options()))
-    (part,) = unit.ranks
+    part = read_batch(((str(job4 / "rank0.json.gz"),), Options())).group
+    assert part is not None
     without = sorted(name for name, value in part.parts.items() if value is None)
     assert without == ["kernel_metrics"]  # Nsight Compute data: one process, a few kernels
     assert part.fallback is None  # this rank has no allocator or ncu data: no trace travels

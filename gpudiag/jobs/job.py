@@ -4,8 +4,9 @@
     dx = gpudiag.diagnose_job(paths, workers=1)       # in this process
     dx = gpudiag.diagnose_job(paths, client=client)   # on a Dask cluster
 
-Each file (a rank's trace, or a run directory) is read where the map runs
-(`rank_map.read_unit`) and only its compact part comes back; `reduce` makes the job's
+The files (a rank's trace each, or run directories) are read in batches of consecutive
+files where the map runs (`batches.plan`, `rank_map.read_batch`) and only each batch's
+compact part comes back; `reduce` makes the job's
 Diagnosis from the parts: the same Diagnosis as `diagnose(gpudiag.load(paths))`, with
 `timeline` left None (a job's layers stay with its ranks). A file that cannot be read is
 listed in `JobDiagnosis.failed` with its one-line error and the others are analyzed.
@@ -27,12 +28,14 @@ from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.steps import training as steps_mod
 from gpudiag.diagnosis_schema import conform_frame
 from gpudiag.errors import InputError
-from gpudiag.jobs import reduce, window_pass
+from gpudiag.jobs import batches, reduce, window_pass
 from gpudiag.jobs.executors import Outcome, executor
-from gpudiag.jobs.rank_map import Options, UnitPart, read_unit
+from gpudiag.jobs.rank_map import BatchPart, Options, read_batch
 from gpudiag.readers.sources import PathLike, units_of
 
-Progress = Callable[[Outcome, int], None]
+#: called as each batch finishes: its outcome (`outcome.item[0]`: the batch's files), the
+#: files of the batch and the job's count of files
+Progress = Callable[[Outcome, int, int], None]
 
 
 @dataclass
@@ -65,7 +68,7 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
     `steps`, `window`, `launch_gap_ns`, `sync_tolerance_ns`: as for `diagnose`; a window
     spec (`START:END`, a range name) is resolved from the files first (`window_pass`: one
     more read of each), absolute (start_ns, end_ns) bounds are used as they are.
-    `progress(outcome, total)` is called as each file finishes.
+    `progress(outcome, files, total)` is called as each batch of `files` files finishes.
     `rows=False`: the Diagnosis leaves out the row-level results (`gaps`, the `host_gaps`
     table), so the coordinator holds only what the findings and waterfall need.
     """
@@ -77,16 +80,17 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
         options = Options(bounds=window, steps=steps, gap_options={
             "launch_gap_ns": launch_gap_ns, "sync_tolerance_ns": sync_tolerance_ns},
             rows=rows)
-        parts, more = _run(pool, units, options, progress)
+        planned = batches.plan(units, pool.workers)
+        parts, more = _run(pool, planned, options, progress, len(units))
         failed += more
-        if not parts:
+        if not any(part.group is not None for part in parts):
             raise _none_read(files, failed)
         dx, found, host = _reduce(parts, options)
         warm = _warm_window(dx, found, window)
         if warm is not None:
-            warm_parts, more = _run(pool, [p.unit for p in parts],
+            warm_parts, more = _run(pool, [part.files for part in parts if part.files],
                                     Options(bounds=window, gap_options=options.gap_options,
-                                            warm=warm, rows=rows), None)
+                                            warm=warm, rows=rows), None, len(units))
             failed += more
             found = _flag(found, dx, warm_parts, options)
     dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host))
@@ -119,22 +123,27 @@ def _resolve_window(pool: Any, units: list[str], spec: str
             window_pass.resolve([edges[index] for index in read], spec))
 
 
-def _run(pool: Any, units: list[str], options: Options, progress: Progress | None
-         ) -> tuple[list[UnitPart], list[tuple[str, str]]]:
-    """Every file's part, in file order; the files that failed with their error."""
-    done: dict[int, UnitPart] = {}
-    failed: list[tuple[str, str]] = []
-    for outcome in pool.map(read_unit, [(unit, options) for unit in units]):
+def _run(pool: Any, planned: list[tuple[str, ...]], options: Options,
+         progress: Progress | None, total: int
+         ) -> tuple[list[BatchPart], list[tuple[str, str]]]:
+    """Every batch's part, in file order; the files that failed with their error (a batch
+    whose worker died fails all its files)."""
+    done: dict[int, BatchPart] = {}
+    failed: dict[int, list[tuple[str, str]]] = {}
+    for outcome in pool.map(read_batch, [(batch, options) for batch in planned]):
         if progress is not None:
-            progress(outcome, len(units))
+            progress(outcome, len(planned[outcome.index]), total)
         if outcome.ok:
             done[outcome.index] = outcome.value
+            failed[outcome.index] = outcome.value.failed
         else:
-            failed.append((units[outcome.index], str(outcome.error)))
-    return [done[index] for index in sorted(done)], failed
+            failed[outcome.index] = [(file, str(outcome.error))
+                                     for file in planned[outcome.index]]
+    return ([done[index] for index in sorted(done)],
+            [item for index in sorted(failed) for item in failed[index]])
 
 
-def _reduce(units: list[UnitPart], options: Options
+def _reduce(units: list[BatchPart], options: Options
             ) -> tuple[JobDiagnosis, pd.DataFrame, list[pd.DataFrame]]:
     """The job's Diagnosis, and its GPU findings and host findings before they are ranked
     (the warm-up flags, from a second pass, come first)."""
@@ -174,7 +183,7 @@ def _warm_window(dx: JobDiagnosis, found: pd.DataFrame, bounds: tuple[int, int] 
     return warm if warm[1] > warm[0] else None
 
 
-def _flag(found: pd.DataFrame, dx: JobDiagnosis, units: list[UnitPart], options: Options
+def _flag(found: pd.DataFrame, dx: JobDiagnosis, units: list[BatchPart], options: Options
           ) -> pd.DataFrame:
     """Flag the findings whose time lies mostly in the warm-up steps (second pass)."""
     ranks = reduce.placed(units)

@@ -1,15 +1,17 @@
-"""The map of a many-rank job: what one rank's file contributes, computed where it is read.
+"""The map of a many-rank job: what a batch of its files contributes, computed where read.
 
-`read_unit(unit)` reads one file (or run directory) of the job and returns a `UnitPart`
-holding one `RankPart` per rank in it (usually one). Only compact results leave the worker:
-the rank's devices, meta and collective rows, each device's window and its losses except
-comm_wait (which needs every rank's collectives) with the intervals comm_wait is carved
-from, the idle gap pieces, the steps, and each analyzer's `part` (what `combine` of the
-analyzer needs from a rank: classified waits, gap pieces with call sites, ...). Never the
-rank's event tables, except for an analyzer that has no `part` yet: its rank trace
-travels (`RankPart.fallback`), so the job's answer is still the merged one.
+`read_batch((files, options))` reads a few consecutive files of the job (`batches.plan`
+groups them so that small rank files share the analyzers' fixed cost), merges them as
+`gpudiag.load` would, and returns a `BatchPart` holding one `GroupPart` for the ranks in
+them. Only compact results leave the worker: the ranks' devices, metas and collective rows,
+each device's window and its losses except comm_wait (which needs every rank's collectives)
+with the intervals comm_wait is carved from, the idle gap pieces, the steps, and each
+analyzer's `part` (what `combine` of the analyzer needs: classified waits, gap pieces with
+call sites, ...). Never the event tables, except for an analyzer that has no `part` yet:
+its trace travels (`GroupPart.fallback`), so the job's answer is still the merged one.
 
-`read_unit` must be importable by name: the executors' workers import it.
+A file of the batch that cannot be read is listed in `BatchPart.failed` and the others
+are analyzed. `read_batch` must be importable by name: the executors' workers import it.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from gpudiag.analyzers import window as window_mod
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.analyzers.losses.waterfall import DeviceKey, LossTimeline, clip_window
 from gpudiag.analyzers.steps import training as steps_mod
+from gpudiag.errors import GpudiagError
 from gpudiag.readers.sources import read_file
-from gpudiag.trace import Trace
+from gpudiag.trace import Trace, merge
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,12 @@ class Options:
 
 
 @dataclass
-class RankPart:
-    """One rank's share of the job's diagnosis (see the module docstring)."""
+class GroupPart:
+    """The ranks of one batch: their share of the job's diagnosis (see the module
+    docstring). Keyed by device (rank, device) where it is per device; the gap pieces are
+    numbered as `idle_gaps` numbers them on the batch, in device order, so each rank's
+    are one run of labels (`gap_runs`)."""
 
-    rank: int | None
     meta: dict[str, Any]
     devices: pd.DataFrame
     collectives: pd.DataFrame
@@ -65,13 +70,12 @@ class RankPart:
     occupancy: tuple[int, int, str | None] = (0, 0, None)  # unknown, kernels, why unknown
     timeline_made: bool = False  # a waterfall (kernels or copies on a timeline)
     gaps: pd.DataFrame | None = None
-    gap_count: int = 0  # idle gaps before the window cut them (the merged index numbers)
+    #: each rank's idle gaps before the window cut them: (rank key, first label, count),
+    #: in label order (the merged job numbers every rank's gaps in rank order)
+    gap_runs: list[tuple[int, int, int]] = field(default_factory=list)
     steps: pd.DataFrame | None = None
     by_step: pd.DataFrame | None = None
     parts: dict[str, Any] = field(default_factory=dict)
-    #: for a rank split from a file of several: the file's row number of each of its kernels
-    #: and copies rows (gap pieces name the next event by row; None: the rank is the file)
-    positions: dict[str, np.ndarray] | None = None
     summary: Any = None  # `summary.part`: devices, windows, rows, kernels by name
     fallback: Trace | None = None  # for analyzers without a part
     fallback_whole: Trace | None = None
@@ -79,30 +83,39 @@ class RankPart:
 
 
 @dataclass
-class UnitPart:
-    """What one file of the job gives: its meta, its ranks' parts and the kernel ids it
-    used (the merge numbers kernels across files, `trace.merge`)."""
+class BatchPart:
+    """What one batch of the job's files gives: the files read (and those that could not
+    be, with their one-line errors), each file's meta, the kernel ids and the kernels,
+    copies and memory rows the batch used (the merge numbers them across files,
+    `trace.merge`), and its ranks' `GroupPart` (None when no file could be read)."""
 
-    unit: str
-    meta: dict[str, Any]
+    files: tuple[str, ...]
+    failed: list[tuple[str, str]]
+    metas: list[dict[str, Any]]
     kernel_span: int
-    ranks: list[RankPart]
-    rows: dict[str, int] = field(default_factory=dict)  # kernels and copies rows of the file
+    group: GroupPart | None
+    rows: dict[str, int] = field(default_factory=dict)
 
 
-def read_unit(job: tuple[str, Options]) -> UnitPart:
-    """Read one file of the job and compute its ranks' parts."""
-    unit, options = job
-    trace = read_file(Path(unit))
+def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
+    """Read a batch of the job's files, merged in order, and compute its ranks' part."""
+    files, options = job
+    traces, read, failed = [], [], []
+    for file in files:
+        try:
+            traces.append(read_file(Path(file)))
+        except GpudiagError as exc:  # one unreadable file must not lose the batch
+            failed.append((file, str(exc)))
+            continue
+        read.append(file)
+    if not traces:
+        return BatchPart((), failed, [], 0, None)
+    metas = [dict(trace.meta) for trace in traces]
+    trace = merge(traces)
     trace.fill_rank()
     span = int(trace.kernels["kernel_id"].max()) + 1 if len(trace.kernels) else 0
-    pieces = split_ranks(trace)
-    ranks = [rank_part(piece, options) for piece in pieces]
-    if len(pieces) > 1:
-        for piece, part in zip(pieces, ranks, strict=True):
-            part.positions = piece.meta.pop("_positions")
-    return UnitPart(unit, dict(trace.meta), span, ranks,
-                    {name: len(getattr(trace, name)) for name in ROW_TABLES})
+    return BatchPart(tuple(read), failed, metas, span, group_part(trace, options),
+                     {name: len(getattr(trace, name)) for name in ROW_TABLES})
 
 
 #: the tables a gap piece's next event (`next_table`, `next_row`) comes from
@@ -111,37 +124,16 @@ GAP_TABLES = ("kernels", "copies")
 ROW_TABLES = (*GAP_TABLES, "memory")
 
 
-def split_ranks(trace: Trace) -> list[Trace]:
-    """The trace's ranks, one Trace each, in rank order (rows without a rank: one trace,
-    first); a trace of one rank is itself."""
-    ranks = {value for frame in trace.tables().values() if len(frame)
-             for value in pd.unique(frame["rank"].dropna())}
-    unranked = any(frame["rank"].isna().any() for frame in trace.tables().values() if len(frame))
-    if len(ranks) + unranked <= 1:
-        return [trace]
-    out = []
-    for rank in ([None] if unranked else []) + sorted(int(r) for r in ranks):
-        masks = {name: (frame["rank"].isna() if rank is None else frame["rank"] == rank)
-                 .fillna(False).to_numpy(bool) for name, frame in trace.tables().items()}
-        tables = {name: frame[masks[name]].reset_index(drop=True)
-                  for name, frame in trace.tables().items()}
-        meta = {**trace.meta, "rank": rank,
-                "_positions": {name: np.flatnonzero(masks[name]) for name in ROW_TABLES}}
-        out.append(Trace(meta=meta, **tables))
-    return out
-
-
-def rank_part(trace: Trace, options: Options) -> RankPart:
-    """This rank's part (the first pass), or only its warm-up parts (`options.warm`)."""
+def group_part(trace: Trace, options: Options) -> GroupPart:
+    """The part of a batch's ranks (the first pass), or only its warm-up parts
+    (`options.warm`)."""
     whole, bounds = trace, options.bounds
     if bounds is not None:
         trace = window_mod.within(whole, bounds)
         from gpudiag.analyzers.steps.detection import restrict
 
         restrict(whole, bounds, trace)
-    ranks = pd.unique(pd.concat([frame["rank"] for frame in whole.tables().values()
-                                 if len(frame)] or [pd.Series(dtype="Int64")]).dropna())
-    part = RankPart(rank=int(ranks[0]) if len(ranks) else None, meta=dict(whole.meta),
+    part = GroupPart(meta=dict(whole.meta),
                     devices=whole.devices, collectives=whole.collectives,
                     timeline=bool(whole.meta.get("timeline", True)),
                     has_gpu=not (whole.kernels.empty and whole.copies.empty),
@@ -167,7 +159,7 @@ def rank_part(trace: Trace, options: Options) -> RankPart:
     return part
 
 
-def _compact(part: RankPart) -> None:
+def _compact(part: GroupPart) -> None:
     """Only what the findings need travels: no gap pieces, parts made compact
     (`module.compact`, host_gaps' sums)."""
     part.gaps = None
@@ -180,15 +172,30 @@ def _compact(part: RankPart) -> None:
 _ANALYZERS = {analyzer.name: analyzer for analyzer in diagnosis.ANALYZERS}
 
 
-def _keep_gaps(part: RankPart, gaps: pd.DataFrame | None, bounds: tuple[int, int] | None
+def _keep_gaps(part: GroupPart, gaps: pd.DataFrame | None, bounds: tuple[int, int] | None
                ) -> None:
-    """The rank's idle gap pieces cut to the window, and how many there were uncut."""
-    part.gap_count = 0 if gaps is None else len(gaps)
+    """The ranks' idle gap pieces cut to the window, and each rank's run of labels uncut."""
+    part.gap_runs = [] if gaps is None else gap_runs(gaps)
     part.gaps = None if gaps is None else declared.conform_frame(
         "gaps", diagnosis.cut_gaps(gaps, bounds))
 
 
-def _timeline_part(part: RankPart, whole: Trace, bounds: tuple[int, int] | None,
+def gap_runs(gaps: pd.DataFrame) -> list[tuple[int, int, int]]:
+    """(rank key, first label, count) of each rank's gaps (`idle_gaps` lists a rank's
+    devices one after another, so a rank's labels are consecutive)."""
+    from gpudiag.analyzers import keys
+
+    ranks = keys.key_array(gaps["rank"])
+    if not len(ranks):
+        return []
+    starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+    counts = np.diff(np.r_[starts, len(ranks)])
+    labels = gaps.index.to_numpy()
+    return [(int(ranks[first]), int(labels[first]), int(count))
+            for first, count in zip(starts, counts, strict=True)]
+
+
+def _timeline_part(part: GroupPart, whole: Trace, bounds: tuple[int, int] | None,
                    options: Options) -> pd.DataFrame | None:
     """The rank's waterfall without comm_wait (its totals, per-step amounts and the
     comm-only intervals to carve it from); its idle gaps, None without a waterfall."""
@@ -223,7 +230,7 @@ def _windowed_steps(whole: Trace, bounds: tuple[int, int]) -> Trace:
     return trace
 
 
-def _keep_losses(part: RankPart, timeline: LossTimeline, bounds: tuple[int, int] | None
+def _keep_losses(part: GroupPart, timeline: LossTimeline, bounds: tuple[int, int] | None
                  ) -> None:
     """Each device's window and lost time in the analyzed window; comm-only intervals."""
     for key, window in timeline.windows.items():
@@ -237,7 +244,7 @@ def _keep_losses(part: RankPart, timeline: LossTimeline, bounds: tuple[int, int]
         part.comm_only[key] = intervals.clip(timeline.comm_only[key], window[0], window[1])
 
 
-def _analyzer_parts(part: RankPart, trace: Trace, whole: Trace, gaps: pd.DataFrame | None,
+def _analyzer_parts(part: GroupPart, trace: Trace, whole: Trace, gaps: pd.DataFrame | None,
                     options: Options, *, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Each analyzer's part on this rank: `module.part(...)`, or the analyzer's inputs when
     it has no part yet (they travel as `fallback`)."""

@@ -10,6 +10,7 @@ parts, the ranking of the findings and the steps' notes. The result is the Diagn
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,63 +25,61 @@ from gpudiag.analyzers.losses.waterfall import (
     losses_frame,
 )
 from gpudiag.analyzers.steps import training as steps_mod
-from gpudiag.jobs.rank_map import GAP_TABLES, ROW_TABLES, RankPart, UnitPart, comm_wait_ns
+from gpudiag.jobs.rank_map import GAP_TABLES, ROW_TABLES, BatchPart, GroupPart, comm_wait_ns
 from gpudiag.jobs.rank_map import no_gaps as rank_map_no_gaps
 from gpudiag.trace import Trace, merge, merge_meta
 
-Placed = tuple[int, RankPart]  # a rank's part and the kernel-id offset of its file
+Placed = tuple[int, GroupPart]  # a batch's ranks' part and the kernel-id offset of its files
+RowMap = Callable[[str, np.ndarray], np.ndarray]
 
 
-def placed(units: list[UnitPart]) -> list[Placed]:
-    """Every rank's part with its file's kernel-id offset, in file order (the merge's);
-    each rank's gap pieces renumbered to name the next event by its merged row."""
+def placed(batches: list[BatchPart]) -> list[Placed]:
+    """Every batch's part with its kernel-id offset, in file order (the merge's); its gap
+    pieces and row-labelled parts renumbered to name events by their merged rows."""
     out, offset = [], 0
     rows = dict.fromkeys(ROW_TABLES, 0)
-    for unit in units:
-        for part in unit.ranks:
-            if part.gaps is not None:
-                part.gaps = _merged_rows(part.gaps, part, rows)
-            _shift_rows(part, _row_map(part, rows))
-            out.append((offset, part))
-        offset += unit.kernel_span
-        rows = {name: rows[name] + unit.rows.get(name, 0) for name in ROW_TABLES}
+    for batch in batches:
+        part = batch.group
+        if part is None:
+            continue
+        if part.gaps is not None:
+            part.gaps = _merged_rows(part.gaps, rows)
+        _shift_rows(part, _row_map(rows))
+        out.append((offset, part))
+        offset += batch.kernel_span
+        rows = {name: rows[name] + batch.rows.get(name, 0) for name in ROW_TABLES}
     return out
 
 
-def _row_map(part: RankPart, offsets: dict[str, int]) -> Any:
-    """This rank's row labels of a table -> the merged job's (after the files before it;
-    a split rank's rows are a subset of its file's)."""
+def _row_map(offsets: dict[str, int]) -> RowMap:
+    """A batch's row labels of a table -> the merged job's (after the batches before it)."""
     def rows(table: str, local: np.ndarray) -> np.ndarray:
-        mine = part.positions[table][local] if part.positions else local
-        return np.asarray(mine, dtype=np.int64) + offsets[table]
+        return np.asarray(local, dtype=np.int64) + offsets[table]
     return rows
 
 
-def _shift_rows(part: RankPart, rows: Any) -> None:
-    """Parts holding row labels of the rank's tables (`module.shift_rows`), renumbered."""
+def _shift_rows(part: GroupPart, rows: RowMap) -> None:
+    """Parts holding row labels of the batch's tables (`module.shift_rows`), renumbered."""
     for name, piece in part.parts.items():
         shift = getattr(diagnosis.module_of(_ANALYZER[name]), "shift_rows", None)
         if shift is not None and piece is not None:
             part.parts[name] = shift(piece, rows)
 
 
-def _merged_rows(gaps: pd.DataFrame, part: RankPart, offsets: dict[str, int]) -> pd.DataFrame:
-    """`next_row` of the merged trace: the file's row (a split rank's own rows are a subset
-    of its file's), after the rows of the files before it."""
+def _merged_rows(gaps: pd.DataFrame, offsets: dict[str, int]) -> pd.DataFrame:
+    """`next_row` of the merged trace: the batch's row after the rows of the batches before."""
     row = gaps["next_row"].to_numpy(dtype=np.float64, na_value=np.nan)
     for name in GAP_TABLES:
         mine = (gaps["next_table"] == name).fillna(False).to_numpy(bool) & ~np.isnan(row)
-        if not mine.any():
-            continue
-        local = row[mine].astype(np.int64)
-        row[mine] = (part.positions[name][local] if part.positions else local) + offsets[name]
+        row[mine] += offsets[name]
     return gaps.assign(next_row=pd.array(np.where(np.isnan(row), None, row), dtype="Int64")
                        .astype("Int64"))
 
 
-def job_meta(units: list[UnitPart]) -> dict[str, Any]:
+def job_meta(batches: list[BatchPart]) -> dict[str, Any]:
     """The meta of the merged job (one file: its own, as `gpudiag.load` keeps it)."""
-    return dict(units[0].meta) if len(units) == 1 else merge_meta([u.meta for u in units])
+    metas = [meta for batch in batches for meta in batch.metas]
+    return dict(metas[0]) if len(metas) == 1 else merge_meta(metas)
 
 
 def collectives_trace(ranks: list[Placed], meta: dict[str, Any]) -> Trace:
@@ -137,18 +136,30 @@ def timeline_notes(ranks: list[Placed], meta: dict[str, Any]) -> tuple[bool, lis
 
 
 def gaps(ranks: list[Placed]) -> pd.DataFrame:
-    """The job's idle gap pieces, numbered as the merged trace numbers them (device order),
-    and each rank's gap-indexed parts renumbered with them."""
+    """The job's idle gap pieces, numbered as the merged trace numbers them (every rank's
+    in rank order, a batch's ranks interleaved with other batches'), and the gap-indexed
+    parts of each batch (host_gaps) renumbered with them."""
+    runs = sorted(((rank, index, first, count) for index, (_, part) in enumerate(ranks)
+                   if part.gaps is not None for rank, first, count in part.gap_runs),
+                  key=lambda run: run[0])
+    labels: dict[int, np.ndarray] = {}  # batch -> the job's label of each of its labels
     frames, offset = [], 0
-    for _, part in sorted(ranks, key=lambda placed: _rank_order(placed[1])):
-        if part.gaps is None:
-            continue
-        frames.append(part.gaps.set_axis(part.gaps.index + offset))
+    for _, index, first, count in runs:
+        part = ranks[index][1]
+        if index not in labels:
+            labels[index] = np.full(max(f + c for _, f, c in part.gap_runs), -1, np.int64)
+        labels[index][first:first + count] = np.arange(offset, offset + count)
+        assert part.gaps is not None
+        label = part.gaps.index.to_numpy()
+        mine = part.gaps[(label >= first) & (label < first + count)]
+        frames.append(mine.set_axis(labels[index][mine.index.to_numpy()]))
+        offset += count
+    for index, table in labels.items():
+        part = ranks[index][1]
         for name, piece in part.parts.items():  # parts indexed like the gaps (host_gaps)
             renumber = getattr(diagnosis.module_of(_ANALYZER[name]), "renumber_gaps", None)
             if renumber is not None and piece is not None:
-                part.parts[name] = renumber(piece, offset, part.gaps)
-        offset += part.gap_count
+                part.parts[name] = renumber(piece, table, part.gaps)
     if not frames:
         return declared.conform_frame("gaps", rank_map_no_gaps())
     return declared.conform_frame("gaps", pd.concat(frames))
@@ -249,7 +260,7 @@ def by_step(ranks: list[Placed], waits: pd.DataFrame | None) -> pd.DataFrame:
     return declared.conform_frame("by_step", out)
 
 
-def _carve_steps(table: pd.DataFrame, part: RankPart, waits: pd.DataFrame) -> pd.DataFrame:
+def _carve_steps(table: pd.DataFrame, part: GroupPart, waits: pd.DataFrame) -> pd.DataFrame:
     """The comm_wait of each step, taken from its `useful` (rows of one cause list the
     device's steps in the same order, `losses_by_step`)."""
     lost = table["lost_ns"].to_numpy(np.int64).copy()
@@ -281,12 +292,6 @@ def _empty() -> Any:
     from gpudiag.analyzers.losses.waterfall import LossTimeline
 
     return LossTimeline()
-
-
-def _rank_order(part: RankPart) -> int:
-    from gpudiag.analyzers import keys
-
-    return keys.MISSING if part.rank is None else part.rank
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -133,13 +133,14 @@ def part(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any) -> 
     return Part(pieces, names, tuple(str(name) for name in categories))
 
 
-def renumber_gaps(piece: Part, offset: int, gaps: pd.DataFrame) -> Part:
-    """The part numbered as the job's gaps: indexed after the `offset` gaps before them,
-    naming the next event by its merged row as the rank's `gaps` (renumbered) do."""
+def renumber_gaps(piece: Part, labels: npt.NDArray[np.int64], gaps: pd.DataFrame) -> Part:
+    """The part numbered as the job's gaps (`labels[i]`: the job's label of this part's
+    gap `i`), naming the next event by its merged row as the part's `gaps` do."""
     if piece.pieces is None:
         return piece
     pieces = piece.pieces.assign(next_row=gaps["next_row"].reindex(piece.pieces.index))
-    return Part(pieces.set_axis(pieces.index + offset), piece.next_names, piece.kernel_names)
+    return Part(pieces.set_axis(labels[pieces.index.to_numpy()]), piece.next_names,
+                piece.kernel_names)
 
 
 def combine(parts: list[Part]) -> Result:

@@ -361,9 +361,10 @@ def combine(parts: list[Part]) -> Result:
     if len(parts) == 1:
         pieces = parts[0].pieces
     else:
-        order = sorted(range(len(parts)), key=lambda i: _process_order(parts[i]))
-        pieces = tuple([item for i in order for item in parts[i].pieces[n]]  # type: ignore
-                       for n in range(4))
+        every = [tuple(piece.pieces[n][i] for n in range(4))
+                 for piece in parts for i in range(len(piece.pieces[2]))]
+        every.sort(key=_process_order)  # stable: a process of two parts keeps their order
+        pieces = tuple([process[n] for process in every] for n in range(4))  # type: ignore
     tables = _tables(*pieces)
     formats = frozenset().union(*(piece.formats for piece in parts))
     kind = ("jax" if formats & {"xplane", "jax-perfetto"} else
@@ -380,13 +381,10 @@ def combine(parts: list[Part]) -> Result:
         "host_memory": tables["memory"]})
 
 
-def _process_order(piece: Part) -> tuple[int, int]:
-    """A part's first process key (a rank's processes are one rank's: parts sort whole)."""
-    by_step = piece.pieces[0]
-    if not by_step:
-        return (keys.MISSING - 1, 0)
-    first = by_step[0]
-    return int(first["rank"].iloc[0]), int(first["pid"].iloc[0])
+def _process_order(process: tuple[Any, ...]) -> tuple[int, int]:
+    """A process's key (its memory row names its rank and pid as int64 keys)."""
+    row = process[2]
+    return int(row["rank"]), int(row["pid"])
 
 
 def findings(trace: Trace, *, min_share: float = 0.1, min_op_share: float = 0.2,
