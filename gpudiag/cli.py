@@ -409,12 +409,15 @@ class StepCount(click.ParamType):
                    "a kill or crash loses at most the open one.")
 @click.option("--flush-interval", default=1.0, show_default=True, type=click.FloatRange(0.05),
               help="Seconds between flushes of what each process collected.")
+@click.option("--workers", type=click.IntRange(min=1), metavar="N",
+              help="Analyze the run process by process on N local processes, then reduce "
+                   "(default: a run of 8 or more processes is, one worker per core).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(*, output: Path | None, backend: str, duration: float | None, delay: float | None,
             steps: int | str | None, warmup_steps: int | None, nvml_interval: float,
             no_memory: bool, ncu_set: str, ncu_kernels: str | None, no_report: bool,
             flush_interval: float, stall_timeout: float, segment_interval: float | None,
-            command: tuple[str, ...]) -> None:
+            workers: int | None, command: tuple[str, ...]) -> None:
     """Run COMMAND (after `--`) with collectors injected into every Python process, merge
     what they recorded into one trace, analyze it and write report.html; exits with
     COMMAND's status. `gpudiag doctor` says what this machine can collect."""
@@ -435,9 +438,9 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
         segment_s=segment_interval,
     )
     try:
-        result, trace, notes = profile_command(
+        gathered = profile_command(
             list(command), plan, options, output,
-            progress=lambda line: click.echo(f"gpudiag: {line}", err=True))
+            progress=lambda line: click.echo(f"gpudiag: {line}", err=True), workers=workers)
     except CommandNotStarted as exc:
         click.echo(f"gpudiag: error: cannot start {printable(command[0])}: "
                    f"{exc.strerror or exc}",
@@ -448,21 +451,33 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
                    f"its profile could not be written to {printable(exc)} (free space, or -o on "
                    "another file system)", err=True)
         sys.exit(exc.result.exit_code)
-    from gpudiag.reports.collected import describe
+    from gpudiag.reports.collected import describe, describe_job
 
-    for note in notes:
+    result, trace, job = gathered.result, gathered.trace, gathered.job
+    for note in gathered.notes:
         click.echo(f"gpudiag: {printable(note)}", err=True)  # notes quote paths and names
-    click.echo(f"gpudiag: collected {describe(trace) or 'nothing'}", err=True)
+    said = describe_job(job) if job is not None else describe(trace or Trace())
+    click.echo(f"gpudiag: collected {said or 'nothing'}", err=True)
     click.echo(f"gpudiag: run directory {printable(result.run_dir)}", err=True)
-    if not no_report and any(len(table) for table in trace.tables().values()):
+    generated_for = "gpudiag profile -- " + " ".join(command)
+    if job is not None and not no_report:
+        from gpudiag.reports.build import job_report_page
+        from gpudiag.reports.html_report import TOP_ROWS
+        from gpudiag.reports.terminal import print_diagnosis
+
+        print_diagnosis(job.to_dict(), Console(stderr=True, highlight=False))
+        _write(result.run_dir / "report.html", job_report_page(
+            job, job.meta, info=job.summary(top=TOP_ROWS), generated_for=generated_for))
+    elif trace is not None and not no_report and any(len(table) for table in
+                                                     trace.tables().values()):
         from gpudiag.analyzers.diagnosis import diagnose
         from gpudiag.reports.build import report_page
         from gpudiag.reports.terminal import print_diagnosis
 
         dx = diagnose(trace)
         print_diagnosis(dx.to_dict(), Console(stderr=True, highlight=False))
-        _write(result.run_dir / "report.html", report_page(
-            trace, dx, generated_for="gpudiag profile -- " + " ".join(command)))
+        _write(result.run_dir / "report.html", report_page(trace, dx,
+                                                           generated_for=generated_for))
     sys.exit(result.exit_code)
 
 

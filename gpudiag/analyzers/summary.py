@@ -5,7 +5,7 @@ Pure computation on a Trace; rendering lives in gpudiag/reports/.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -167,6 +167,7 @@ class Part:
     kernels: pd.DataFrame  # index name: count, sum (ns)
     names: tuple[str, ...]
     host_span: tuple[int, int] | None = None
+    range_sources: dict[str, int] = field(default_factory=dict)  # ranges rows by source
 
 
 def part(trace: Trace, *, window_ns: tuple[int, int] | None = None) -> Part:
@@ -184,8 +185,10 @@ def part(trace: Trace, *, window_ns: tuple[int, int] | None = None) -> Part:
     grouped = dur.groupby(kernels["name"].astype(str)).agg(["count", "sum"]) if len(kernels) \
         else pd.DataFrame({"count": [], "sum": []})
     names = tuple(str(c) for c in kernels["name"].astype("category").cat.categories)
+    sources = shown.ranges["source"].value_counts()
     return Part(trace.devices, frozenset(used), trace.gpu_window_ns(), window_mod.edges(trace),
-                shown.row_counts(), grouped, names, run_facts.host_span(trace))
+                shown.row_counts(), grouped, names, run_facts.host_span(trace),
+                {str(source): int(count) for source, count in sources.items() if count})
 
 
 def combine(parts: list[Part], meta: dict[str, Any], top: int = 10, *,

@@ -16,8 +16,10 @@ the files are read a second time for it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -31,7 +33,9 @@ from gpudiag.errors import InputError
 from gpudiag.jobs import batches, reduce, window_pass
 from gpudiag.jobs.executors import Outcome, executor
 from gpudiag.jobs.rank_map import BatchPart, Options, read_batch
+from gpudiag.readers.run_dir import finish_meta, is_run_dir
 from gpudiag.readers.sources import PathLike, units_of
+from gpudiag.trace import is_trace_dir
 
 #: called as each batch finishes: its outcome (`outcome.item[0]`: the batch's files), the
 #: files of the batch and the job's count of files
@@ -72,7 +76,8 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
     `rows=False`: the Diagnosis leaves out the row-level results (`gaps`, the `host_gaps`
     table), so the coordinator holds only what the findings and waterfall need.
     """
-    files = units = [str(path) for path in units_of(paths)]
+    files = units = [str(path) for path in units_of(paths, split_runs=True)]
+    run = _run_dir(paths)
     with executor(workers=workers, scheduler=scheduler, client=client) as pool:
         failed: list[tuple[str, str]] = []
         if isinstance(window, str):
@@ -85,7 +90,7 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
         failed += more
         if not any(part.group is not None for part in parts):
             raise _none_read(files, failed)
-        dx, found, host = _reduce(parts, options)
+        dx, found, host = _reduce(parts, options, run)
         warm = _warm_window(dx, found, window)
         if warm is not None:
             warm_parts, more = _run(pool, [part.files for part in parts if part.files],
@@ -143,12 +148,23 @@ def _run(pool: Any, planned: list[tuple[str, ...]], options: Options,
             [item for index in sorted(failed) for item in failed[index]])
 
 
-def _reduce(units: list[BatchPart], options: Options
+def _run_dir(paths: PathLike | Sequence[PathLike]) -> Path | None:
+    """The run directory the job is, when it is one (read process by process)."""
+    items = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    if len(items) == 1 and is_run_dir(Path(items[0])) and not is_trace_dir(Path(items[0])):
+        return Path(items[0])
+    return None
+
+
+def _reduce(units: list[BatchPart], options: Options, run: Path | None = None
             ) -> tuple[JobDiagnosis, pd.DataFrame, list[pd.DataFrame]]:
     """The job's Diagnosis, and its GPU findings and host findings before they are ranked
-    (the warm-up flags, from a second pass, come first)."""
+    (the warm-up flags, from a second pass, come first). `run`: the job is that run
+    directory, whose meta (session, processes) completes the parts' (`finish_meta`)."""
     ranks = reduce.placed(units)
     meta = reduce.job_meta(units)
+    if run is not None:
+        finish_meta(meta, run, [part for batch in units for part in batch.metas])
     calls = reduce.collectives_trace(ranks, meta)
     made, notes = reduce.timeline_notes(ranks, meta)
     waits = reduce.job_waits(calls, notes) if made else None

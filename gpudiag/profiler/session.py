@@ -34,8 +34,8 @@ from gpudiag.errors import CollectorError, InputError
 from gpudiag.profiler import bootstrap
 from gpudiag.profiler.backends import Plan
 from gpudiag.profiler.watchdog import DEFAULT_GRACE_S, Watchdog
-from gpudiag.readers.run_dir import merge_run
-from gpudiag.trace import Trace
+from gpudiag.readers.run_dir import compress_segments, merge_run
+from gpudiag.trace import Trace, is_trace_dir
 
 #: the default parent of run directories, relative to the working directory
 RUNS_DIR = Path("gpudiag-runs")
@@ -199,16 +199,36 @@ def _start_nvml(run_dir: Path, options: ProfileOptions, child_env: Mapping[str, 
                          reasons=meta["not_collected"])
 
 
+#: a run with at least this many processes that collected something is analyzed process by
+#: process on a local pool (`gpudiag.diagnose_job`), never merged in one process
+JOB_PROCESSES = 8
+
+
+@dataclasses.dataclass
+class Gathered:
+    """What a profiled run left: the session's result, the lines the user should read, and
+    either the merged `trace` or, for a run of many processes, its `job` (a `JobDiagnosis`,
+    each process read and analyzed apart, then reduced)."""
+
+    result: SessionResult
+    notes: list[str]
+    trace: Trace | None = None
+    job: Any = None
+
+
 def profile_command(
     cmd: list[str], plan: Plan, options: ProfileOptions, out_dir: Path | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> tuple[SessionResult, Trace, list[str]]:
-    """The whole `gpudiag profile` job: run, merge, and the lines the user should read.
+    progress: Callable[[str], None] | None = None, *, workers: int | None = None,
+) -> Gathered:
+    """The whole `gpudiag profile` job: run, merge (or analyze process by process), and the
+    lines the user should read.
 
     The notes say what was not collected and why (no GPU, a collector that failed, a
     --steps window that never opened), so an empty report is never a mystery. An external
     tool (nsys, ncu) is checked before anything runs; if it then produced no result, the
-    program's exit status still comes back and the note says why.
+    program's exit status still comes back and the note says why. `workers`: analyze the
+    run process by process on that many local processes (by default, a run of
+    `JOB_PROCESSES` or more processes is, on one worker per core).
     """
     wrap, version = None, None
     notes: list[str] = []
@@ -222,15 +242,42 @@ def profile_command(
 
     result = run(cmd, out_dir=out_dir, options=options, wrap=wrap)
     try:
+        if tool is None and (workers is not None or _processes(result.run_dir)
+                             >= JOB_PROCESSES):
+            return _analyze_by_process(result, plan, options, notes, progress=progress,
+                                       workers=workers)
         return _gather(result, plan, options, tool=tool, version=version, notes=notes,
                        progress=progress)
     except OSError as exc:
         raise RunNotWritten(result, exc) from exc
 
 
+def _processes(run_dir: Path) -> int:
+    """The process directories of a run that hold what a process wrote."""
+    return sum(1 for path in (run_dir / "procs").glob("*") if is_trace_dir(path))
+
+
+def _analyze_by_process(result: SessionResult, plan: Plan, options: ProfileOptions,
+                        notes: list[str], *, progress: Callable[[str], None] | None,
+                        workers: int | None) -> Gathered:
+    """A run of many processes: each read and analyzed apart, then reduced, as `gpudiag
+    analyze RUN --workers N` does (no `<run>/trace/` is written: no process holds the run)."""
+    from gpudiag.jobs.job import diagnose_job
+
+    if progress is not None:
+        progress(f"analyzing what {_processes(result.run_dir)} processes collected, process "
+                 "by process...")
+    job = diagnose_job(result.run_dir, workers=workers, rows=False)
+    compress_segments(result.run_dir)
+    notes += [f"{path}: could not be read ({error}); the other processes are analyzed"
+              for path, error in job.failed]
+    return Gathered(result, run_notes(result.run_dir, job.meta, plan, options) + notes,
+                    job=job)
+
+
 def _gather(result: SessionResult, plan: Plan, options: ProfileOptions, *, tool: str | None,
             version: str | None, notes: list[str], progress: Callable[[str], None] | None
-            ) -> tuple[SessionResult, Trace, list[str]]:
+            ) -> Gathered:
     """After the run: the external tool's result, the merge, the notes."""
     extra: list[Path] = []
     if tool is not None:
@@ -244,26 +291,29 @@ def _gather(result: SessionResult, plan: Plan, options: ProfileOptions, *, tool:
     trace = merge_run(result.run_dir, extra=extra)
     if tool is not None:
         trace.meta.setdefault("tool_versions", {})[tool] = version
-    return result, trace, run_notes(result.run_dir, trace, plan, options) + notes
+    return Gathered(result, run_notes(result.run_dir, trace.meta, plan, options) + notes,
+                    trace=trace)
 
 
-def run_notes(run_dir: Path, trace: Trace, plan: Plan, options: ProfileOptions) -> list[str]:
-    """One line each: what was missing, what failed, what the window caught."""
+def run_notes(run_dir: Path, meta: dict[str, Any], plan: Plan, options: ProfileOptions
+              ) -> list[str]:
+    """One line each: what was missing, what failed, what the window caught (`meta`: the
+    merged run's)."""
     notes = []
     missing = list(plan.not_collected)
     if not missing:  # without a GPU the plan said it already; else NVML's own reasons
-        missing += trace.meta.get("run", {}).get("not_collected", [])
+        missing += meta.get("run", {}).get("not_collected", [])
     if missing:
         notes.append("not collected: " + "; ".join(missing)
                      + " (`gpudiag doctor` says how to get them)")
     errors = run_dir / "bootstrap-errors.log"
     if errors.exists():
         notes.append(f"collectors reported problems: see {errors}")
-    processes = trace.meta.get("processes", [])
+    processes = meta.get("processes", [])
     notes += window_notes(processes)
-    notes += _unfinished(processes, trace.meta.get("run", {}).get("watchdog", []))
+    notes += _unfinished(processes, meta.get("run", {}).get("watchdog", []))
     kept = {process.get("pid"): process.get("data", False) for process in processes}
-    for ended in trace.meta.get("run", {}).get("watchdog", []):
+    for ended in meta.get("run", {}).get("watchdog", []):
         who = f"rank {ended['rank']}" if ended.get("rank") is not None else "process"
         data = ("its profile was written before it ended" if kept.get(ended["pid"])
                 else "its profile is lost")

@@ -89,47 +89,104 @@ def merge_run(run_dir: Path, extra: Sequence[Path] = (), *, compress: bool = Tru
     """
     run_dir = Path(run_dir)
     procs = sorted(path for path in (run_dir / "procs").glob("*") if path.is_dir())
-    hosts = [_host_part(path) for path in procs if is_trace_dir(path)]
     unreadable: list[str] = []
-    parts: list[Trace] = []
-    for proc, host in zip((path for path in procs if is_trace_dir(path)), hosts, strict=True):
-        parts.append(host)
-        process = host.meta.setdefault("process", {})
-        own = process.get("gpudiag_thread_ids") or []
-        collected = _collector_parts(proc, unreadable)
-        for part in collected:
-            _adopt_rank(part, host.meta.get("rank"))
-            _drop_threads(part, process.get("pid"), own)
-            parts.append(part)
-        process["data"] = bool(collected) or not set(process.get("collectors", [])) - {"host"}
+    parts = [process_trace(proc, unreadable) for proc in procs if is_trace_dir(proc)]
     nvml = load_samples(run_dir / "nvml")
     parts += [nvml] if nvml is not None else []
     parts += _read_files(list(extra), unreadable)
     trace = merge(parts) if parts else Trace()
-    run_info = json.loads((run_dir / "meta.json").read_text())
-    trace.meta.update(
-        run=run_info, command=run_info.get("command"),
-        backend=(run_info.get("options") or {}).get("backend") or run_info.get("backend"),
-        processes=[host_trace.meta.get("process", {}) for host_trace in hosts],
-        hosts=sorted({host_trace.meta.get("process", {}).get("host", "")
-                      for host_trace in hosts} - {""}),
-        ranks=sorted({host_trace.meta["rank"] for host_trace in hosts
-                      if host_trace.meta.get("rank") is not None}),
-    )
-    if nvml is not None:
-        trace.meta["nvml"] = nvml.meta.get("nvml", {})
-    trace.warn("process directories without output (killed before the first flush)",
-               len(procs) - len(hosts))
-    if unreadable:
-        trace.meta["unreadable"] = unreadable
-        trace.warn("collector outputs that could not be read (meta unreadable)",
-                   len(unreadable))
+    finish_meta(trace.meta, run_dir, [part.meta for part in parts], unreadable)
     if not write_cache(trace, run_dir):
         trace.warn("merged trace not saved as <run>/trace (the run directory is read-only, "
                    "or its trace is a link or not gpudiag's): merged again on each read")
     if compress:
         compress_segments(run_dir)
     return trace
+
+
+def process_trace(proc: Path, unreadable: list[str] | None = None) -> Trace:
+    """One process of a run: its host markers and every collector's output, merged (each
+    part on the process's rank, gpudiag's own threads left out). `meta["process"]` is the
+    process's record (pid, host, rank, collectors, `data`: whether anything was collected);
+    files that could not be read are added to `unreadable` (else to `meta["unreadable"]`)."""
+    host = _host_part(proc)
+    process = dict(host.meta.get("process") or {})
+    own = process.get("gpudiag_thread_ids") or []
+    missed: list[str] = []
+    collected = _collector_parts(proc, missed)
+    for part in collected:
+        _adopt_rank(part, host.meta.get("rank"))
+        _drop_threads(part, process.get("pid"), own)
+    process["data"] = bool(collected) or not set(process.get("collectors", [])) - {"host"}
+    host.meta["process"] = process
+    trace = merge([host, *collected])
+    trace.meta.update(process=process, rank=host.meta.get("rank"))
+    if unreadable is not None:
+        unreadable += missed
+    elif missed:
+        trace.meta["unreadable"] = missed
+    return trace
+
+
+def run_units(run_dir: Path) -> list[Path]:
+    """The parts of a run directory a job reads one by one (`read_part`): every process
+    directory, then the NVML samples when there are some."""
+    run_dir = Path(run_dir)
+    units = sorted(path for path in (run_dir / "procs").glob("*")
+                   if path.is_dir() and is_trace_dir(path))
+    nvml = run_dir / "nvml"
+    return units + ([nvml] if any(nvml.glob("chunk-*")) else [])
+
+
+def read_part(path: Path) -> Trace | None:
+    """A part of a run directory read on its own (a process directory: `process_trace`;
+    the NVML samples), None when `path` is not one."""
+    run_dir = path.parent.parent if path.parent.name == "procs" else path.parent
+    if not is_run_dir(run_dir):
+        return None
+    if path.parent.name == "procs" and is_trace_dir(path):
+        return process_trace(path)
+    if path.name == "nvml":
+        samples = load_samples(path)
+        return samples if samples is not None else Trace(meta={"chunks": 0})
+    return None
+
+
+def finish_meta(meta: dict[str, Any], run_dir: Path, metas: Sequence[dict[str, Any]],
+                unreadable: Sequence[str] = ()) -> None:
+    """Complete the meta of a run's merged parts (`metas`: each process's `process_trace`
+    meta, the NVML samples') with what the run adds: the session, its processes, hosts and
+    ranks, the process directories that never wrote anything, the files that could not be
+    read (`unreadable`, and those the parts name)."""
+    run_dir = Path(run_dir)
+    run_info = json.loads((run_dir / "meta.json").read_text())
+    processes = [part["process"] for part in metas if "process" in part]
+    meta.update(
+        run=run_info, command=run_info.get("command"),
+        backend=(run_info.get("options") or {}).get("backend") or run_info.get("backend"),
+        processes=processes,
+        hosts=sorted({process.get("host", "") for process in processes} - {""}),
+        ranks=sorted({part["rank"] for part in metas
+                      if "process" in part and part.get("rank") is not None}),
+    )
+    samples = [part for part in metas if "chunks" in part and "process" not in part]
+    if samples:  # the NVML sampler's (`load_samples`)
+        meta["nvml"] = samples[-1].get("nvml", {})
+    procs = sum(1 for path in (run_dir / "procs").glob("*") if path.is_dir())
+    _warn(meta, "process directories without output (killed before the first flush)",
+          procs - len(processes))
+    missed = [*unreadable, *(name for part in metas for name in part.get("unreadable", []))]
+    meta.pop("unreadable", None)
+    if missed:
+        meta["unreadable"] = missed
+        _warn(meta, "collector outputs that could not be read (meta unreadable)", len(missed))
+
+
+def _warn(meta: dict[str, Any], kind: str, count: int) -> None:
+    """`Trace.warn` on a meta dict."""
+    if count:
+        warnings = meta.setdefault("warnings", {})
+        warnings[kind] = warnings.get(kind, 0) + count
 
 
 #: what `Trace.save` writes: the only entries a stale `<run>/trace/` may hold to be replaced

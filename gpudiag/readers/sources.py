@@ -14,7 +14,7 @@ from pathlib import Path
 from gpudiag.errors import InputError
 from gpudiag.readers.files import at_most_files
 from gpudiag.readers.registry import Reader, read_path, readable_files, supported
-from gpudiag.readers.run_dir import is_run_dir, load_run
+from gpudiag.readers.run_dir import is_run_dir, load_run, read_part, run_units
 from gpudiag.trace import Trace, is_trace_dir, merge
 
 PathLike = str | os.PathLike[str]
@@ -49,23 +49,29 @@ def load(paths: PathLike | Sequence[PathLike], *, progress: Progress | None = No
     return trace
 
 
-def units_of(paths: PathLike | Sequence[PathLike]) -> list[Path]:
+def units_of(paths: PathLike | Sequence[PathLike], *, split_runs: bool = False) -> list[Path]:
     """The files (and saved trace or run directories) `load` would read for `paths`, in
-    the order it merges them: the units of a many-rank job, read one by one elsewhere."""
+    the order it merges them: the units of a many-rank job, read one by one elsewhere.
+    `split_runs`: a run directory's units are its processes and samples (`run_units`),
+    each read apart (`read_file` knows them)."""
     items = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     if not items:
         raise InputError(None, "no input path given", "pass a profile file or directory")
     found: list[Path] = []
     for item in items:
-        found += [path for path, _ in _expand(Path(item), [])]
+        for path, _ in _expand(Path(item), []):
+            split = split_runs and path.is_dir() and is_run_dir(path) and not is_trace_dir(path)
+            found += (run_units(path) or [path]) if split else [path]
     return found
 
 
 def read_file(path: Path, reader: Reader | None = None) -> Trace:
-    """Read one file, saved trace directory or run directory."""
+    """Read one file, saved trace directory, run directory or part of a run directory."""
     if path.is_dir():
-        return load_run(path) if is_run_dir(path) and not is_trace_dir(path) \
-            else Trace.load_dir(path)
+        if is_run_dir(path) and not is_trace_dir(path):
+            return load_run(path)
+        part = read_part(path)  # a process directory or the samples of a run
+        return part if part is not None else Trace.load_dir(path)
     return read_path(path, reader)
 
 
