@@ -140,3 +140,26 @@ def test_every_error_a_worker_raises_comes_back_whole() -> None:
         again = pickle.loads(pickle.dumps(error))
         assert type(again) is type(error) and str(again) == str(error)
         assert vars(again) == vars(error)
+
+
+def test_a_script_without_a_main_guard_runs_its_job_on_a_local_pool(tmp_path: Path) -> None:
+    """Spawned workers re-run the main script to find its functions; gpudiag's workers run
+    gpudiag's functions only, so an unguarded script must not start itself again in them."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+        from gpudiag.jobs.executors import executor
+        from tests.test_executors import worker_pid
+        with executor(workers=2) as pool:
+            pids = {{outcome.value for outcome in pool.map(worker_pid, range(8))}}
+        print("ran on", len(pids), "workers")
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("ran on") == 1 and "bootstrapping" not in done.stderr

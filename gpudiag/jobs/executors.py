@@ -24,7 +24,9 @@ with an error instead of a hang.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -120,7 +122,9 @@ class LocalPool(_Closing):
 
     def map(self, function: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
         listed = list(items)
-        futures = {self._pool.submit(function, item): index for index, item in enumerate(listed)}
+        with _main_script_hidden():  # the workers start in submit
+            futures = {self._pool.submit(function, item): index
+                       for index, item in enumerate(listed)}
         for future in as_completed(futures):
             index = futures[future]
             try:
@@ -132,6 +136,30 @@ class LocalPool(_Closing):
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """Spawned workers without the user's main script: spawn re-runs `__main__` in every
+    worker (to find functions defined there), and a script calling `gpudiag.diagnose_job`
+    without an `if __name__ == "__main__":` guard would start the job again in each worker
+    and kill the pool. The workers run gpudiag's functions only, imported by name."""
+    main = sys.modules.get("__main__")
+    saved = {name: main.__dict__[name] for name in ("__spec__", "__file__")
+             if main is not None and name in main.__dict__}
+    if main is None or not saved:
+        yield
+        return
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        for name in ("__spec__", "__file__"):
+            if name in saved:
+                main.__dict__[name] = saved[name]
+            else:
+                main.__dict__.pop(name, None)
 
 
 class DaskCluster(_Closing):
