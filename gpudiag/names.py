@@ -13,6 +13,7 @@ finding points at a line the user can change rather than at the framework's.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pandas as pd
@@ -24,8 +25,10 @@ _SPACES = re.compile(r"\s+")
 _LAMBDA = re.compile(r"\{lambda\([^()]*\)#\d+\}")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def short_name(name: str, width: int = 80) -> str:
-    """The display form of one kernel name, at most `width` characters."""
+    """The display form of one kernel name, at most `width` characters (remembered: the
+    analyzers and reports shorten the same few hundred names of a trace many times)."""
     text = name.strip()
     text = re.sub(r"^void\s+", "", text)
     text = _strip_parameters(text)
