@@ -289,6 +289,7 @@ def merge(traces: Iterable[Trace], offsets: Sequence[int] | None = None) -> Trac
         return traces[0]
     parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLE_NAMES}
     offset = 0
+    rules: list[dict[str, Any]] = []  # Nsight Compute rule results name kernels by id too
     for index, trace in enumerate(traces):
         trace.fill_rank()
         if offsets is not None:
@@ -297,10 +298,16 @@ def merge(traces: Iterable[Trace], offsets: Sequence[int] | None = None) -> Trac
             shift = "kernel_id" in frame.columns and len(frame) and offset
             parts[name].append(frame.assign(kernel_id=frame["kernel_id"] + offset) if shift
                                else frame)
+        rules += [{**rule, "kernel_id": rule["kernel_id"] + offset}
+                  if isinstance(rule.get("kernel_id"), int) else rule
+                  for rule in trace.meta.get("ncu_rules") or []]
         if len(trace.kernels):
             offset += int(trace.kernels["kernel_id"].max()) + 1
     tables = {name: concat_tables(frames) for name, frames in parts.items()}
-    return Trace(meta=merge_meta([member.meta for member in traces]), **tables)
+    meta = merge_meta([member.meta for member in traces])
+    if rules:
+        meta["ncu_rules"] = rules
+    return Trace(meta=meta, **tables)
 
 
 def concat_tables(frames: list[pd.DataFrame]) -> pd.DataFrame:

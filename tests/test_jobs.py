@@ -285,3 +285,16 @@ def test_a_window_that_names_nothing_in_the_job_is_one_clear_line(job4: Path,
     assert done.returncode == merged.returncode == 2
     assert done.stderr == merged.stderr and done.stderr.count("\n") == 1
     assert "--window" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_two_nsight_compute_reports_keep_both_reports_rule_results(tmp_path: Path) -> None:
+    """Merging reports renumbers their kernels; ncu's rule results name kernels by id and
+    follow them (they were dropped by the merge), in a job as in the merged trace."""
+    ncu = fixtures_dir() / "ncu"
+    files = [ncu / "rtx3050laptop_filter_nvtx.ncu-rep", ncu / "t4_matadd_setfull.ncu-rep"]
+    alone = [len(diagnose(gpudiag.load(file)).tables["ncu_rules"]) for file in files]
+    merged = diagnose(gpudiag.load(files))
+    rules = merged.tables["ncu_rules"]
+    assert len(rules) == sum(alone) and alone[0] > 0 and alone[1] > 0
+    assert set(rules["kernel_id"]) == {0, 1}  # each report's kernel, renumbered
+    assert_same(diagnose_job(files, workers=1), merged)
