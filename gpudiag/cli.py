@@ -451,7 +451,15 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
                    f"its profile could not be written to {printable(exc)} (free space, or -o on "
                    "another file system)", err=True)
         sys.exit(exc.result.exit_code)
+    _show_profile(gathered, "gpudiag profile -- " + " ".join(command), report=not no_report)
+    sys.exit(gathered.result.exit_code)
+
+
+def _show_profile(gathered: Any, generated_for: str, *, report: bool) -> None:
+    """After `gpudiag profile`: the notes, what was collected, and (`report`) the diagnosis
+    printed and report.html written, from the merged trace or the run's job."""
     from gpudiag.reports.collected import describe, describe_job
+    from gpudiag.reports.terminal import print_diagnosis
 
     result, trace, job = gathered.result, gathered.trace, gathered.job
     for note in gathered.notes:
@@ -459,26 +467,23 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
     said = describe_job(job) if job is not None else describe(trace or Trace())
     click.echo(f"gpudiag: collected {said or 'nothing'}", err=True)
     click.echo(f"gpudiag: run directory {printable(result.run_dir)}", err=True)
-    generated_for = "gpudiag profile -- " + " ".join(command)
-    if job is not None and not no_report:
+    if not report:
+        return
+    if job is not None:
         from gpudiag.reports.build import job_report_page
         from gpudiag.reports.html_report import TOP_ROWS
-        from gpudiag.reports.terminal import print_diagnosis
 
         print_diagnosis(job.to_dict(), Console(stderr=True, highlight=False))
         _write(result.run_dir / "report.html", job_report_page(
             job, job.meta, info=job.summary(top=TOP_ROWS), generated_for=generated_for))
-    elif trace is not None and not no_report and any(len(table) for table in
-                                                     trace.tables().values()):
+    elif trace is not None and any(len(table) for table in trace.tables().values()):
         from gpudiag.analyzers.diagnosis import diagnose
         from gpudiag.reports.build import report_page
-        from gpudiag.reports.terminal import print_diagnosis
 
         dx = diagnose(trace)
         print_diagnosis(dx.to_dict(), Console(stderr=True, highlight=False))
         _write(result.run_dir / "report.html", report_page(trace, dx,
                                                            generated_for=generated_for))
-    sys.exit(result.exit_code)
 
 
 @cli.command()
