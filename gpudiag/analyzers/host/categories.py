@@ -49,8 +49,26 @@ BACKWARD_FRAME = re.compile(r"run_backward|_engine_run_backward|"
 COMPILE = re.compile(r"Compile(?!d Region)|compile_fx|backend_compile")
 #: range sources that count as ops: self time, forward / other_ops / ops
 OP_SOURCES = ("torch_op", "host")
+#: the name tests of `category_spans`, by the column that may hold them: a caller that cuts
+#: one frame into many processes computes them once for all (`name_flags`), since each
+#: test costs a regex per distinct name of the whole frame
+NAME_TESTS = {"_is_step": STEP_NAME, "_is_data": DATA, "_is_optimizer": OPTIMIZER,
+              "_is_compile": COMPILE, "_is_backward_op": BACKWARD_OP,
+              "_is_backward_frame": BACKWARD_FRAME}
 
 IntArray = npt.NDArray[np.int64]
+
+
+def name_flags(ranges: pd.DataFrame) -> dict[str, npt.NDArray[np.bool_]]:
+    """Every name test of `category_spans` on `ranges`, as columns to add to it."""
+    return {column: keys.matches(ranges["name"], test) for column, test in NAME_TESTS.items()}
+
+
+def flag(ranges: pd.DataFrame, column: str) -> npt.NDArray[np.bool_]:
+    """A name test (`NAME_TESTS`) of each row: its column when `name_flags` added it."""
+    if column in ranges.columns:
+        return ranges[column].to_numpy(bool)
+    return keys.matches(ranges["name"], NAME_TESTS[column])
 
 
 def category_spans(ranges: pd.DataFrame, lane_tid: int | None, step_start: npt.ArrayLike,
@@ -59,22 +77,21 @@ def category_spans(ranges: pd.DataFrame, lane_tid: int | None, step_start: npt.A
     `ranges` (host ranges of that process only), with `lane_tid` its training thread
     (None: the thread with the most op time) and its steps' windows (sorted, disjoint:
     they decide forward vs other_ops)."""
-    ranges = ranges[~keys.matches(ranges["name"], STEP_NAME)]  # a step is not an op
+    ranges = ranges[~flag(ranges, "_is_step")]  # a step is not an op
     if ranges.empty:
         return {category: _empty() for category in CATEGORIES if category != "python"}
     tid = ranges["tid"].to_numpy("float64", na_value=np.nan)
     if lane_tid is None:
         lane_tid = _busiest_thread(ranges)
     main = ranges[tid == lane_tid]
-    names = main["name"]
     picked = {
-        "data_loading": keys.matches(names, DATA),
-        "optimizer": keys.matches(names, OPTIMIZER),
-        "compile": keys.matches(names, COMPILE) & (main["source"] == "host").to_numpy(bool),
+        "data_loading": flag(main, "_is_data"),
+        "optimizer": flag(main, "_is_optimizer"),
+        "compile": flag(main, "_is_compile") & (main["source"] == "host").to_numpy(bool),
     }
-    backward_all = ranges[keys.matches(ranges["name"], BACKWARD_OP)
+    backward_all = ranges[flag(ranges, "_is_backward_op")
                           & (ranges["source"] == "torch_op").to_numpy(bool)]
-    frames = main[keys.matches(names, BACKWARD_FRAME)
+    frames = main[flag(main, "_is_backward_frame")
                   & (main["source"] == "python").to_numpy(bool)]
     raw = {category: _spans(main[hit]) for category, hit in picked.items()}
     raw["backward"] = iv.union(np.concatenate([backward_all["start_ns"], frames["start_ns"]]),

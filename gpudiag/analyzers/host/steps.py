@@ -43,9 +43,10 @@ from gpudiag.analyzers.host.categories import (
     OPTIMIZER,
     amounts,
     category_spans,
+    flag,
+    name_flags,
     self_times,
 )
-from gpudiag.analyzers.steps.detection import STEP_NAME
 from gpudiag.analyzers.steps.training import training_steps
 from gpudiag.intervals import nesting_depth
 from gpudiag.trace import Trace
@@ -151,7 +152,8 @@ def _compute(trace: Trace) -> dict[str, Any]:
                       ["rank", "pid", "tid", "start_ns", "end_ns", "name", "source"]]
     # a process is (rank, pid), NA a value of its own: int64 keys (NA as keys.MISSING) to
     # group and match by, NA again in host_by_step (host_memory keeps them, see below)
-    host = host.assign(_rank=keys.key_array(host["rank"]), _pid=keys.key_array(host["pid"]))
+    host = host.assign(_rank=keys.key_array(host["rank"]), _pid=keys.key_array(host["pid"]),
+                       **name_flags(host))
     steps = training_steps(trace)
     steps = steps.assign(_rank=keys.key_array(steps["rank"]), _pid=keys.key_array(steps["pid"]))
     memory = _cpu_memory(trace)
@@ -258,7 +260,7 @@ def _memory_row(rank: int, pid: int, mem: pd.DataFrame, table: pd.DataFrame
 def _self_time(ranges: pd.DataFrame, steady: pd.DataFrame) -> pd.DataFrame:
     """Self ns per op name, counting ops that start inside the steady steps."""
     ops = ranges[ranges["source"].isin(OP_SOURCES).to_numpy(bool)
-                 & ~keys.matches(ranges["name"], STEP_NAME)]
+                 & ~flag(ranges, "_is_step")]
     if ops.empty or steady.empty:
         return pd.DataFrame({"name": [], "calls": [], "self_ns": []})
     own = self_times(ops)
