@@ -321,6 +321,10 @@ _table(
        ("device", "context", "stream", "event", "stream_wait", "unknown")),
     CORRELATION,
     _c("event_id", "Int64", "", "CUDA event waited on (event and stream_wait syncs)"),
+    _c("record_correlation", "Int64", "",
+       "correlation of the cudaEventRecord that recorded the event waited on (event and "
+       "stream_wait syncs; NA: not recorded)"),
+    _c("record_stream", "Int64", "", "stream that event was recorded on (NA: not recorded)"),
 )
 
 _table(

@@ -59,7 +59,7 @@ HTA_FAILS = {
 }
 INSTALL = ("python3 -m venv benchmarks/.venv-hta && benchmarks/.venv-hta/bin/pip install "
            "--no-deps HolisticTraceAnalysis==0.5.0 && benchmarks/.venv-hta/bin/pip install "
-           "pandas numpy plotly networkx psutil pyyaml (or point $GPUDIAG_HTA_PYTHON at any "
+           "'pandas<3' numpy plotly networkx psutil pyyaml (or point $GPUDIAG_HTA_PYTHON at any "
            "interpreter that imports hta)")
 
 pytestmark = pytest.mark.slow

@@ -85,6 +85,9 @@ class CopyArgs(GpuArgs, gc=False):
 class SyncArgs(GpuArgs, gc=False):
     sync_kind: Any = msgspec.field(default=None, name="cuda_sync_kind")
     wait_event: Num = msgspec.field(default=NAN, name="wait_on_cuda_event_id")
+    record_correlation: Num = msgspec.field(default=NAN,
+                                            name="wait_on_cuda_event_record_corr_id")
+    record_stream: Num = msgspec.field(default=NAN, name="wait_on_stream")
 
 
 class AnnotationArgs(IdArgs, gc=False):

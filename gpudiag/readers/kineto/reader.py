@@ -273,6 +273,8 @@ def _syncs(ev: Events) -> pd.DataFrame | None:
     )
     stream = args.num("stream")
     event_id = args.num("wait_event")
+    recorded = args.num("record_correlation")
+    record_stream = args.num("record_stream")
     return pd.DataFrame({
         **ev.times(idx),
         "device": device_of(ev, idx, args),
@@ -280,6 +282,8 @@ def _syncs(ev: Events) -> pd.DataFrame | None:
         "kind": pd.Categorical(labels.map(SYNC_KINDS).fillna("unknown").to_numpy()),
         "correlation": args.num("correlation"),
         "event_id": event_id.where(event_id >= 0),
+        "record_correlation": recorded.where(recorded >= 0),
+        "record_stream": record_stream.where(record_stream >= 0),
         "tid": pd.array([pd.NA] * len(idx), dtype="Int64"),
     })
 
