@@ -1,0 +1,173 @@
+"""The events a dependency graph is made of, from a Trace, as flat arrays.
+
+    found = graph_events(trace, window=(start_ns, end_ns))
+    found.start[found.kind == GPU]
+
+One row per event of four kinds: a host op (a torch op, Kineto's `cpu_op`), a CUDA API call,
+GPU work (a kernel, copy or memset, with the API call that launched it) and a CUDA sync the
+driver recorded (with the API call it belongs to). Which of them are in the graph follows
+Holistic Trace Analysis's critical path analysis (../shared/REFERENCE.md), so the two paths
+can be held side by side: host events that start inside the window and last longer than
+zero; GPU work whose launch call is such an event; syncs whose API call is one, and every
+stream wait (it ties two streams whatever the window).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from gpudiag.analyzers import keys
+from gpudiag.trace import Trace
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+#: event kinds
+HOST_OP, API, GPU, SYNC = 0, 1, 2, 3
+#: the tables events come from (`Events.table`), in `TABLES` order
+TABLES = ("ranges", "api", "kernels", "copies", "syncs")
+#: the CUDA (and HIP) calls that enqueue GPU work (HTA's runtime launch events)
+LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                          "cudaMemcpyAsync", "cudaMemsetAsync", "hipLaunchKernel",
+                          "hipExtModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync",
+                          "hipMemcpyWithStream"})
+#: calls that block their thread until the GPU is done (their own time is waiting)
+BLOCKING_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize",
+                            "cudaEventQuery", "cudaEventSynchronize", "cudaMemcpy",
+                            "cudaMemcpyAsync"})
+
+
+@dataclass
+class Events:
+    """Every candidate event (see the module docstring), in table order, and which are in
+    the graph. `launch`: the event of each GPU work's launch call, or of each sync's API
+    call (-1: none); `stream` is -1 on the host. `queue_at_launch`, `queue_at_start`: how
+    many launches were pending on the work's stream right after its launch call and right
+    after it started (HTA's queue length, over the whole trace; -1 for work without a
+    launch call)."""
+
+    kind: IntArray
+    table: IntArray
+    row: IntArray
+    start: IntArray
+    end: IntArray
+    pid: IntArray
+    tid: IntArray
+    device: IntArray
+    stream: IntArray
+    correlation: IntArray
+    name: npt.NDArray[np.object_]
+    sync_kind: npt.NDArray[np.object_]
+    record_correlation: IntArray
+    record_stream: IntArray
+    launch: IntArray
+    in_graph: BoolArray
+    queue_at_launch: IntArray
+    queue_at_start: IntArray
+    window: tuple[int, int]
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+def graph_events(trace: Trace, window: tuple[int, int] | None = None) -> Events:
+    """The events of `trace`'s dependency graph in `window` (None: the whole trace)."""
+    frames = _frames(trace)
+    columns = {name: np.concatenate([frame[name] for frame in frames]) for name in frames[0]}
+    start, end = columns["start"], columns["end"]
+    if window is None:
+        window = (int(start.min()), int(end.max())) if len(start) else (0, 0)
+    kind = columns["kind"]
+    launch = _launch_events(kind, columns["pid"], columns["correlation"], columns["name"])
+    host = np.isin(kind, (HOST_OP, API))
+    in_graph = host & (start >= window[0]) & (start <= window[1]) & (end > start)
+    linked = launch >= 0
+    in_graph |= (kind == GPU) & linked & in_graph[np.maximum(launch, 0)]
+    synced = (kind == SYNC) & linked & in_graph[np.maximum(launch, 0)]
+    in_graph |= synced | ((kind == SYNC) & (columns["sync_kind"] == "stream_wait"))
+    at_launch, at_start = _queue_lengths(kind, launch, columns)
+    return Events(**columns, launch=launch, in_graph=in_graph, queue_at_launch=at_launch,
+                  queue_at_start=at_start, window=window)
+
+
+def _frames(trace: Trace) -> list[dict[str, np.ndarray]]:
+    """Each table's events as columns of one shape."""
+    ops = trace.ranges[(trace.ranges["source"] == "torch_op").to_numpy(bool)]
+    parts = [(HOST_OP, 0, ops), (API, 1, trace.api), (GPU, 2, trace.kernels),
+             (GPU, 3, trace.copies), (SYNC, 4, trace.syncs)]
+    return [_columns(kind, table, frame) for kind, table, frame in parts]
+
+
+def _columns(kind: int, table: int, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    count = len(frame)
+
+    def ints(name: str) -> IntArray:
+        if name not in frame.columns:
+            return np.full(count, -1, dtype=np.int64)
+        return keys.key_array(frame[name])
+
+    name = (frame["name"].astype(object).to_numpy() if "name" in frame.columns
+            else np.full(count, None, dtype=object))
+    sync_kind = (frame["kind"].astype(object).to_numpy() if TABLES[table] == "syncs"
+                 else np.full(count, None, dtype=object))
+    return {
+        "kind": np.full(count, kind, dtype=np.int64),
+        "table": np.full(count, table, dtype=np.int64),
+        "row": np.arange(count, dtype=np.int64),
+        "start": frame["start_ns"].to_numpy(np.int64),
+        "end": frame["end_ns"].to_numpy(np.int64),
+        "pid": ints("pid"), "tid": ints("tid") if kind in (HOST_OP, API) else ints("_none"),
+        "device": ints("device"), "stream": ints("stream") if kind != HOST_OP else ints("_"),
+        "correlation": ints("correlation"), "name": name, "sync_kind": sync_kind,
+        "record_correlation": ints("record_correlation"),
+        "record_stream": ints("record_stream"),
+    }
+
+
+def _launch_events(kind: IntArray, pid: IntArray, correlation: IntArray,
+                   name: npt.NDArray[np.object_]) -> IntArray:
+    """For GPU work and syncs, the API call of the same process and correlation id."""
+    out = np.full(len(kind), -1, dtype=np.int64)
+    calls = np.flatnonzero((kind == API) & (correlation >= 0))
+    wanted = np.flatnonzero(np.isin(kind, (GPU, SYNC)) & (correlation >= 0))
+    if not len(calls) or not len(wanted):
+        return out
+    key = keys.codes(np.concatenate([pid[calls], pid[wanted]]),
+                     np.concatenate([correlation[calls], correlation[wanted]]))
+    call_key, wanted_key = key[:len(calls)], key[len(calls):]
+    order = np.argsort(call_key, kind="stable")
+    found = np.minimum(np.searchsorted(call_key[order], wanted_key), len(calls) - 1)
+    hit = call_key[order][found] == wanted_key
+    out[wanted[hit]] = calls[order[found[hit]]]
+    return out
+
+
+def _queue_lengths(kind: IntArray, launch: IntArray, columns: dict[str, np.ndarray]
+                   ) -> tuple[IntArray, IntArray]:
+    """HTA's queue length per stream: +1 at each launch call (of LAUNCH_CALLS) of GPU work,
+    -1 when the work starts, in time order over the whole trace; its value right after
+    each work's launch and right after its start."""
+    at_launch = np.full(len(kind), -1, dtype=np.int64)
+    at_start = np.full(len(kind), -1, dtype=np.int64)
+    work = np.flatnonzero((kind == GPU) & (launch >= 0))
+    if not len(work):
+        return at_launch, at_start
+    names = columns["name"][launch[work]]
+    work = work[np.fromiter((name in LAUNCH_CALLS for name in names), bool, len(work))]
+    stream = keys.codes(columns["device"][work], columns["stream"][work])
+    times = np.concatenate([columns["start"][launch[work]], columns["start"][work]])
+    lanes = np.concatenate([stream, stream])
+    steps = np.concatenate([np.ones(len(work), np.int64), -np.ones(len(work), np.int64)])
+    order = np.lexsort((times, lanes))  # stable: a launch before work starting with it
+    running = np.cumsum(steps[order])
+    first = np.searchsorted(lanes[order], lanes[order], side="left")
+    before = np.concatenate([[0], running])[first]  # what the lanes before it summed to
+    queue = np.empty(len(order), dtype=np.int64)
+    queue[order] = running - before
+    at_launch[work] = queue[:len(work)]
+    at_start[work] = queue[len(work):]
+    return at_launch, at_start
