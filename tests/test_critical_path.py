@@ -140,3 +140,74 @@ def test_the_critical_path_equals_hta_s(hta: dict[str, Any], path: Path) -> None
     assert len(ours.graph.src) == theirs["graph"]["edges"]
     assert len(ours.edges) == len(theirs["edges"])
     assert summary == expected
+
+
+# -- what-if replays --------------------------------------------------------------------------
+
+from gpudiag.analyzers.critical.replay import Replay  # noqa: E402
+
+
+def sync_loop(*, steps: int = 3, host_ns: int = 100, tail_ns: int = 100,
+              records: bool = True) -> gpudiag.Trace:
+    """A training loop that syncs every step: launch (5 ns), a 50 ns kernel, a stream
+    synchronize that waits until it is done, then `host_ns` of host work (a torch op); the
+    last step is followed by `tail_ns` of host work. `records`: the driver's sync records
+    (Kineto's cuda_sync) are in the trace; without them the replay infers what each
+    synchronize waited for."""
+    api, kernels, syncs, ranges = [], [], [], []
+    base = 0
+    for step in range(steps):
+        correlation = 10 * step + 1
+        api.append(api_call(base, base + 5, correlation=correlation))
+        kernels.append(kernel(base + 10, base + 60, correlation=correlation))
+        api.append(api_call(base + 6, base + 62, "cudaStreamSynchronize",
+                            correlation=correlation + 1))
+        if records:
+            syncs.append({"pid": 100, "tid": None, "device": 0, "stream": 7,
+                          "start_ns": base + 6, "end_ns": base + 62, "kind": "stream",
+                          "correlation": correlation + 1})
+        work = host_ns if step < steps - 1 else tail_ns
+        ranges.append({"pid": 100, "tid": 100, "start_ns": base + 62,
+                       "end_ns": base + 62 + work, "name": "aten::add", "source": "torch_op",
+                       "depth": 0})
+        base += 62 + work
+    return trace(api=api, kernels=kernels, syncs=syncs or None, ranges=pd.DataFrame(ranges))
+
+
+@pytest.mark.parametrize("records", [True, False])
+def test_removing_a_sync_in_a_loop_saves_exactly_its_waits(records: bool) -> None:
+    """The host does 100 ns of work per step, the GPU 50: without the waits (56 ns a step)
+    the GPU keeps up, so the replayed loop is shorter by every wait, no more, no less."""
+    built = sync_loop(records=records)
+    replay = Replay.of(built)
+    assert replay.length_ns == 3 * 162  # the recorded window: the replay starts from it
+    calls = np.flatnonzero(replay.graph.events.name == "cudaStreamSynchronize")
+    waits = 3 * (62 - 6)
+    assert replay.length_ns - replay.without_waits(calls) == waits
+
+
+def test_removing_the_gpu_s_gaps_saves_nothing_in_a_host_bound_loop() -> None:
+    """Kernels of 20 ns behind host ops of 200 ns: the GPU idles between them, but taking
+    its gaps away cannot shorten a loop the host sets."""
+    ranges, api, kernels = [], [], []
+    for step in range(3):
+        base = step * 200
+        ranges.append({"pid": 100, "tid": 100, "start_ns": base, "end_ns": base + 200,
+                       "name": "aten::mm", "source": "torch_op", "depth": 0})
+        api.append(api_call(base + 50, base + 60, correlation=step + 1))
+        kernels.append(kernel(base + 70, base + 90, correlation=step + 1))
+    replay = Replay.of(trace(api=api, kernels=kernels, ranges=pd.DataFrame(ranges)))
+    assert replay.length_ns == 600
+    assert replay.without_gaps() == 600
+    ops = np.flatnonzero(replay.graph.events.name == "aten::mm")
+    assert replay.length_ns - replay.faster_host(ops[:1]) == 200 - 10  # its launch remains
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.name for p in TRACES])
+def test_replaying_a_real_trace_as_recorded_gives_its_window_back(path: Path) -> None:
+    """Nothing taken away, the replay ends where the trace did (within 0.1 %: GPU work
+    without a launch call in the trace is left out of the graph): the graph holds what
+    held each event."""
+    replay = Replay.of(gpudiag.load(path))
+    start, end = replay.graph.events.window
+    assert abs(replay.length_ns - (end - start)) <= 0.001 * (end - start)

@@ -59,15 +59,16 @@ def critical_path(trace: Trace, window: tuple[int, int] | None = None) -> Critic
 
 def longest_path(graph: Graph) -> tuple[list[int], int]:
     """The nodes of the longest path, in order, and its length (ns)."""
-    count = 2 * len(graph.events)
-    if not len(graph.src):
+    return longest(graph.src, graph.dst, graph.weight, 2 * len(graph.events))
+
+
+def longest(src: IntArray, dst: IntArray, weight: IntArray, count: int
+            ) -> tuple[list[int], int]:
+    """The longest path through `count` nodes and these edges (negative weights count as
+    zero): its nodes in order and its length."""
+    if not len(src):
         return [], 0
-    weight = np.maximum(graph.weight, 0)
-    indegree = np.bincount(graph.dst, minlength=count)
-    pred, anchor, above = _anchors(graph.src, graph.dst, weight, indegree)
-    distance, chosen = _join_distances(graph.src, graph.dst, weight, indegree,
-                                       anchors=(anchor, above))
-    distance = distance[anchor] + above
+    distance, indegree, pred, chosen = _distances(src, dst, weight, count)
     end = int(np.argmax(distance))
     nodes = [end]
     node = end
@@ -75,6 +76,22 @@ def longest_path(graph: Graph) -> tuple[list[int], int]:
         node = int(pred[node]) if indegree[node] == 1 else chosen[node]
         nodes.append(node)
     return nodes[::-1], int(distance[end])
+
+
+def longest_length(src: IntArray, dst: IntArray, weight: IntArray, count: int) -> int:
+    """The length of the longest path alone (what a replay needs)."""
+    return int(_distances(src, dst, weight, count)[0].max()) if len(src) else 0
+
+
+def _distances(src: IntArray, dst: IntArray, weight: IntArray, count: int
+               ) -> tuple[IntArray, IntArray, IntArray, dict[int, int]]:
+    """Each node's longest distance from a root, its indegree, its one predecessor and,
+    for joins, the predecessor the longest distance came through."""
+    weight = np.maximum(weight, 0)
+    indegree = np.bincount(dst, minlength=count)
+    pred, anchor, above = _anchors(src, dst, weight, indegree)
+    distance, chosen = _join_distances(src, dst, weight, indegree, anchors=(anchor, above))
+    return distance[anchor] + above, indegree, pred, chosen
 
 
 def _anchors(src: IntArray, dst: IntArray, weight: IntArray, indegree: IntArray

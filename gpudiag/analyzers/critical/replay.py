@@ -1,0 +1,220 @@
+"""What-if replays: a trace's schedule replayed with one cause of lost time taken away.
+
+    replay = Replay.of(trace)                       # or window=(start_ns, end_ns)
+    replay.length_ns                                # the replayed window, as recorded
+    replay.length_ns - replay.without_waits(calls)  # what removing those waits saves
+
+A replay runs every event as early as its dependencies allow: the longest path through the
+replay graph is the replayed length. The replay graph is the critical-path graph
+(`graph.build`) with what a replay must keep and the critical path does not need:
+- host time between outermost ops counts (Python, untraced work: a host that stays as
+  slow stays as slow), where the path's `dependency` edges weigh nothing;
+- GPU work never starts before its launch call starts nor before its stream's previous
+  work ends (the critical-path graph draws only the edge that held it);
+- a blocking call returns as long after the work it waited for as it did (the path's sync
+  edges weigh nothing), and one that waited for nothing takes its own time (the path
+  weighs the end of every call on HTA's blocking list at nothing);
+- every blocking host call waits for what it waited for, whether or not the trace holds
+  CUDA sync records: a synchronous copy for its copy; a synchronize for the last work
+  started before it returned on the streams it waited on (its stream when the sync record
+  names one, else every stream of its process). Edges already drawn from sync records are
+  kept as they are.
+Each transformation keeps everything else fixed: what it is optimistic about is said at
+each (and in docs/analysis.md, "Expected savings").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from gpudiag.analyzers.critical.events import API, BLOCKING_CALLS, GPU, Events
+from gpudiag.analyzers.critical.graph import DEPENDENCY, LAUNCH, QUEUE, SPAN, SYNCED, Graph, build
+from gpudiag.analyzers.critical.path import longest_length
+from gpudiag.analyzers.losses.waits import SYNC_APIS, SYNC_COPY_APIS
+from gpudiag.trace import Trace
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+#: the replay graph's own edges: GPU work after its launch call and its stream's previous
+#: work, where the critical-path graph drew only the other (zero: they only order)
+ORDER = 5
+
+
+@dataclass
+class Replay:
+    """A trace's replay graph (see the module docstring) and its replayed length."""
+
+    graph: Graph
+    src: IntArray
+    dst: IntArray
+    weight: IntArray
+    kind: IntArray
+    length_ns: int
+
+    @classmethod
+    def of(cls, trace: Trace, window: tuple[int, int] | None = None) -> Replay:
+        """The replay of `trace` (one rank) over `window` (None: all of it)."""
+        graph = build(trace, window)
+        times = graph.node_time()
+        weight = graph.weight.copy()
+        between = graph.kind == DEPENDENCY
+        weight[between] = times[graph.dst[between]] - times[graph.src[between]]
+        order_src, order_dst, wait_src, wait_dst = _order_edges(graph)
+        src = np.concatenate([graph.src, order_src, wait_src])
+        dst = np.concatenate([graph.dst, order_dst, wait_dst])
+        kind = np.concatenate([graph.kind, np.full(len(order_src), ORDER),
+                               np.full(len(wait_src), SYNCED)])
+        weight = np.concatenate([weight, np.zeros(len(order_src) + len(wait_src),
+                                                  dtype=np.int64)])
+        waited = kind == SYNCED  # a call returns as long after its work as it did
+        weight[waited] = np.maximum(times[dst[waited]] - times[src[waited]], 0)
+        # a "blocking" call that waited for nothing (a cudaMemcpyAsync from pinned memory
+        # returns at once): its own time counts, as any call's
+        free = (kind == SPAN) & (weight == 0) & (dst % 2 == 1) & ~np.isin(dst, dst[waited])
+        weight[free] = np.maximum(times[dst[free]] - times[src[free]], 0)
+        count = 2 * len(graph.events)
+        return cls(graph, src, dst, weight, kind, longest_length(src, dst, weight, count))
+
+    def length(self, weight: IntArray | None = None, keep: BoolArray | None = None) -> int:
+        """The replayed length with some edges reweighted and some taken away."""
+        weight = self.weight if weight is None else weight
+        if keep is None:
+            return longest_length(self.src, self.dst, weight, 2 * len(self.graph.events))
+        return longest_length(self.src[keep], self.dst[keep], weight[keep],
+                              2 * len(self.graph.events))
+
+    def without_waits(self, calls: IntArray) -> int:
+        """The length if these blocking calls (events) did not wait for the GPU: their
+        sync edges are taken away (the call returns as soon as it is made). Optimistic
+        where a later call would then wait longer for the same work: that wait is kept."""
+        ends = 2 * np.asarray(calls, dtype=np.int64) + 1
+        keep = ~((self.kind == SYNCED) & np.isin(self.dst, ends))
+        return self.length(keep=keep)
+
+    def faster_calls(self, calls: IntArray, cost_ns: int) -> int:
+        """The length if these host calls (launches) took at most `cost_ns` each, and their
+        work followed them as soon as it did before (a CUDA graph replay: one launch for
+        many kernels). The host time they save moves everything after them earlier."""
+        weight = self.weight.copy()
+        owned = np.isin(self.graph_owner(), calls) & (self.kind == SPAN)
+        weight[owned] = np.minimum(weight[owned], cost_ns)
+        return self.length(weight=weight)
+
+    def faster_host(self, events: IntArray) -> int:
+        """The length if these host ops took no time (data loading made as fast as the GPU
+        needs): their spans weigh nothing, the host time around them stays."""
+        weight = self.weight.copy()
+        weight[np.isin(self.graph_owner(), events) & (self.kind == SPAN)] = 0
+        return self.length(weight=weight)
+
+    def shorter_work(self, events: IntArray, factor: npt.ArrayLike) -> int:
+        """The length if this GPU work ran in `factor` of its time (a full wave: its
+        under-occupied share taken away; a collective without waiting for late peers)."""
+        weight = self.weight.copy()
+        scale = np.ones(len(self.graph.events))
+        scale[np.asarray(events, dtype=np.int64)] = factor
+        spans = (self.kind == SPAN) & (self.graph_owner() >= 0)
+        owner = self.graph_owner()[spans]
+        weight[spans] = np.round(weight[spans] * scale[owner]).astype(np.int64)
+        return self.length(weight=weight)
+
+    def without_gaps(self) -> int:
+        """The length if work on every stream followed the previous work at once (no idle
+        between queued kernels, no launch delay): the GPU's own gaps taken away."""
+        weight = self.weight.copy()
+        weight[np.isin(self.kind, (LAUNCH, QUEUE))] = 0
+        return self.length(weight=weight)
+
+    def graph_owner(self) -> IntArray:
+        """The event each edge's time belongs to (-1 for the replay's own edges)."""
+        extra = len(self.src) - len(self.graph.src)
+        return np.concatenate([self.graph.owner, np.full(extra, -1, dtype=np.int64)])
+
+
+def _order_edges(graph: Graph) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    """The replay's own edges: work after its launch call's start and after its stream's
+    previous work (where the graph drew the other), and blocking calls after the work they
+    waited for (where no sync record drew it): (src, dst) of each."""
+    events = graph.events
+    work = np.flatnonzero(events.in_graph & (events.kind == GPU))
+    launched = work[events.launch[work] >= 0]
+    drawn = set(zip(graph.src.tolist(), graph.dst.tolist(), strict=True))
+    pairs = [(2 * int(events.launch[w]), 2 * int(w)) for w in launched.tolist()]
+    pairs += _stream_order(events, work)
+    pairs = [pair for pair in pairs if pair not in drawn]
+    waits = _waited_for(graph, work)
+    source = np.array([pair[0] for pair in pairs], dtype=np.int64)
+    target = np.array([pair[1] for pair in pairs], dtype=np.int64)
+    return source, target, waits[0], waits[1]
+
+
+def _stream_order(events: Events, work: IntArray) -> list[tuple[int, int]]:
+    """Each work after the previous work on its stream (end -> start)."""
+    stream = events.device[work] * (2**32) + events.stream[work]
+    order = np.lexsort((events.start[work], stream))
+    ordered = work[order]
+    same = stream[order][1:] == stream[order][:-1]
+    return list(zip((2 * ordered[:-1][same] + 1).tolist(), (2 * ordered[1:][same]).tolist(),
+                    strict=True))
+
+
+def _waited_for(graph: Graph, work: IntArray) -> tuple[IntArray, IntArray]:
+    """Blocking calls without a sync edge, after the work they waited for: a synchronous
+    copy after its copy, a synchronize after the last work of its process started before
+    it returned on each stream (sync records name the stream where they exist)."""
+    events = graph.events
+    synced = set(graph.dst[graph.kind == SYNCED].tolist())
+    calls = np.flatnonzero(events.in_graph & (events.kind == API))
+    blocking = np.fromiter((_blocks(name) for name in events.name[calls]), bool, len(calls))
+    calls = calls[blocking]
+    calls = calls[~np.isin(2 * calls + 1, list(synced))]
+    sources: list[int] = []
+    targets: list[int] = []
+    copies = {int(events.launch[w]): int(w) for w in work.tolist() if events.launch[w] >= 0}
+    streams = _streams(events, work)
+    for call in calls.tolist():
+        if _is_copy(events.name[call]):  # waited for its copy if it returned after it
+            copied = copies.get(call)
+            if copied is not None and events.end[copied] <= events.end[call]:
+                sources.append(2 * copied + 1)
+                targets.append(2 * call + 1)
+            continue
+        for key, (starts, ids) in streams.items():
+            if key[0] != events.pid[call]:
+                continue
+            position = int(np.searchsorted(starts, events.end[call], side="right")) - 1
+            if position >= 0 and events.end[ids[position]] <= events.end[call]:
+                sources.append(2 * int(ids[position]) + 1)
+                targets.append(2 * call + 1)
+    return np.array(sources, dtype=np.int64), np.array(targets, dtype=np.int64)
+
+
+def _blocks(name: object) -> bool:
+    """A call whose end waits for the GPU: HTA's blocking calls (its path weighs their
+    end at nothing: a cudaMemcpyAsync from pageable memory blocks too) and the loss
+    model's synchronize and synchronous copy calls."""
+    text = str(name)
+    return text in BLOCKING_CALLS or bool(SYNC_APIS.search(text) or SYNC_COPY_APIS.search(text))
+
+
+def _is_copy(name: object) -> bool:
+    """A copy call: it waits for its own copy, not for its stream."""
+    text = str(name)
+    return text == "cudaMemcpyAsync" or bool(SYNC_COPY_APIS.search(text))
+
+
+def _streams(events: Events, work: IntArray) -> dict[tuple[int, int, int], tuple[IntArray,
+                                                                                  IntArray]]:
+    """Each (process, device, stream)'s work, by start: starts and event ids."""
+    out: dict[tuple[int, int, int], tuple[IntArray, IntArray]] = {}
+    for key in {(int(p), int(d), int(s)) for p, d, s in zip(
+            events.pid[work], events.device[work], events.stream[work], strict=True)}:
+        mine = work[(events.pid[work] == key[0]) & (events.device[work] == key[1])
+                    & (events.stream[work] == key[2])]
+        mine = mine[np.argsort(events.start[mine], kind="stable")]
+        out[key] = (events.start[mine], mine)
+    return out
