@@ -17,6 +17,7 @@ import pytest
 import gpudiag
 from gpudiag.analyzers.critical.events import GPU
 from gpudiag.analyzers.critical.path import critical_path
+from gpudiag.analyzers.critical.replay import Replay
 from tests.builders import api_call, kernel, trace
 from tests.conftest import fixtures_dir, tool_missing
 from tests.test_hta_oracle import INSTALL, hta_python
@@ -59,9 +60,8 @@ def test_a_sync_in_a_loop_puts_the_kernels_and_their_launches_on_the_path() -> N
         + ["launch", "span", "sync"]
 
 
-def test_a_host_bound_loop_has_only_host_time_on_its_path() -> None:
-    """Ops of 200 ns that each launch a 20 ns kernel: the GPU waits for the host, so the
-    path is the host thread's, gaps included as nothing."""
+def host_bound_loop() -> gpudiag.Trace:
+    """Three torch ops of 200 ns, back to back, each launching a 20 ns kernel."""
     ranges, api, kernels = [], [], []
     for step in range(3):
         base = step * 200
@@ -69,8 +69,13 @@ def test_a_host_bound_loop_has_only_host_time_on_its_path() -> None:
                        "name": "aten::mm", "source": "torch_op", "depth": 0})
         api.append(api_call(base + 50, base + 60, correlation=step + 1))
         kernels.append(kernel(base + 70, base + 90, correlation=step + 1))
-    built = trace(api=api, kernels=kernels, ranges=pd.DataFrame(ranges))
-    path = critical_path(built)
+    return trace(api=api, kernels=kernels, ranges=pd.DataFrame(ranges))
+
+
+def test_a_host_bound_loop_has_only_host_time_on_its_path() -> None:
+    """Ops of 200 ns that each launch a 20 ns kernel: the GPU waits for the host, so the
+    path is the host thread's, gaps included as nothing."""
+    path = critical_path(host_bound_loop())
     assert path.length_ns == 600
     assert path.summary().to_dict() == {"host": 600}
     assert set(path.edges.loc[path.edges["ns"] > 0, "name"]) == {"aten::mm",
@@ -144,8 +149,6 @@ def test_the_critical_path_equals_hta_s(hta: dict[str, Any], path: Path) -> None
 
 # -- what-if replays --------------------------------------------------------------------------
 
-from gpudiag.analyzers.critical.replay import Replay  # noqa: E402
-
 
 def sync_loop(*, steps: int = 3, host_ns: int = 100, tail_ns: int = 100,
               records: bool = True) -> gpudiag.Trace:
@@ -189,14 +192,7 @@ def test_removing_a_sync_in_a_loop_saves_exactly_its_waits(records: bool) -> Non
 def test_removing_the_gpu_s_gaps_saves_nothing_in_a_host_bound_loop() -> None:
     """Kernels of 20 ns behind host ops of 200 ns: the GPU idles between them, but taking
     its gaps away cannot shorten a loop the host sets."""
-    ranges, api, kernels = [], [], []
-    for step in range(3):
-        base = step * 200
-        ranges.append({"pid": 100, "tid": 100, "start_ns": base, "end_ns": base + 200,
-                       "name": "aten::mm", "source": "torch_op", "depth": 0})
-        api.append(api_call(base + 50, base + 60, correlation=step + 1))
-        kernels.append(kernel(base + 70, base + 90, correlation=step + 1))
-    replay = Replay.of(trace(api=api, kernels=kernels, ranges=pd.DataFrame(ranges)))
+    replay = Replay.of(host_bound_loop())
     assert replay.length_ns == 600
     assert replay.without_gaps() == 600
     ops = np.flatnonzero(replay.graph.events.name == "aten::mm")
