@@ -43,17 +43,22 @@ def step_with_sync(base: int, correlation: int) -> tuple[list[dict[str, Any]], .
     return [launch, wait], [work], [waited]
 
 
-def test_a_sync_in_a_loop_puts_the_kernels_and_their_launches_on_the_path() -> None:
-    """Each step's host waits for its kernel: the path runs launch -> kernel -> the wait's
-    end -> the next launch, so it holds every kernel and launch delay and no host time
-    (the host's 5 ns calls are off it, its waiting weighs nothing)."""
+def synced_steps() -> gpudiag.Trace:
+    """Three steps of `step_with_sync`, 200 ns apart."""
     api, kernels, syncs = [], [], []
     for step in range(3):
         more = step_with_sync(step * 200, 10 * step + 1)
         api += more[0]
         kernels += more[1]
         syncs += more[2]
-    path = critical_path(trace(api=api, kernels=kernels, syncs=syncs))
+    return trace(api=api, kernels=kernels, syncs=syncs)
+
+
+def test_a_sync_in_a_loop_puts_the_kernels_and_their_launches_on_the_path() -> None:
+    """Each step's host waits for its kernel: the path runs launch -> kernel -> the wait's
+    end -> the next launch, so it holds every kernel and launch delay and no host time
+    (the host's 5 ns calls are off it, its waiting weighs nothing)."""
+    path = critical_path(synced_steps())
     assert path.length_ns == 3 * (10 + 100)
     assert path.summary().to_dict() == {"gpu_compute": 300, "launch_overhead": 30}
     assert list(path.edges["kind"].astype(str)) == ["launch", "span", "sync", "dependency"] * 2 \
@@ -83,13 +88,7 @@ def test_a_host_bound_loop_has_only_host_time_on_its_path() -> None:
 
 
 def test_a_window_keeps_the_host_events_that_start_in_it() -> None:
-    api, kernels, syncs = [], [], []
-    for step in range(3):
-        more = step_with_sync(step * 200, 10 * step + 1)
-        api += more[0]
-        kernels += more[1]
-        syncs += more[2]
-    path = critical_path(trace(api=api, kernels=kernels, syncs=syncs), window=(200, 399))
+    path = critical_path(synced_steps(), window=(200, 399))
     assert path.length_ns == 110 and path.window == (200, 399)
 
 
