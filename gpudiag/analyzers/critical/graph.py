@@ -158,80 +158,98 @@ def _parents(lane: IntArray, start: IntArray, end: IntArray, depth: IntArray) ->
 
 def _gpu_edges(events: Events, edges: _Edges) -> None:
     """Work on its streams, launches, syncs and stream waits (see the module docstring),
-    walked in HTA's order: work by its start, syncs by their end."""
+    in HTA's walk order (work by its start, syncs by their end), without a Python step per
+    work: only syncs and stream waits are taken one by one."""
     work = np.flatnonzero(events.in_graph & (events.kind == GPU))
     syncs = np.flatnonzero(events.in_graph & (events.kind == SYNC))
     edges.add(2 * work, 2 * work + 1, SPAN, events.end[work] - events.start[work], work)
-    walk = _StreamWalk(events, edges, _stream_waits(events, syncs))
-    order = np.concatenate([work, syncs])
-    at = np.concatenate([events.start[work], events.end[syncs]])
-    for event in order[np.argsort(at, kind="stable")].tolist():
-        if events.kind[event] == SYNC:
-            walk.sync(event)
-        else:
-            walk.work(event)
+    walked = np.concatenate([work, syncs])
+    walked = walked[np.argsort(np.concatenate([events.start[work], events.end[syncs]]),
+                               kind="stable")]
+    position = np.full(len(events), -1, dtype=np.int64)
+    position[walked] = np.arange(len(walked))
+    stream = events.device * (2**32) + events.stream
+    ordered = work[np.lexsort((position[work], stream[work]))]  # each stream's, in turn
+    previous = np.concatenate([[-1], ordered[:-1]])
+    if len(ordered):
+        previous[np.flatnonzero(np.r_[True, stream[ordered][1:] != stream[ordered][:-1]])] = -1
+    waits = _stream_waits(events, syncs)
+    before = _held_by(events, waits, position)[ordered]
+    _queued(events, edges, ordered, previous, before)
+    _synced(events, edges, syncs[np.argsort(position[syncs])], waits,
+            (ordered, stream[ordered], position[ordered]), position=position)
 
 
-class _StreamWalk:
-    """The GPU side walked in time order: each stream's latest work, and the stream waits
-    that hold a later work until an earlier one ends."""
+def _held_by(events: Events, waits: dict[int, tuple[int, int]], position: IntArray
+             ) -> IntArray:
+    """For each work, the work a stream wait holds it for (-1: none): the wait must come
+    before it in the walk, and a later wait for the same work replaces an earlier one."""
+    held = np.full(len(events), -1, dtype=np.int64)
+    for sync in sorted(waits, key=lambda event: int(position[event])):
+        source, target = waits[sync]
+        if (events.sync_kind[sync] == "stream_wait" and target >= 0
+                and position[sync] < position[target] and events.in_graph[source]):
+            held[target] = source
+    return held
 
-    def __init__(self, events: Events, edges: _Edges, waits: dict[int, tuple[int, int]]
-                 ) -> None:
-        self.events, self.edges, self.waits = events, edges, waits
-        self.last: dict[tuple[int, int], int] = {}  # stream -> its latest work's end node
-        self.waited: dict[int, int] = {}  # work -> the work a stream wait holds it for
 
-    def work(self, event: int) -> None:
-        """One work's incoming edge: a stream wait, its launch or the stream's previous
-        work."""
-        events, edges = self.events, self.edges
-        stream = (int(events.device[event]), int(events.stream[event]))
-        start = 2 * event
-        before = self.waited.pop(event, None)
-        if before is not None and not events.in_graph[before]:
-            before = None
-        if before is not None:
-            edges.add(2 * before + 1, start, SYNCED, 0, -1)
-        call = int(events.launch[event])
-        previous = self.last.get(stream)
-        previous_end = None if previous is None else int(events.end[previous // 2])
-        before_end = None if before is None else int(events.end[before])
-        call_start = int(events.start[call])
-        idle = (events.queue_at_launch[event] == 1 and events.queue_at_start[event] == 0
-                and (previous_end is None or previous_end < call_start)
-                and (before_end is None or before_end < call_start))
-        if idle:
-            edges.add(2 * call, start, LAUNCH, int(events.start[event]) - call_start, event)
-        elif previous is not None and previous_end is not None and (
-                before_end is None or before_end < previous_end):
-            edges.add(previous, start, QUEUE, int(events.start[event]) - previous_end, event)
-        self.last[stream] = 2 * event + 1
+def _queued(events: Events, edges: _Edges, ordered: IntArray, previous: IntArray,
+            before: IntArray) -> None:
+    """Each work's incoming edges: the stream wait that held it, then its launch (the
+    stream was idle) or else the stream's previous work."""
+    held = before >= 0
+    edges.add(2 * before[held] + 1, 2 * ordered[held], SYNCED, 0, -1)
+    call = events.launch[ordered]
+    call_start = events.start[np.maximum(call, 0)]
+    has_previous = previous >= 0
+    previous_end = events.end[np.maximum(previous, 0)]
+    held_end = events.end[np.maximum(before, 0)]
+    idle = ((events.queue_at_launch[ordered] == 1) & (events.queue_at_start[ordered] == 0)
+            & (~has_previous | (previous_end < call_start))
+            & (~held | (held_end < call_start)))
+    queued = ~idle & has_previous & (~held | (held_end < previous_end))
+    starts = events.start[ordered]
+    edges.add(2 * call[idle], 2 * ordered[idle], LAUNCH, (starts - call_start)[idle],
+              ordered[idle])
+    edges.add(2 * previous[queued] + 1, 2 * ordered[queued], QUEUE,
+              (starts - previous_end)[queued], ordered[queued])
 
-    def sync(self, event: int) -> None:
-        """A sync's edges: GPU work to the host call that waited for it, or a stream wait."""
-        events, kind = self.events, self.events.sync_kind[event]
-        if kind == "stream_wait":
-            pair = self.waits.get(event)
-            if pair is not None:
-                self.waited[pair[1]] = pair[0]
-            return
-        call = int(events.launch[event])
-        if call < 0 or not events.in_graph[call]:
-            return
+
+def _synced(events: Events, edges: _Edges, syncs: IntArray, waits: dict[int, tuple[int, int]],
+            streams: tuple[IntArray, IntArray, IntArray], *, position: IntArray) -> None:
+    """Each sync's edges from the work it waited for to the end of its host call: a stream
+    sync's stream's latest work so far in the walk, a context sync's every stream's, an
+    event sync's recorded work."""
+    ordered, stream_of, walk = streams
+    lanes = np.unique(stream_of)
+    for sync in syncs.tolist():
+        kind = events.sync_kind[sync]
+        call = int(events.launch[sync])
+        if kind == "stream_wait" or call < 0 or not events.in_graph[call]:
+            continue
         if kind == "event":
-            source = self.waits.get(event)
+            source = waits.get(sync)
             ends = [2 * source[0] + 1] if source is not None and events.in_graph[source[0]] \
                 else []
-        elif kind == "context":
-            ends = list(self.last.values())
-        elif kind == "stream":
-            stream = (int(events.device[event]), int(events.stream[event]))
-            ends = [self.last[stream]] if stream in self.last else []
+        elif kind in ("context", "stream"):
+            wanted = lanes if kind == "context" else \
+                [int(events.device[sync]) * (2**32) + int(events.stream[sync])]
+            at = int(position[sync])
+            ends = [end for lane in wanted
+                    if (end := _latest(ordered, stream_of, walk, lane, at)) >= 0]
         else:
             ends = []
         for end in ends:
-            self.edges.add(end, 2 * call + 1, SYNCED, 0, -1)
+            edges.add(end, 2 * call + 1, SYNCED, 0, -1)
+
+
+def _latest(ordered: IntArray, stream_of: IntArray, walk: IntArray, lane: int,
+            at: int) -> int:
+    """The end node of the latest work of `lane` walked before position `at` (-1: none)."""
+    first = int(np.searchsorted(stream_of, lane, side="left"))
+    last = int(np.searchsorted(stream_of, lane, side="right"))
+    count = int(np.searchsorted(walk[first:last], at, side="left"))
+    return 2 * int(ordered[first + count - 1]) + 1 if count else -1
 
 
 def _stream_waits(events: Events, syncs: IntArray) -> dict[int, tuple[int, int]]:
