@@ -26,6 +26,7 @@ each (and in docs/analysis.md, "Expected savings").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
@@ -141,25 +142,23 @@ def _order_edges(graph: Graph) -> tuple[IntArray, IntArray, IntArray, IntArray]:
     waited for (where no sync record drew it): (src, dst) of each."""
     events = graph.events
     work = np.flatnonzero(events.in_graph & (events.kind == GPU))
-    launched = work[events.launch[work] >= 0]
-    drawn = set(zip(graph.src.tolist(), graph.dst.tolist(), strict=True))
-    pairs = [(2 * int(events.launch[w]), 2 * int(w)) for w in launched.tolist()]
-    pairs += _stream_order(events, work)
-    pairs = [pair for pair in pairs if pair not in drawn]
+    launched = work[(events.launch[work] >= 0)
+                    & ~np.isin(2 * work, graph.dst[graph.kind == LAUNCH])]
+    previous, following = _stream_order(events, work)
+    queued = np.isin(following, graph.dst[graph.kind == QUEUE])
+    source = np.concatenate([2 * events.launch[launched], previous[~queued]])
+    target = np.concatenate([2 * launched, following[~queued]])
     waits = _waited_for(graph, work)
-    source = np.array([pair[0] for pair in pairs], dtype=np.int64)
-    target = np.array([pair[1] for pair in pairs], dtype=np.int64)
     return source, target, waits[0], waits[1]
 
 
-def _stream_order(events: Events, work: IntArray) -> list[tuple[int, int]]:
-    """Each work after the previous work on its stream (end -> start)."""
+def _stream_order(events: Events, work: IntArray) -> tuple[IntArray, IntArray]:
+    """Each work after the previous work on its stream: (end node, start node) pairs."""
     stream = events.device[work] * (2**32) + events.stream[work]
     order = np.lexsort((events.start[work], stream))
     ordered = work[order]
     same = stream[order][1:] == stream[order][:-1]
-    return list(zip((2 * ordered[:-1][same] + 1).tolist(), (2 * ordered[1:][same]).tolist(),
-                    strict=True))
+    return 2 * ordered[:-1][same] + 1, 2 * ordered[1:][same]
 
 
 def _waited_for(graph: Graph, work: IntArray) -> tuple[IntArray, IntArray]:
@@ -174,11 +173,15 @@ def _waited_for(graph: Graph, work: IntArray) -> tuple[IntArray, IntArray]:
     calls = calls[~np.isin(2 * calls + 1, list(synced))]
     sources: list[int] = []
     targets: list[int] = []
-    copies = {int(events.launch[w]): int(w) for w in work.tolist() if events.launch[w] >= 0}
+    launched = work[events.launch[work] >= 0]
+    by_call = launched[np.argsort(events.launch[launched], kind="stable")]
+    calls_of = events.launch[by_call]
     streams = _streams(events, work)
     for call in calls.tolist():
         if _is_copy(events.name[call]):  # waited for its copy if it returned after it
-            copied = copies.get(call)
+            found = int(np.searchsorted(calls_of, call))
+            copied = int(by_call[found]) if found < len(by_call) and calls_of[found] == call \
+                else None
             if copied is not None and events.end[copied] <= events.end[call]:
                 sources.append(2 * copied + 1)
                 targets.append(2 * call + 1)
@@ -210,11 +213,15 @@ def _is_copy(name: object) -> bool:
 def _streams(events: Events, work: IntArray) -> dict[tuple[int, int, int], tuple[IntArray,
                                                                                   IntArray]]:
     """Each (process, device, stream)'s work, by start: starts and event ids."""
-    out: dict[tuple[int, int, int], tuple[IntArray, IntArray]] = {}
-    for key in {(int(p), int(d), int(s)) for p, d, s in zip(
-            events.pid[work], events.device[work], events.stream[work], strict=True)}:
-        mine = work[(events.pid[work] == key[0]) & (events.device[work] == key[1])
-                    & (events.stream[work] == key[2])]
-        mine = mine[np.argsort(events.start[mine], kind="stable")]
-        out[key] = (events.start[mine], mine)
-    return out
+    order = np.lexsort((events.start[work], events.stream[work], events.device[work],
+                        events.pid[work]))
+    ordered = work[order]
+    keys = np.column_stack([events.pid[ordered], events.device[ordered],
+                            events.stream[ordered]])
+    if not len(ordered):
+        return {}
+    first = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)])
+    bounds = np.r_[first, len(ordered)]
+    return {(int(keys[low, 0]), int(keys[low, 1]), int(keys[low, 2])):
+            (events.start[ordered[low:high]], ordered[low:high])
+            for low, high in pairwise(bounds.tolist())}
