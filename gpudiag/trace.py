@@ -123,9 +123,7 @@ class Trace:
 
     def warn(self, kind: str, count: int = 1) -> None:
         """Count a repair of odd input (e.g. 'kernels with negative duration clipped')."""
-        if count:
-            warnings = self.meta["warnings"]
-            warnings[kind] = int(warnings.get(kind, 0)) + int(count)
+        warn_meta(self.meta, kind, count)
 
     def validate(self) -> None:
         """Raise SchemaError listing every table that breaks the schema contract."""
@@ -205,6 +203,13 @@ def _json_depth(raw: bytes) -> int:
     step = (np.isin(marks, (ord("["), ord("{"))).astype(np.int64)
             - np.isin(marks, (ord("]"), ord("}"))))
     return int(np.cumsum(step).max(initial=0))
+
+
+def warn_meta(meta: dict[str, Any], kind: str, count: int = 1) -> None:
+    """`Trace.warn` on a meta of its own (one being built before its Trace is)."""
+    if count:
+        warnings = meta.setdefault("warnings", {})
+        warnings[kind] = int(warnings.get(kind, 0)) + int(count)
 
 
 def load_json(file: Path) -> Any:

@@ -87,3 +87,25 @@ def test_profile_with_workers_analyzes_the_run_process_by_process(tmp_path: Path
     merged = diagnose(merge_run(run))  # merging it afterwards gives the same findings
     job = diagnose_job(run, workers=1)
     assert_same(job, merged)
+
+
+def test_a_damaged_run_directory_analyzed_by_process_is_one_clear_line(tmp_path: Path) -> None:
+    """The run's meta.json is read where the job completes its meta: damaged, it is the
+    same one line `gpudiag analyze RUN` gives, never a traceback."""
+    from gpudiag.profiler import session
+    from tests.builders import kernel, trace
+
+    run = tmp_path / "run"
+    session.make_run_dir(["x"], run)
+    proc = run / "procs" / "h-7-rank0"
+    proc.mkdir(parents=True)
+    gpudiag.Trace(meta={"rank": 0, "process": {"pid": 7, "host": "h",
+                                               "collectors": ["host", "cupti"]}}).save(proc)
+    trace(kernels=[kernel(1_000, 2_000)]).save(proc / "cupti" / "chunk-000000")
+    (run / "meta.json").write_text("{not json")
+    for extra in ([], ["--workers", "1"]):
+        done = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", str(run), *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert "meta.json: unreadable run meta.json" in done.stderr
+        assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1

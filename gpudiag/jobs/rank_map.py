@@ -30,7 +30,7 @@ from gpudiag.analyzers import window as window_mod
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.analyzers.losses.waterfall import DeviceKey, LossTimeline, clip_window
 from gpudiag.analyzers.steps import training as steps_mod
-from gpudiag.errors import GpudiagError
+from gpudiag.jobs.executors import failure
 from gpudiag.readers.sources import read_file
 from gpudiag.trace import Trace, merge
 
@@ -104,8 +104,8 @@ def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
     for file in files:
         try:
             traces.append(read_file(Path(file)))
-        except GpudiagError as exc:  # one unreadable file must not lose the batch
-            failed.append((file, str(exc)))
+        except Exception as exc:  # one unreadable file (or a reader's bug) keeps its own
+            failed.append((file, failure(exc)))
             continue
         read.append(file)
     if not traces:

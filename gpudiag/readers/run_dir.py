@@ -19,7 +19,6 @@ Kineto segment recorded before `init_process_group` still lands on its rank.
 from __future__ import annotations
 
 import gzip
-import json
 import logging
 import os
 import shutil
@@ -33,7 +32,7 @@ import pandas as pd
 from gpudiag.errors import InputError
 from gpudiag.readers.registry import read_path, readable_files
 from gpudiag.schema import TABLE_NAMES
-from gpudiag.trace import Trace, check_meta, is_trace_dir, load_json, merge
+from gpudiag.trace import Trace, check_meta, is_trace_dir, load_json, merge, warn_meta
 from gpudiag.trace_meta import RUN
 
 log = logging.getLogger(__name__)
@@ -59,7 +58,15 @@ def load_run(run_dir: Path) -> Trace:
     cache = run_dir / "trace"
     if not cache.is_symlink() and is_trace_dir(cache):
         return Trace.load_dir(cache)
-    file = run_dir / "meta.json"
+    read_run_meta(run_dir)  # a damaged run is one line before anything is merged
+    trace = merge_run(run_dir, compress=False)
+    check_meta(trace.meta, run_dir / "meta.json")
+    return trace
+
+
+def read_run_meta(run_dir: Path) -> dict[str, Any]:
+    """The session's `<run>/meta.json`, checked; an InputError naming it when damaged."""
+    file = Path(run_dir) / "meta.json"
     try:
         run_meta = load_json(file)
     except (OSError, ValueError) as exc:
@@ -69,9 +76,7 @@ def load_run(run_dir: Path) -> Trace:
     if problem is not None:
         raise InputError(file, f"run meta.json {problem.lstrip('.')}",
                          "the run directory is damaged")
-    trace = merge_run(run_dir, compress=False)
-    check_meta(trace.meta, file)
-    return trace
+    return dict(run_meta)
 
 
 def merge_run(run_dir: Path, extra: Sequence[Path] = (), *, compress: bool = True) -> Trace:
@@ -159,7 +164,7 @@ def finish_meta(meta: dict[str, Any], run_dir: Path, metas: Sequence[dict[str, A
     ranks, the process directories that never wrote anything, the files that could not be
     read (`unreadable`, and those the parts name)."""
     run_dir = Path(run_dir)
-    run_info = json.loads((run_dir / "meta.json").read_text())
+    run_info = read_run_meta(run_dir)
     processes = [part["process"] for part in metas if "process" in part]
     meta.update(
         run=run_info, command=run_info.get("command"),
@@ -173,20 +178,14 @@ def finish_meta(meta: dict[str, Any], run_dir: Path, metas: Sequence[dict[str, A
     if samples:  # the NVML sampler's (`load_samples`)
         meta["nvml"] = samples[-1].get("nvml", {})
     procs = sum(1 for path in (run_dir / "procs").glob("*") if path.is_dir())
-    _warn(meta, "process directories without output (killed before the first flush)",
-          procs - len(processes))
+    warn_meta(meta, "process directories without output (killed before the first flush)",
+              procs - len(processes))
     missed = [*unreadable, *(name for part in metas for name in part.get("unreadable", []))]
     meta.pop("unreadable", None)
     if missed:
         meta["unreadable"] = missed
-        _warn(meta, "collector outputs that could not be read (meta unreadable)", len(missed))
-
-
-def _warn(meta: dict[str, Any], kind: str, count: int) -> None:
-    """`Trace.warn` on a meta dict."""
-    if count:
-        warnings = meta.setdefault("warnings", {})
-        warnings[kind] = warnings.get(kind, 0) + count
+        warn_meta(meta, "collector outputs that could not be read (meta unreadable)",
+                  len(missed))
 
 
 #: what `Trace.save` writes: the only entries a stale `<run>/trace/` may hold to be replaced
