@@ -14,6 +14,7 @@ stream wait (it ties two streams whatever the window).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,10 +106,10 @@ def _frames(trace: Trace) -> list[dict[str, np.ndarray]]:
 def _columns(kind: int, table: int, frame: pd.DataFrame) -> dict[str, np.ndarray]:
     count = len(frame)
 
+    none = np.full(count, -1, dtype=np.int64)
+
     def ints(name: str) -> IntArray:
-        if name not in frame.columns:
-            return np.full(count, -1, dtype=np.int64)
-        return keys.key_array(frame[name])
+        return keys.key_array(frame[name]) if name in frame.columns else none.copy()
 
     name = (frame["name"].astype(object).to_numpy() if "name" in frame.columns
             else np.full(count, None, dtype=object))
@@ -120,12 +121,20 @@ def _columns(kind: int, table: int, frame: pd.DataFrame) -> dict[str, np.ndarray
         "row": np.arange(count, dtype=np.int64),
         "start": frame["start_ns"].to_numpy(np.int64),
         "end": frame["end_ns"].to_numpy(np.int64),
-        "pid": ints("pid"), "tid": ints("tid") if kind in (HOST_OP, API) else ints("_none"),
-        "device": ints("device"), "stream": ints("stream") if kind != HOST_OP else ints("_"),
+        "pid": ints("pid"), "tid": ints("tid") if kind in (HOST_OP, API) else none.copy(),
+        "device": ints("device"), "stream": ints("stream") if kind != HOST_OP else none.copy(),
         "correlation": ints("correlation"), "name": name, "sync_kind": sync_kind,
         "record_correlation": ints("record_correlation"),
         "record_stream": ints("record_stream"),
     }
+
+
+def named(names: npt.NDArray[np.object_], test: Callable[[str], object]) -> BoolArray:
+    """`test` of each name, called once per distinct name (a trace repeats a few hundred
+    names millions of times); False for missing names."""
+    codes, uniques = pd.factorize(pd.Series(names, dtype=object), use_na_sentinel=True)
+    hit = np.array([bool(test(str(name))) for name in uniques] + [False], dtype=bool)
+    return hit[codes]
 
 
 def _launch_events(kind: IntArray, pid: IntArray, correlation: IntArray,
@@ -157,7 +166,7 @@ def _queue_lengths(kind: IntArray, launch: IntArray, columns: dict[str, np.ndarr
     if not len(work):
         return at_launch, at_start
     names = columns["name"][launch[work]]
-    work = work[np.fromiter((name in LAUNCH_CALLS for name in names), bool, len(work))]
+    work = work[named(names, LAUNCH_CALLS.__contains__)]
     stream = keys.codes(columns["device"][work], columns["stream"][work])
     times = np.concatenate([columns["start"][launch[work]], columns["start"][work]])
     lanes = np.concatenate([stream, stream])

@@ -39,6 +39,7 @@ from gpudiag.analyzers.critical.events import (
     SYNC,
     Events,
     graph_events,
+    named,
 )
 from gpudiag.intervals import nesting_depth
 from gpudiag.trace import Trace
@@ -126,8 +127,7 @@ def _host_edges(events: Events, edges: _Edges) -> None:
     edges.add(node[left[outer_end]], node[right[outer_end]], DEPENDENCY, 0, -1)
     left, right = left[~outer_end], right[~outer_end]
     gap = point_time[order][right] - point_time[order][left]
-    blocking = np.fromiter((name in BLOCKING_CALLS for name in events.name[chosen]), bool,
-                           count)
+    blocking = named(events.name[chosen], BLOCKING_CALLS.__contains__)
     into_blocking_end = ~starting[right] & blocking[event[right]]
     owner = np.where(starting[left], event[left],
                      np.where(~starting[right], event[right], parent[event[left]]))
@@ -283,7 +283,7 @@ def _launches(events: Events) -> IntArray:
     """GPU work launched by a launch call, in the calls' time order."""
     work = np.flatnonzero((events.kind == GPU) & (events.launch >= 0))
     names = events.name[events.launch[work]]
-    work = work[np.fromiter((name in LAUNCH_CALLS for name in names), bool, len(work))]
+    work = work[named(names, LAUNCH_CALLS.__contains__)]
     return work[np.argsort(events.start[events.launch[work]], kind="stable")]
 
 

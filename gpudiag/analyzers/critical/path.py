@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from gpudiag.analyzers.critical.events import GPU, TABLES, Events
+from gpudiag.analyzers.critical.events import GPU, TABLES, Events, named
 from gpudiag.analyzers.critical.graph import EDGE_KINDS, Graph, build
 from gpudiag.trace import Trace
 
@@ -177,9 +177,7 @@ def _describe(graph: Graph, edge: IntArray) -> pd.DataFrame:
     kind = np.asarray(EDGE_KINDS, dtype=object)[graph.kind[edge]]
     names = events.name[safe].copy()
     names[~known] = None
-    bound = np.array([_bound_by(k, events.kind[o] if ok else -1, n)
-                      for k, o, ok, n in zip(kind, safe, known, names, strict=True)],
-                     dtype=object)
+    bound = _bound_by(kind, np.where(known, events.kind[safe], -1), names)
     times = graph.node_time()
     return pd.DataFrame({
         "kind": pd.Categorical(kind, categories=EDGE_KINDS),
@@ -193,11 +191,12 @@ def _describe(graph: Graph, edge: IntArray) -> pd.DataFrame:
     })
 
 
-def _bound_by(kind: str, event_kind: int, name: object) -> str:
-    """Where an edge's time went: HTA's classes (host, GPU compute or communication,
+def _bound_by(kind: npt.NDArray[np.object_], event_kind: IntArray,
+              names: npt.NDArray[np.object_]) -> npt.NDArray[np.object_]:
+    """Where each edge's time went: HTA's classes (host, GPU compute or communication,
     launch overhead, gaps between kernels)."""
-    if kind in BOUND_BY:
-        return BOUND_BY[kind]
-    if event_kind != GPU:
-        return "host"
-    return "gpu_communication" if "nccl" in str(name).lower() else "gpu_compute"
+    communication = named(names, lambda name: "nccl" in name.lower())
+    spans = np.where(event_kind != GPU, "host",
+                     np.where(communication, "gpu_communication", "gpu_compute"))
+    fixed = pd.Series(kind).map(BOUND_BY).to_numpy(dtype=object)
+    return np.where(pd.isna(fixed), spans, fixed).astype(object)

@@ -31,7 +31,7 @@ from itertools import pairwise
 import numpy as np
 import numpy.typing as npt
 
-from gpudiag.analyzers.critical.events import API, BLOCKING_CALLS, GPU, Events
+from gpudiag.analyzers.critical.events import API, BLOCKING_CALLS, GPU, Events, named
 from gpudiag.analyzers.critical.graph import DEPENDENCY, LAUNCH, QUEUE, SPAN, SYNCED, Graph, build
 from gpudiag.analyzers.critical.path import longest_length
 from gpudiag.analyzers.losses.waits import SYNC_APIS, SYNC_COPY_APIS
@@ -168,8 +168,7 @@ def _waited_for(graph: Graph, work: IntArray) -> tuple[IntArray, IntArray]:
     events = graph.events
     synced = set(graph.dst[graph.kind == SYNCED].tolist())
     calls = np.flatnonzero(events.in_graph & (events.kind == API))
-    blocking = np.fromiter((_blocks(name) for name in events.name[calls]), bool, len(calls))
-    calls = calls[blocking]
+    calls = calls[named(events.name[calls], _blocks)]
     calls = calls[~np.isin(2 * calls + 1, list(synced))]
     sources: list[int] = []
     targets: list[int] = []
@@ -177,8 +176,9 @@ def _waited_for(graph: Graph, work: IntArray) -> tuple[IntArray, IntArray]:
     by_call = launched[np.argsort(events.launch[launched], kind="stable")]
     calls_of = events.launch[by_call]
     streams = _streams(events, work)
-    for call in calls.tolist():
-        if _is_copy(events.name[call]):  # waited for its copy if it returned after it
+    copying = named(events.name[calls], _is_copy)
+    for call, is_copy in zip(calls.tolist(), copying.tolist(), strict=True):
+        if is_copy:  # waited for its copy if it returned after it
             found = int(np.searchsorted(calls_of, call))
             copied = int(by_call[found]) if found < len(by_call) and calls_of[found] == call \
                 else None
@@ -196,18 +196,16 @@ def _waited_for(graph: Graph, work: IntArray) -> tuple[IntArray, IntArray]:
     return np.array(sources, dtype=np.int64), np.array(targets, dtype=np.int64)
 
 
-def _blocks(name: object) -> bool:
+def _blocks(name: str) -> bool:
     """A call whose end waits for the GPU: HTA's blocking calls (its path weighs their
     end at nothing: a cudaMemcpyAsync from pageable memory blocks too) and the loss
     model's synchronize and synchronous copy calls."""
-    text = str(name)
-    return text in BLOCKING_CALLS or bool(SYNC_APIS.search(text) or SYNC_COPY_APIS.search(text))
+    return name in BLOCKING_CALLS or bool(SYNC_APIS.search(name) or SYNC_COPY_APIS.search(name))
 
 
-def _is_copy(name: object) -> bool:
+def _is_copy(name: str) -> bool:
     """A copy call: it waits for its own copy, not for its stream."""
-    text = str(name)
-    return text == "cudaMemcpyAsync" or bool(SYNC_COPY_APIS.search(text))
+    return name == "cudaMemcpyAsync" or bool(SYNC_COPY_APIS.search(name))
 
 
 def _streams(events: Events, work: IntArray) -> dict[tuple[int, int, int], tuple[IntArray,
