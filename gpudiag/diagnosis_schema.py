@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag import schema
+from gpudiag.analyzers.findings import FIXES
 from gpudiag.errors import SchemaError
 from gpudiag.schema import Column, Table, column_lines, conform_column, empty_series
 
@@ -119,8 +120,8 @@ _declare(
 
 _declare(
     "diagnose", "analyzers.findings.combine", "findings",
-    "finding, one problem at one place: GPU findings by lost time, then host-time findings, "
-    "then those mostly inside the warm-up steps",
+    "finding, one problem at one place: by expected saving (`rank_by='lost'`: GPU findings "
+    "by lost time, then host-time findings), those mostly inside the warm-up steps last",
     _c("cause", "string", "", "a loss cause of the waterfall, or a cause that is not a share "
        "of the timeline", (*LOSS_CAUSES[1:], *OTHER_CAUSES)),
     _ns("lost_ns", "the GPU time it cost (host findings: host time in the steady steps; 0 "
@@ -132,6 +133,14 @@ _declare(
     _c("count", "int64", "", "how often"),
     _c("evidence", "string", "", "the evidence in numbers (durations by `format_ns`)"),
     _c("advice", "string", "", "one concrete action (`findings.ADVICE`)"),
+    _ns("saving_ns", "expected saving: how much shorter the window gets in a replay of the "
+        "schedule with this cause fixed (`fix`); NA where no fix is replayed "
+        "(analyzers.critical.savings)", "Int64"),
+    _c("saving_share", "float64", "", "saving_ns / the replayed window"),
+    _c("saving_step_share", "float64", "", "saving_ns spread over the steady steps, / the "
+       "median steady step (NaN without steps)"),
+    _c("fix", "string", "", "the transformation replayed (`critical.savings.FIXES`)",
+       tuple(FIXES)),
 )
 
 _declare(

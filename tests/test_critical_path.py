@@ -185,7 +185,8 @@ def test_removing_a_sync_in_a_loop_saves_exactly_its_waits(records: bool) -> Non
     assert replay.length_ns == 3 * 162  # the recorded window: the replay starts from it
     calls = np.flatnonzero(replay.graph.events.name == "cudaStreamSynchronize")
     waits = 3 * (62 - 6)
-    assert replay.length_ns - replay.without_waits(calls) == waits
+    assert replay.without_waits(calls).saving() == waits
+    assert replay.without_waits(calls).bound() >= waits
 
 
 def test_removing_the_gpu_s_gaps_saves_nothing_in_a_host_bound_loop() -> None:
@@ -193,9 +194,9 @@ def test_removing_the_gpu_s_gaps_saves_nothing_in_a_host_bound_loop() -> None:
     its gaps away cannot shorten a loop the host sets."""
     replay = Replay.of(host_bound_loop())
     assert replay.length_ns == 600
-    assert replay.without_gaps() == 600
+    assert replay.without_gaps().length() == 600
     ops = np.flatnonzero(replay.graph.events.name == "aten::mm")
-    assert replay.length_ns - replay.faster_host(ops[:1]) == 200 - 10  # its launch remains
+    assert replay.faster_host(ops[:1]).saving() == 200 - 10  # its launch remains
 
 
 @pytest.mark.parametrize("path", TRACES, ids=[p.name for p in TRACES])

@@ -393,14 +393,12 @@ def _copy_findings(rows: pd.DataFrame, *, count_host_blocked: bool) -> pd.DataFr
 
 def _grouped(rows: pd.DataFrame, count_host_blocked: bool) -> pd.DataFrame:
     """Flagged copies summed per (problem, site); groups that lost nothing dropped."""
-    flagged = [rows[flag].fillna(False).to_numpy(bool) for flag, _ in PROBLEMS]
-    problem = np.select(flagged, [key for _, key in PROBLEMS], "")
+    problem, site = problem_sites(rows)
     idle = np.where(problem == "copy_sync", rows["idle_blocked_ns"].fillna(0).to_numpy(np.int64), 0)
-    fallback = rows["api_name"] + " (" + rows["kind"] + ")"
     host_mem = rows["host_mem"].astype(object)
     rows = rows.assign(problem=problem, idle=idle,
                        lost=rows["exposed_share_ns"] + (idle if count_host_blocked else 0),
-                       site=rows["where"].fillna(fallback).fillna(rows["kind"] + " copy"),
+                       site=site,
                        pageable_n=(host_mem == "pageable").astype(int),
                        pinned_n=(host_mem == "pinned").astype(int),
                        nbytes=rows["bytes"].fillna(0).astype("int64"))[problem != ""]
@@ -410,6 +408,16 @@ def _grouped(rows: pd.DataFrame, count_host_blocked: bool) -> pd.DataFrame:
         pageable_n=("pageable_n", "sum"), pinned_n=("pinned_n", "sum"), idle=("idle", "sum"),
         kinds=("kind", lambda kinds: ", ".join(sorted(kinds.dropna().unique()))))  # per group
     return groups[groups["lost_ns"] > 0].reset_index()
+
+
+def problem_sites(rows: pd.DataFrame) -> tuple[npt.NDArray[np.str_], pd.Series]:
+    """Per `problem_copies` row, its problem (the ADVICE key of its first flag in
+    `PROBLEMS`, "" for none) and the site its finding is named after: a finding is the
+    copies of one (problem, site)."""
+    flagged = [rows[flag].fillna(False).to_numpy(bool) for flag, _ in PROBLEMS]
+    problem = np.select(flagged, [key for _, key in PROBLEMS], "")
+    fallback = rows["api_name"] + " (" + rows["kind"] + ")"
+    return problem, rows["where"].fillna(fallback).fillna(rows["kind"] + " copy")
 
 
 def _evidence(group: Any) -> str:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import html
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpudiag import diagnosis_schema as declared
@@ -130,7 +132,8 @@ class Diagnosis:
 
 def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
              steps: bool = False, launch_gap_ns: int = 50_000,
-             sync_tolerance_ns: int = 2_000) -> Diagnosis:
+             sync_tolerance_ns: int = 2_000, rank_by: str = "saving",
+             savings: bool = True) -> Diagnosis:
     """Every analyzer that applies, the loss waterfall and the ranked findings.
 
         dx = gpudiag.diagnose(trace)
@@ -139,6 +142,8 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
 
     `window`: a time range or a range name (see `analyzers.window`); `steps`: also the
     waterfall of each training step (`by_step`). The thresholds go to the gap rules.
+    `savings`: replay the schedule without each finding's cause (`critical.savings`) for
+    its expected saving; `rank_by`: "saving" (default) or "lost" (see `rank_findings`).
     """
     from gpudiag.analyzers.steps import training as steps_mod
 
@@ -167,8 +172,16 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
         if warm_bounds[1] > warm_bounds[0]:
             early = warm_findings(whole, all_gaps, warm_bounds, gap_options=gap_options)
             found = flag_warmup(found, early, training)
+    replay = None
+    if savings and timeline is not None:
+        from gpudiag.analyzers.critical.savings import expected_savings
+
+        def replay(joined: pd.DataFrame) -> pd.DataFrame:
+            return expected_savings(whole, trace, joined, tables, bounds=bounds,
+                                    gap_options=gap_options, steps=training)
+    ranked = rank_findings(found, host, rank_by=rank_by, savings=replay)
     dx = Diagnosis(losses=declared.conform_frame("losses", loss),
-                   findings=declared.conform_frame("findings", rank_findings(found, host)),
+                   findings=declared.conform_frame("findings", ranked),
                    tables=tables, notes=notes, window_ns=bounds, timeline=timeline, gaps=gaps,
                    steps=declared.conform_frame("steps", training), per_step=steps)
     if steps and timeline is not None:
@@ -307,9 +320,20 @@ def flag_warmup(found: pd.DataFrame, early: pd.DataFrame, steps: pd.DataFrame, *
     return out
 
 
-def rank_findings(found: pd.DataFrame, host: list[pd.DataFrame]) -> pd.DataFrame:
-    """GPU findings by lost time, then host findings (host time, their own share of step
-    time), then warm-up ones: a one-time cost is never the top finding."""
+#: how findings can be ranked (`diagnose(rank_by=...)`, `--rank-by`)
+RANKINGS = ("saving", "lost")
+
+
+def rank_findings(found: pd.DataFrame, host: list[pd.DataFrame], *, rank_by: str = "saving",
+                  savings: Callable[[pd.DataFrame], pd.DataFrame] | None = None
+                  ) -> pd.DataFrame:
+    """The findings in the order a user fixes them: warm-up ones last (a one-time cost is
+    never the top finding); `rank_by="saving"`: by expected saving first (findings without
+    one after those with one), `"lost"`: GPU findings by lost time, then host findings
+    (host time, their own share of step time). `savings` adds the saving columns to the
+    joined findings (`critical.savings.expected_savings`)."""
+    if rank_by not in RANKINGS:
+        raise ValueError(f"rank_by must be one of {', '.join(RANKINGS)}, not {rank_by!r}")
     host_found = findings_mod.frame(pd.concat([h for h in host if len(h)], ignore_index=True)) \
         if any(len(h) for h in host) else findings_mod.frame()
     gpu = found if "_warmup" in found else found.assign(_warmup=False)
@@ -317,9 +341,18 @@ def rank_findings(found: pd.DataFrame, host: list[pd.DataFrame]) -> pd.DataFrame
                      ignore_index=True)
     if both.empty:
         return findings_mod.frame()
-    both = both.sort_values(["_warmup", "_group", "lost_ns", "count"],
-                            ascending=[True, True, False, False], kind="stable")
-    return findings_mod.frame(both.drop(columns=["_warmup", "_group"]))
+    if savings is not None:
+        both = savings(both)
+    order = ["_warmup", "_group", "lost_ns", "count"]
+    ascending = [True, True, False, False]
+    if rank_by == "saving" and "saving_ns" in both:
+        both = both.assign(_saved=both["saving_ns"].notna().to_numpy(bool),
+                           _saving=both["saving_ns"].fillna(0).to_numpy(np.int64))
+        order[1:1] = ["_saved", "_saving"]
+        ascending[1:1] = [False, False]
+    both = both.sort_values(order, ascending=ascending, kind="stable")
+    return findings_mod.frame(both.drop(columns=["_warmup", "_group", "_saved", "_saving"],
+                                        errors="ignore"))
 
 
 def cut_gaps(gaps: pd.DataFrame | None, bounds: tuple[int, int] | None

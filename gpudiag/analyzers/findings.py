@@ -31,7 +31,8 @@ HOST_CAUSES = ("host_data_loading", "host_python_overhead", "host_optimizer", "h
 #: causes a finding may name besides the waterfall's (not shares of the timeline)
 OTHER_CAUSES = ("fragmentation", "kernel", "comm", "throttle", *HOST_CAUSES)
 
-COLUMNS = ("cause", "lost_ns", "share", "where", "count", "evidence", "advice")
+COLUMNS = ("cause", "lost_ns", "share", "where", "count", "evidence", "advice", "saving_ns",
+           "saving_share", "saving_step_share", "fix")
 
 #: the one action we recommend per finding kind; analyzers refer to these by key so the
 #: wording lives in one place and tests can check a finding carries the right advice
@@ -84,6 +85,25 @@ ADVICE: Mapping[str, str] = {
 }
 
 
+#: what a CUDA graph replay costs the host per launch it replaces (its one
+#: cudaGraphLaunch spread over the kernels it holds: a few µs for tens of kernels)
+GRAPH_LAUNCH_NS = 1_000
+
+#: the transformation replayed for a finding, and what it keeps fixed
+FIXES = {
+    "no_wait": "the blocking calls return at once; the GPU work they waited for is kept",
+    "graph_launch": f"the launch calls behind the gaps cost {GRAPH_LAUNCH_NS} ns each (a "
+                    "CUDA graph replay); the ops around them keep their time",
+    "no_host_time": "the host thread spends no time in the finding's host sections; "
+                    "waits inside them still wait",
+    "no_dependency": "the queued work starts when its stream is free, not waiting for "
+                     "another stream or event",
+    "full_wave": "the kernels run at full-wave efficiency (their idle SM share taken away)",
+    "no_peer_wait": "the collectives do not wait for late peers (their transfer time kept)",
+    "hidden_comm": "the collectives overlap compute entirely (no time on this rank's path)",
+}
+
+
 _UNITS = (("s", 1e9), ("ms", 1e6), ("µs", 1e3))
 
 
@@ -132,8 +152,11 @@ def frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame | None = None) -> pd.
     out["lost_ns"] = pd.to_numeric(out["lost_ns"], errors="coerce").fillna(0).astype("int64")
     out["share"] = pd.to_numeric(out["share"], errors="coerce").astype("float64")
     out["count"] = pd.to_numeric(out["count"], errors="coerce").fillna(0).astype("int64")
-    for col in ("where", "evidence", "advice"):
+    for col in ("where", "evidence", "advice", "fix"):
         out[col] = out[col].astype("string")
+    out["saving_ns"] = pd.to_numeric(out["saving_ns"], errors="coerce").astype("Int64")
+    for col in ("saving_share", "saving_step_share"):
+        out[col] = pd.to_numeric(out[col], errors="coerce").astype("float64")
     return out.reset_index(drop=True)
 
 

@@ -413,7 +413,7 @@ def _wait_findings(skew: pd.DataFrame, compute: dict[tuple[int, int], iv.Spans],
         columns="n"))
     out = []
     for (comm, operation), sums in agg.iterrows():  # one row per (comm, op): a handful
-        where = (f"{operation} on {_comm(comm)}: rank {sums['last_rank']} arrives last "
+        where = (f"{finding_name(comm, operation)}: rank {sums['last_rank']} arrives last "
                  f"({sums['n']} of {_calls(sums['calls'])}){_at(sums['site'])}")
         evidence = (f"{_calls(sums['calls'])} matched by {sums['how']}; early ranks wait "
                     f"{_ms(sums['wait_ns'])}, {_ms(sums['lost_ns'])} of it not hidden by "
@@ -441,7 +441,7 @@ def _exposed_findings(trace: Trace, compute: dict[tuple[int, int], iv.Spans],
         count=("dur_ns", "size"))
     agg = agg.join(_top(calls, keys, "site"))
     return [{"cause": "comm", "lost_ns": sums["lost_ns"], "count": sums["count"],
-             "where": f"{operation} on {_comm(comm)}{_at(sums['site'])}",
+             "where": f"{finding_name(comm, operation)}{_at(sums['site'])}",
              "advice": ADVICE["comm_exposed"],
              "evidence": (f"{_calls(sums['count'])}, {_ms(sums['dur_ns'])} of communication, "
                           f"{_ms(sums['lost_ns'])} not overlapped with compute"
@@ -475,7 +475,7 @@ def _slow_findings(trace: Trace, skew: pd.DataFrame, sites: pd.Series, *, large_
         high=("busbw", "max"), ref=("ref", "median"), peers=("peers", "max"))
     agg = agg.join(_top(slow, keys, "site"))
     return [{"cause": "comm", "lost_ns": int(sums["lost_ns"]), "count": sums["count"],
-             "where": f"slow {operation} on {_comm(comm)}{_at(sums['site'])}",
+             "where": f"slow {finding_name(comm, operation)}{_at(sums['site'])}",
              "advice": ADVICE["comm_slow"],
              "evidence": (f"{sums['count']} of {sums['peers']} {operation} calls "
                           f"≥ {large_bytes >> 20} MiB reach {sums['low']:.1f}–"
@@ -524,6 +524,12 @@ def _top(rows: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
     counts = rows.groupby([*keys, col], sort=False, dropna=True).size().rename("n").reset_index()
     counts = counts.sort_values("n", ascending=False, kind="stable").drop_duplicates(keys)
     return counts.set_index(keys)
+
+
+def finding_name(comm: object, operation: object) -> str:
+    """How a finding about one (communicator, op) begins its `where`: the calls behind a
+    finding are those of the (comm, op) whose name its `where` begins with."""
+    return f"{operation} on {_comm(comm)}"
 
 
 def _at(site: object) -> str:

@@ -75,9 +75,12 @@ class Events:
         return len(self.kind)
 
 
-def graph_events(trace: Trace, window: tuple[int, int] | None = None) -> Events:
-    """The events of `trace`'s dependency graph in `window` (None: the whole trace)."""
-    frames = _frames(trace)
+def graph_events(trace: Trace, window: tuple[int, int] | None = None, *,
+                 rank: int | None = None) -> Events:
+    """The events of `trace`'s dependency graph in `window` (None: the whole trace), of one
+    rank (`rank`: its `keys.key_array` value; None: every row, a one-rank trace). Ranks of
+    a merged job reuse pids, devices and streams: a graph is one rank's."""
+    frames = _frames(trace, rank)
     columns = {name: np.concatenate([frame[name] for frame in frames]) for name in frames[0]}
     start, end = columns["start"], columns["end"]
     if window is None:
@@ -95,15 +98,25 @@ def graph_events(trace: Trace, window: tuple[int, int] | None = None) -> Events:
                   queue_at_start=at_start, window=window)
 
 
-def _frames(trace: Trace) -> list[dict[str, np.ndarray]]:
-    """Each table's events as columns of one shape."""
-    ops = trace.ranges[(trace.ranges["source"] == "torch_op").to_numpy(bool)]
-    parts = [(HOST_OP, 0, ops), (API, 1, trace.api), (GPU, 2, trace.kernels),
+def _frames(trace: Trace, rank: int | None) -> list[dict[str, np.ndarray]]:
+    """Each table's events as columns of one shape (`row`: the position in its table)."""
+    parts = [(HOST_OP, 0, trace.ranges), (API, 1, trace.api), (GPU, 2, trace.kernels),
              (GPU, 3, trace.copies), (SYNC, 4, trace.syncs)]
-    return [_columns(kind, table, frame) for kind, table, frame in parts]
+    out = []
+    for kind, table, frame in parts:
+        keep = np.ones(len(frame), dtype=bool)
+        if kind == HOST_OP:
+            keep &= (frame["source"] == "torch_op").to_numpy(bool)
+        if rank is not None:
+            keep &= keys.key_array(frame["rank"]) == rank
+        rows = np.flatnonzero(keep)
+        out.append(_columns(kind, table, frame if len(rows) == len(frame) else frame.iloc[rows],
+                            rows))
+    return out
 
 
-def _columns(kind: int, table: int, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+def _columns(kind: int, table: int, frame: pd.DataFrame, rows: IntArray
+             ) -> dict[str, np.ndarray]:
     count = len(frame)
 
     none = np.full(count, -1, dtype=np.int64)
@@ -118,7 +131,7 @@ def _columns(kind: int, table: int, frame: pd.DataFrame) -> dict[str, np.ndarray
     return {
         "kind": np.full(count, kind, dtype=np.int64),
         "table": np.full(count, table, dtype=np.int64),
-        "row": np.arange(count, dtype=np.int64),
+        "row": rows.astype(np.int64),
         "start": frame["start_ns"].to_numpy(np.int64),
         "end": frame["end_ns"].to_numpy(np.int64),
         "pid": ints("pid"), "tid": ints("tid") if kind in (HOST_OP, API) else none.copy(),

@@ -92,9 +92,11 @@ class _Edges:
                      for column in range(5))
 
 
-def build(trace: Trace, window: tuple[int, int] | None = None) -> Graph:
-    """The dependency graph of `trace` (one rank's) over `window` (None: all of it)."""
-    events = graph_events(trace, window)
+def build(trace: Trace, window: tuple[int, int] | None = None, *,
+          rank: int | None = None) -> Graph:
+    """The dependency graph of `trace` over `window` (None: all of it): of one rank
+    (`rank`, a `keys.key_array` value; None: the trace is one rank's)."""
+    events = graph_events(trace, window, rank=rank)
     edges = _Edges()
     _host_edges(events, edges)
     _gpu_edges(events, edges)

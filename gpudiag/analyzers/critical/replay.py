@@ -25,21 +25,25 @@ each (and in docs/analysis.md, "Expected savings").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
 
-from gpudiag.analyzers.critical.events import API, BLOCKING_CALLS, GPU, Events, named
+from gpudiag import intervals as iv
+from gpudiag.analyzers.critical.events import API, BLOCKING_CALLS, GPU, HOST_OP, Events, named
 from gpudiag.analyzers.critical.graph import DEPENDENCY, LAUNCH, QUEUE, SPAN, SYNCED, Graph, build
-from gpudiag.analyzers.critical.path import longest_length
+from gpudiag.analyzers.critical.path import longest, longest_length
+from gpudiag.analyzers.keys import MISSING
 from gpudiag.analyzers.losses.waits import SYNC_APIS, SYNC_COPY_APIS
 from gpudiag.trace import Trace
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
+#: the event kinds of a host thread
+HOST = (HOST_OP, API)
 #: the replay graph's own edges: GPU work after its launch call and its stream's previous
 #: work, where the critical-path graph drew only the other (zero: they only order)
 ORDER = 5
@@ -55,11 +59,14 @@ class Replay:
     weight: IntArray
     kind: IntArray
     length_ns: int
+    _on_path: BoolArray | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, trace: Trace, window: tuple[int, int] | None = None) -> Replay:
-        """The replay of `trace` (one rank) over `window` (None: all of it)."""
-        graph = build(trace, window)
+    def of(cls, trace: Trace, window: tuple[int, int] | None = None, *,
+           rank: int | None = None) -> Replay:
+        """The replay of `trace` over `window` (None: all of it), of one rank (`rank`, a
+        `keys.key_array` value; None: the trace is one rank's)."""
+        graph = build(trace, window, rank=rank)
         times = graph.node_time()
         weight = graph.weight.copy()
         between = graph.kind == DEPENDENCY
@@ -88,31 +95,31 @@ class Replay:
         return longest_length(self.src[keep], self.dst[keep], weight[keep],
                               2 * len(self.graph.events))
 
-    def without_waits(self, calls: IntArray) -> int:
+    def without_waits(self, calls: IntArray) -> Outcome:
         """The length if these blocking calls (events) did not wait for the GPU: their
         sync edges are taken away (the call returns as soon as it is made). Optimistic
         where a later call would then wait longer for the same work: that wait is kept."""
         ends = 2 * np.asarray(calls, dtype=np.int64) + 1
         keep = ~((self.kind == SYNCED) & np.isin(self.dst, ends))
-        return self.length(keep=keep)
+        return Outcome(self, self.weight, keep)
 
-    def faster_calls(self, calls: IntArray, cost_ns: int) -> int:
+    def faster_calls(self, calls: IntArray, cost_ns: int) -> Outcome:
         """The length if these host calls (launches) took at most `cost_ns` each, and their
         work followed them as soon as it did before (a CUDA graph replay: one launch for
         many kernels). The host time they save moves everything after them earlier."""
         weight = self.weight.copy()
         owned = np.isin(self.graph_owner(), calls) & (self.kind == SPAN)
         weight[owned] = np.minimum(weight[owned], cost_ns)
-        return self.length(weight=weight)
+        return Outcome(self, weight, None)
 
-    def faster_host(self, events: IntArray) -> int:
+    def faster_host(self, events: IntArray) -> Outcome:
         """The length if these host ops took no time (data loading made as fast as the GPU
         needs): their spans weigh nothing, the host time around them stays."""
         weight = self.weight.copy()
         weight[np.isin(self.graph_owner(), events) & (self.kind == SPAN)] = 0
-        return self.length(weight=weight)
+        return Outcome(self, weight, None)
 
-    def shorter_work(self, events: IntArray, factor: npt.ArrayLike) -> int:
+    def shorter_work(self, events: IntArray, factor: npt.ArrayLike) -> Outcome:
         """The length if this GPU work ran in `factor` of its time (a full wave: its
         under-occupied share taken away; a collective without waiting for late peers)."""
         weight = self.weight.copy()
@@ -121,19 +128,89 @@ class Replay:
         spans = (self.kind == SPAN) & (self.graph_owner() >= 0)
         owner = self.graph_owner()[spans]
         weight[spans] = np.round(weight[spans] * scale[owner]).astype(np.int64)
-        return self.length(weight=weight)
+        return Outcome(self, weight, None)
 
-    def without_gaps(self) -> int:
+    def without_host_time(self, pid: IntArray, tid: IntArray, start: IntArray,
+                          end: IntArray) -> Outcome:
+        """The length if each thread (`pid`, `tid`; tid `keys.MISSING`: every thread of the
+        process) spent no time in its intervals [start, end): its ops, calls and the time
+        between them shorten by what lies inside (a host section made as fast as the GPU
+        needs). Waiting inside them still waits for the GPU work it waited for."""
+        events, times = self.graph.events, self.graph.node_time()
+        weight = self.weight.copy()
+        first, second = self.src // 2, self.dst // 2
+        host = (np.isin(self.kind, (SPAN, DEPENDENCY)) & np.isin(events.kind[first], HOST)
+                & np.isin(events.kind[second], HOST))
+        pairs: IntArray = np.unique(np.column_stack([pid, tid]), axis=0) if len(pid) \
+            else np.zeros((0, 2), dtype=np.int64)
+        for lane_pid, lane_tid in pairs.tolist():
+            mine = (pid == lane_pid) & (tid == lane_tid)
+            spans = iv.union(start[mine], end[mine])
+            edges = np.flatnonzero(host & (events.pid[first] == lane_pid)
+                                   & ((events.tid[first] == lane_tid) | (lane_tid == MISSING)))
+            cut = (iv.covered_before(spans, times[self.dst[edges]])
+                   - iv.covered_before(spans, times[self.src[edges]]))
+            weight[edges] = np.maximum(weight[edges] - np.maximum(cut, 0), 0)
+        return Outcome(self, weight, None)
+
+    def without_dependencies(self, works: IntArray) -> Outcome:
+        """The length if this queued GPU work started as soon as its stream's previous work
+        ended: what it waited for on other streams (an event, a stream wait) is dropped."""
+        starts = 2 * np.asarray(works, dtype=np.int64)
+        into = np.isin(self.dst, starts)
+        weight = self.weight.copy()
+        weight[into & (self.kind == QUEUE)] = 0
+        return Outcome(self, weight, ~(into & (self.kind == SYNCED)))
+
+    def without_gaps(self) -> Outcome:
         """The length if work on every stream followed the previous work at once (no idle
         between queued kernels, no launch delay): the GPU's own gaps taken away."""
         weight = self.weight.copy()
         weight[np.isin(self.kind, (LAUNCH, QUEUE))] = 0
-        return self.length(weight=weight)
+        return Outcome(self, weight, None)
+
+    def on_path(self) -> BoolArray:
+        """Which edges lie on the replay's longest path (parallel edges between two of its
+        nodes all count): what bounds a transformation's saving (`Outcome.bound`)."""
+        if self._on_path is None:
+            count = 2 * len(self.graph.events)
+            nodes, _ = longest(self.src, self.dst, self.weight, count)
+            pairs = np.asarray(nodes[:-1], dtype=np.int64) * (count + 1) + np.asarray(
+                nodes[1:], dtype=np.int64)
+            self._on_path = np.isin(self.src * (count + 1) + self.dst, pairs)
+        return self._on_path
 
     def graph_owner(self) -> IntArray:
         """The event each edge's time belongs to (-1 for the replay's own edges)."""
         extra = len(self.src) - len(self.graph.src)
         return np.concatenate([self.graph.owner, np.full(extra, -1, dtype=np.int64)])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A transformation of a replay: its reweighted edges (`keep`: the edges left, None:
+    all). `length()` replays it; `bound()` is the most it can save without replaying."""
+
+    replay: Replay
+    weight: IntArray
+    keep: BoolArray | None
+
+    def length(self) -> int:
+        """The replayed length."""
+        return self.replay.length(self.weight, self.keep)
+
+    def saving(self) -> int:
+        """How much shorter the replay gets."""
+        return self.replay.length_ns - self.length()
+
+    def bound(self) -> int:
+        """An upper bound on `saving()`: the replay's longest path is still a path, shorter
+        only by what the transformation took off its own edges; None of that holds when
+        an edge of it is taken away (then the whole length)."""
+        on = self.replay.on_path()
+        if self.keep is not None and (on & ~self.keep).any():
+            return self.replay.length_ns
+        return int(np.maximum(self.replay.weight - self.weight, 0)[on].sum())
 
 
 def _order_edges(graph: Graph) -> tuple[IntArray, IntArray, IntArray, IntArray]:

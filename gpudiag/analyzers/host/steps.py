@@ -157,7 +157,7 @@ def _compute(trace: Trace) -> dict[str, Any]:
     steps = training_steps(trace)
     steps = steps.assign(_rank=keys.key_array(steps["rank"]), _pid=keys.key_array(steps["pid"]))
     memory = _cpu_memory(trace)
-    by_step, top_ops, mem_rows, gaps = [], [], [], []
+    by_step, top_ops, mem_rows, gaps, lanes = [], [], [], [], []
     for (rank, pid), mine in host.groupby(["_rank", "_pid"], sort=True):
         ops = mine[mine["source"].isin((*OP_SOURCES, "annotation"))]
         if ops.empty:
@@ -174,7 +174,36 @@ def _compute(trace: Trace) -> dict[str, Any]:
         top_ops.append(_self_time(mine, steady))
         mem_rows.append(_memory_row(int(rank), int(pid), mem, table))
         gaps.append(_python_gaps(trace, mine, tid, spans, steady))
-    return _tables(by_step, top_ops, mem_rows, gaps)
+        lanes.append(Lane(int(rank), int(pid), tid, spans, steady))
+    return {**_tables(by_step, top_ops, mem_rows, gaps), "lanes": lanes}
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One process's training thread as host_steps measured it: `rank` and `pid` (int64
+    keys, `keys.MISSING` for NA), `tid` (None: unknown), its category spans and its steady
+    steps (profiled, not warm-up) that the findings sum over."""
+
+    rank: int
+    pid: int
+    tid: int | None
+    spans: dict[str, iv.Spans]
+    steady: pd.DataFrame
+
+    def time_of(self, category: str) -> iv.Spans:
+        """The spans of one category (`python`: what no category covers) in steady steps."""
+        windows = iv.union(self.steady["start_ns"], self.steady["end_ns"])
+        if category != "python":
+            return iv.intersect(self.spans[category], windows)
+        covered = iv.union(np.concatenate([span[0] for span in self.spans.values()]),
+                           np.concatenate([span[1] for span in self.spans.values()]))
+        return iv.subtract(windows, covered)
+
+
+def lanes(trace: Trace) -> list[Lane]:
+    """Each process's training thread with its category spans (what `findings` summed):
+    where a host finding's time is, for the replay of its fix."""
+    return list(_analysis(trace)["lanes"])
 
 
 def _tables(by_step: list[pd.DataFrame], top_ops: list[pd.DataFrame],

@@ -221,7 +221,7 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
     chosen = np.flatnonzero(keep)
     columns = [occupancy_["config"].to_numpy()[chosen],
                kernels["name"].cat.codes.to_numpy()[chosen]]
-    where, named = _sites(trace, kernels.index[chosen]) if sites else (None, None)
+    where, named = launch_sites(trace, kernels.index[chosen]) if sites else (None, None)
     if where is not None:
         columns.append(where)
     code = keys.codes(*columns)
@@ -493,7 +493,7 @@ def _idle_findings(groups: pd.DataFrame, *, ncu: bool, timeline: bool,
     return frame(rows)
 
 
-def _sites(trace: Trace, index: pd.Index
+def launch_sites(trace: Trace, index: pd.Index
            ) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.bool_]]:
     """Per launch (kernels index labels): the call site at its launch call, else the
     kernel's short name; and whether it is the name (no call site)."""

@@ -1,0 +1,465 @@
+"""Expected savings: how much shorter the run gets if one finding's cause went away.
+
+    found = expected_savings(whole, window_trace, findings, tables, bounds=..., gap_options=...)
+    found[["cause", "where", "lost_ns", "saving_ns", "fix"]]
+
+A finding's lost GPU time is not what fixing it buys: an idle gap behind a host that stays
+slow buys nothing when the GPU work is pulled earlier, a sync in front of a long host
+section buys its wait at most. Each finding is mapped to its events (the same rows its
+analyzer summed: the waits at its call site, the gaps of its key, its kernels, the host
+time of its category) and to one named transformation of its rank's replay graph
+(`replay.Replay`); the saving is how much shorter the replayed window gets. `findings.FIXES` names
+each transformation and what it assumes; docs/analysis.md ("Expected savings") says where
+each is optimistic.
+
+A job of several ranks is replayed rank by rank (each rank's collectives keep their
+recorded times): a finding's saving is the most any rank's window shortens. Where the
+fixed rank is the one its peers wait for, their waits shrink with it and the job gains
+that much; where it is not, the job gains less (see docs/analysis.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from gpudiag import intervals as iv
+from gpudiag.analyzers import keys
+from gpudiag.analyzers.critical.events import API, GPU, TABLES, Events
+from gpudiag.analyzers.critical.replay import Outcome, Replay
+from gpudiag.analyzers.findings import ADVICE, GRAPH_LAUNCH_NS
+from gpudiag.trace import Trace
+
+IntArray = npt.NDArray[np.int64]
+
+#: the findings whose saving is exact, at least: findings are replayed from the largest
+#: bound on their saving down, until no finding left can rank among this many
+EXACT_TOP = 10
+
+#: the saving columns `expected_savings` adds to the findings
+SAVING_COLUMNS = ("saving_ns", "saving_share", "saving_step_share", "fix")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A finding's events on every rank and the fix to replay: `rows` has `rank` (its
+    `keys.key_array` value) and, by fix, `pid, correlation` (calls and work, `table` for
+    work, `factor` for work made shorter) or `pid, tid, start_ns, end_ns` (host time)."""
+
+    fix: str
+    rows: pd.DataFrame
+
+
+def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
+                     tables: dict[str, pd.DataFrame], *, bounds: tuple[int, int] | None,
+                     gap_options: dict[str, object], steps: pd.DataFrame | None = None
+                     ) -> pd.DataFrame:
+    """`findings` with `saving_ns` (NA where no transformation applies), `saving_share`
+    (of the replayed window), `saving_step_share` (per step, of the median steady step;
+    NaN without steps) and `fix` (a `FIXES` key). `trace` is the window's trace the
+    analyzers read, `whole` the trace the window was cut from."""
+    out = findings.copy()
+    chosen = _selections(Inputs(trace, whole, tables, gap_options), findings)
+    saving = pd.Series(pd.NA, index=out.index, dtype="Int64")
+    ranks = _ranks(whole)
+    replays = [Replay.of(whole, bounds, rank=None if len(ranks) == 1 else rank)
+               for rank in (ranks if chosen else [])]
+    lookups = [_Lookup(replay.graph.events) for replay in replays]
+    plans: dict[int, list[tuple[int, Outcome]]] = {}
+    for index, selection in chosen.items():
+        plan = [_plan(replay, lookup, selection.fix, rows)
+                for rank, replay, lookup in zip(ranks, replays, lookups, strict=True)
+                if len(rows := selection.rows[selection.rows["rank"] == rank])]
+        plans[index] = [(bound, outcome) for bound, outcome in plan if outcome is not None]
+        if plans[index] and not any(bound for bound, _ in plans[index]):
+            saving.iloc[index] = 0  # nothing it changes is on a longest path
+    found: list[int] = []
+    for index in sorted((index for index, plan in plans.items() if pd.isna(saving.iloc[index])
+                         and plan), key=lambda index: -max(b for b, _ in plans[index])):
+        most = max(bound for bound, _ in plans[index])
+        if len(found) >= EXACT_TOP and most <= sorted(found)[-EXACT_TOP]:
+            break  # no finding left can enter the top EXACT_TOP: not replayed
+        gained = max([0, *(outcome.saving() for bound, outcome in plans[index] if bound)])
+        saving.iloc[index] = gained
+        found.append(gained)
+    length = max((replay.length_ns for replay in replays), default=0)
+    out["saving_ns"] = saving
+    out["saving_share"] = (saving.astype("Float64") / length).astype("float64") if length \
+        else np.nan
+    out["saving_step_share"] = _per_step(saving, steps)
+    fixes = pd.Series(pd.NA, index=out.index, dtype="string")
+    for index, selection in chosen.items():
+        if pd.notna(saving.iloc[index]):
+            fixes.iloc[index] = selection.fix
+    out["fix"] = fixes
+    return out
+
+
+def _ranks(trace: Trace) -> list[int]:
+    found = [keys.key_array(getattr(trace, name)["rank"]) for name in TABLES
+             if len(getattr(trace, name))]
+    return sorted(set(np.unique(np.concatenate(found)).tolist())) if found else []
+
+
+def _per_step(saving: pd.Series, steps: pd.DataFrame | None) -> pd.Series:
+    """The saving spread evenly over each rank's steady steps, of the median steady step."""
+    if steps is None or steps.empty:
+        return pd.Series(np.nan, index=saving.index)
+    steady = steps[~steps["warmup"].fillna(False).to_numpy(bool)]
+    if steady.empty:
+        return pd.Series(np.nan, index=saving.index)
+    per_rank = steady.groupby(keys.key_array(steady["rank"])).size()
+    median = float(steady["dur_ns"].median())
+    count = float(per_rank.max())
+    return (saving.astype("Float64") / count / median).astype("float64")
+
+
+def _plan(replay: Replay, lookup: _Lookup, fix: str, rows: pd.DataFrame
+          ) -> tuple[int, Outcome | None]:
+    """`fix` applied to `rows` (one rank's) in `replay`, and the most it can save: the
+    smaller of what it takes off the weights and what it takes off the longest path
+    (`Outcome.bound`); (0, None) when none of the rows is in the replay."""
+    events = lookup.events
+    if fix == "no_host_time":
+        pid, tid = keys.key_array(rows["pid"]), keys.key_array(rows["tid"])
+        start, end = rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64)
+        most = int((end - start).sum())
+        outcome = replay.without_host_time(pid, tid, start, end) if len(rows) else None
+    elif fix in ("no_wait", "graph_launch"):
+        calls = lookup.calls(rows)
+        took = events.end[calls] - events.start[calls]
+        if fix == "no_wait":
+            most, outcome = int(took.sum()), replay.without_waits(calls)
+        else:
+            most = int(np.maximum(took - GRAPH_LAUNCH_NS, 0).sum())
+            outcome = replay.faster_calls(calls, GRAPH_LAUNCH_NS)
+        outcome = outcome if len(calls) else None
+    else:
+        works, row = lookup.works(rows)
+        if fix == "no_dependency":  # the idle time before the work: it moves no further
+            most = int(rows["gap_ns"].to_numpy(np.int64)[np.unique(row)].sum())
+            outcome = replay.without_dependencies(works)
+        else:
+            factor = rows["factor"].to_numpy(np.float64)[row]
+            most = int(np.ceil(((events.end[works] - events.start[works]) * (1 - factor)).sum()))
+            outcome = replay.shorter_work(works, factor)
+        outcome = outcome if len(works) else None
+    if outcome is None or most <= 0:
+        return 0, None
+    return min(most, outcome.bound()), outcome
+
+
+class _Lookup:
+    """Graph events by what analyzer rows name them by: (pid, correlation) for calls and
+    GPU work, (pid, tid, start) for calls without a correlation id."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.api = np.flatnonzero(events.kind == API)
+        self.gpu = np.flatnonzero(events.kind == GPU)
+
+    def calls(self, rows: pd.DataFrame) -> IntArray:
+        events, api = self.events, self.api
+        correlation = keys.key_array(rows["correlation"]) if "correlation" in rows \
+            else np.full(len(rows), keys.MISSING)
+        pid = keys.key_array(rows["pid"])
+        hit, by_id = _pairs([events.pid[api], events.correlation[api]], [pid, correlation])
+        found = api[hit]
+        bare = np.ones(len(rows), dtype=bool)
+        bare[by_id] = False
+        if bare.any() and "tid" in rows and "start_ns" in rows:
+            hit, _ = _pairs([events.pid[api], events.tid[api], events.start[api]],
+                            [pid[bare], keys.key_array(rows["tid"])[bare],
+                             rows["start_ns"].to_numpy(np.int64)[bare]])
+            found = np.concatenate([found, api[hit]])
+        return np.unique(found)
+
+    def works(self, rows: pd.DataFrame) -> tuple[IntArray, IntArray]:
+        """The GPU events of the rows (a CUDA graph launch's correlation id names each of
+        its kernels), and the row of each."""
+        events, gpu = self.events, self.gpu
+        table = rows["table"].map({name: index for index, name in enumerate(TABLES)})
+        hit, row = _pairs([events.pid[gpu], events.correlation[gpu], events.table[gpu]],
+                          [keys.key_array(rows["pid"]), keys.key_array(rows["correlation"]),
+                           table.to_numpy(np.int64)])
+        return gpu[hit], row
+
+
+def _pairs(haystack: list[IntArray], needles: list[IntArray]) -> tuple[IntArray, IntArray]:
+    """Every (haystack position, needle position) whose columns are all equal."""
+    names = [f"c{index}" for index in range(len(haystack))]
+    left = pd.DataFrame(dict(zip(names, haystack, strict=True))).assign(
+        _hay=np.arange(len(haystack[0])))
+    right = pd.DataFrame(dict(zip(names, needles, strict=True))).assign(
+        _needle=np.arange(len(needles[0])))
+    both = left.merge(right, on=names)
+    return both["_hay"].to_numpy(np.int64), both["_needle"].to_numpy(np.int64)
+
+
+# --- each cause's events ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the selectors read: the window's trace (what the analyzers read), the whole
+    trace (the idle gaps' rows point into it), the analyzers' tables, the gap options."""
+
+    trace: Trace
+    whole: Trace
+    tables: dict[str, pd.DataFrame]
+    gap_options: dict[str, object]
+
+
+Selector = Callable[[Inputs, pd.DataFrame], dict[int, Selection]]
+
+
+def _selections(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
+    """Each finding's selection (by position in `findings`), where a fix applies."""
+    out: dict[int, Selection] = {}
+    positions = pd.Series(np.arange(len(findings)), index=findings.index)
+    for causes, selector in _SELECTORS:
+        mine = findings[findings["cause"].isin(causes).to_numpy(bool)]
+        if len(mine):
+            picked = selector(inputs, mine.set_axis(positions[mine.index].to_numpy()))
+            out.update({index: chosen for index, chosen in picked.items()
+                        if len(chosen.rows)})
+    return out
+
+
+def _grouped(findings: pd.DataFrame, rows: pd.DataFrame, key: list[str], fix: str,
+             columns: list[str]) -> dict[int, Selection]:
+    """Each finding's rows: those whose `key` columns equal the finding's."""
+    if rows.empty:
+        return {}
+    groups = rows.groupby(key, sort=False, dropna=False).indices
+    out = {}
+    for index, finding in findings.iterrows():  # a few dozen findings
+        hit = groups.get(tuple(finding[column] for column in key) if len(key) > 1
+                         else finding[key[0]])
+        if hit is not None:
+            out[int(index)] = Selection(fix, rows.iloc[hit][columns].reset_index(drop=True))
+    return out
+
+
+def _sync_calls(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
+    """A sync site's finding: its blocking calls return at once."""
+    from gpudiag.analyzers.sync import advice_of, classified_waits
+
+    waits = classified_waits(inputs.trace, **inputs.gap_options)
+    waits = waits.assign(rank=keys.key_array(waits["rank"]),
+                         advice=[advice_of(kind) for kind in waits["kind"].astype(str)])
+    return _grouped(findings, waits, ["where", "advice"], "no_wait",
+                    ["rank", "pid", "tid", "start_ns", "correlation"])
+
+
+def _gap_fixes(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
+    """An idle-gap finding (`host_gaps` pieces of one cause, call site and whether the
+    work was queued): launches at a graph's cost (launch_bound), the host sections of the
+    gaps gone (host_bound), the queued work free of its dependency."""
+    pieces = inputs.tables.get("host_gaps")
+    if pieces is None or pieces.empty:
+        return {}
+    dependency = ((pieces["rule"] == "queued") & (pieces["cause"] == "host_bound")
+                  ).to_numpy(bool)
+    nexts = _next_work(inputs.whole, pieces)
+    pieces = pieces.assign(rank=keys.key_array(pieces["rank"]), dependency=dependency,
+                           **nexts)
+    findings = findings.assign(dependency=(findings["advice"] == ADVICE["dependency"])
+                               .to_numpy(bool))
+    key = ["cause", "where", "dependency"]
+    out = {}
+    for cause, fix, wanted in (("launch_bound", "graph_launch", False),
+                               ("host_bound", "no_dependency", True),
+                               ("host_bound", "no_host_time", False)):
+        rows = pieces[(pieces["cause"] == cause).to_numpy(bool) & (dependency == wanted)]
+        if fix != "no_host_time":
+            rows = rows[rows["correlation"] >= 0]
+        if fix == "no_host_time":
+            columns = ["rank", "pid", "tid", "start_ns", "end_ns"]
+        else:
+            rows = rows.assign(pid=rows["next_pid"], gap_ns=rows["end_ns"] - rows["start_ns"])
+            columns = ["rank", "pid", "correlation", "table", "gap_ns"]
+        mine = findings[(findings["cause"] == cause).to_numpy(bool)
+                        & (findings["dependency"] == wanted).to_numpy(bool)]
+        out.update(_grouped(mine, rows, key, fix, columns))
+    return out
+
+
+def _next_work(trace: Trace, pieces: pd.DataFrame) -> dict[str, object]:
+    """The pid and correlation id of the GPU work after each gap piece (-1: none)."""
+    correlation = np.full(len(pieces), keys.MISSING, dtype=np.int64)
+    pid = keys.key_array(pieces["pid"])
+    row = keys.key_array(pieces["next_row"])
+    table = pieces["next_table"].astype(object).to_numpy()
+    for name in ("kernels", "copies"):
+        hit = (table == name) & (row >= 0)
+        frame = getattr(trace, name)
+        if hit.any() and len(frame):
+            correlation[hit] = keys.key_array(frame["correlation"])[row[hit]]
+            pid[hit] = keys.key_array(frame["pid"])[row[hit]]
+    return {"correlation": correlation, "next_pid": pid, "table": table}
+
+
+def _host_sections(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
+    """A host-time finding of host_steps: its category's time (or one op's self time) on
+    each process's training thread, in the steady steps, gone."""
+    from gpudiag.analyzers.host.steps import CAUSES, lanes
+
+    out = {}
+    trace = inputs.trace
+    found = lanes(trace)
+    for index, finding in findings.iterrows():
+        parts = []
+        for lane in found:
+            if finding["cause"] == "host_op":
+                spans = _self_spans(trace, lane.rank, lane.pid, lane.tid, str(finding["where"]))
+                spans = iv.intersect(spans, iv.union(lane.steady["start_ns"],
+                                                     lane.steady["end_ns"]))
+            elif finding["cause"] in CAUSES:
+                spans = lane.time_of(CAUSES[str(finding["cause"])])
+            else:
+                continue
+            tid = keys.MISSING if lane.tid is None else lane.tid
+            parts.append(pd.DataFrame({"rank": lane.rank, "pid": lane.pid, "tid": tid,
+                                       "start_ns": spans[0], "end_ns": spans[1]}))
+        rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+        if len(rows):
+            out[int(index)] = Selection("no_host_time", rows)
+    return out
+
+
+def _self_spans(trace: Trace, rank: int, pid: int, tid: int | None, name: str) -> iv.Spans:
+    """When ops named `name` ran on the thread outside the ranges nested in them."""
+    ranges = trace.ranges
+    mine = (keys.key_array(ranges["rank"]) == rank) & (keys.key_array(ranges["pid"]) == pid)
+    if tid is not None:
+        mine &= keys.key_array(ranges["tid"]) == tid
+    thread = ranges[mine]
+    named = (thread["name"].astype(str) == name).to_numpy(bool)
+    spans = iv.union(thread["start_ns"].to_numpy(np.int64)[named],
+                     thread["end_ns"].to_numpy(np.int64)[named])
+    others = thread[~named]
+    start, end = others["start_ns"].to_numpy(np.int64), others["end_ns"].to_numpy(np.int64)
+    inside = iv.overlap(start, end, spans) == end - start
+    return iv.subtract(spans, iv.union(start[inside], end[inside]))
+
+
+def _small_grids(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
+    """A small-grid or tail finding: its launches run at full-wave efficiency."""
+    from gpudiag.analyzers.kernels.launch import launch_sites, occupancy
+    from gpudiag.analyzers.losses.waterfall import COMM_KERNEL
+    from gpudiag.names import short_names
+
+    trace = inputs.trace
+    kernels = trace.kernels
+    if kernels.empty:
+        return {}
+    found = occupancy(trace)
+    efficiency = found["tail_efficiency"].to_numpy(np.float64)
+    keep = (~(keys.matches(kernels["name"], COMM_KERNEL)
+              | kernels["kernel_id"].isin(trace.collectives["kernel_id"].dropna()).to_numpy(bool))
+            & (efficiency < 1)
+            & ((kernels["end_ns"] - kernels["start_ns"]) > 0).to_numpy(bool))
+    chosen = np.flatnonzero(keep)
+    if not len(chosen):
+        return {}
+    where, _ = launch_sites(trace, kernels.index[chosen])
+    waves = found["waves"].to_numpy(np.float64)[chosen]
+    rows = pd.DataFrame({
+        "rank": keys.key_array(kernels["rank"])[chosen],
+        "pid": keys.key_array(kernels["pid"])[chosen],
+        "correlation": keys.key_array(kernels["correlation"])[chosen], "table": "kernels",
+        "factor": efficiency[chosen], "where": where,
+        "advice": np.where(waves < 1, ADVICE["small_grid"], ADVICE["tail"]),
+        "name": short_names(kernels["name"].iloc[chosen]).astype(object).to_numpy()})
+    # one finding per (kernel, call site): its evidence opens with the kernel's short name
+    # when the site is not that name
+    names = set(rows["name"])
+
+    def kernel_of(where: object, evidence: object) -> str:
+        head = str(evidence).split(": ", 1)[0]
+        return head if head in names else str(where)
+
+    named = findings.assign(name=[kernel_of(where, evidence) for where, evidence
+                                  in zip(findings["where"], findings["evidence"], strict=True)])
+    return _grouped(named, rows, ["where", "advice", "name"], "full_wave",
+                    ["rank", "pid", "correlation", "table", "factor"])
+
+
+def _copy_calls(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
+    """A copy finding: the calls of its copies do not block the host."""
+    from gpudiag.analyzers.copies import problem_copies, problem_sites
+
+    if inputs.trace.copies.empty:
+        return {}
+    rows = problem_copies(inputs.trace)
+    problem, site = problem_sites(rows)
+    flagged = problem != ""
+    rows = pd.DataFrame({"rank": keys.key_array(rows["rank"]), "pid": keys.key_array(rows["pid"]),
+                         "correlation": keys.key_array(rows["correlation"]),
+                         "where": site.to_numpy(dtype=object),
+                         "advice": [ADVICE.get(key) for key in problem]})[flagged]
+    return _grouped(findings, rows, ["where", "advice"], "no_wait",
+                    ["rank", "pid", "correlation"])
+
+
+def _collectives(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
+    """A comm_wait finding: its calls without their wait for late peers; an exposed-comm
+    finding: its calls hidden under compute. Slow-transport findings have no fix here."""
+    from gpudiag.analyzers.collectives.calls import finding_name
+
+    trace = inputs.trace
+    calls = trace.collectives[trace.collectives["kernel_id"].notna().to_numpy(bool)]
+    if calls.empty:
+        return {}
+    kernels = trace.kernels
+    at = pd.Index(kernels["kernel_id"]).get_indexer(calls["kernel_id"])
+    calls, at = calls[at >= 0], at[at >= 0]
+    dur = (kernels["end_ns"] - kernels["start_ns"]).to_numpy(np.int64)[at]
+    skew = inputs.tables.get("arrival_skew")
+    wait = np.zeros(len(calls), dtype=np.int64)
+    if skew is not None and len(skew):
+        known = skew[~skew["clock_suspect"].fillna(False).to_numpy(bool)
+                     & skew["kernel_id"].notna().to_numpy(bool)].drop_duplicates("kernel_id")
+        wait = calls["kernel_id"].map(known.set_index("kernel_id")["wait_ns"]).fillna(0) \
+            .to_numpy(np.int64)
+    rows = pd.DataFrame({
+        "rank": keys.key_array(kernels["rank"])[at], "pid": keys.key_array(kernels["pid"])[at],
+        "correlation": keys.key_array(kernels["correlation"])[at], "table": "kernels",
+        "name": [finding_name(comm if pd.notna(comm) else "", op) for comm, op in
+                 zip(calls["comm"].astype(object), calls["op"].astype(object), strict=True)],
+        "wait": wait, "dur": dur})
+    columns = ["rank", "pid", "correlation", "table", "factor"]
+    out = {}
+    for index, finding in findings.iterrows():
+        where = str(finding["where"])
+        if finding["advice"] == ADVICE["comm_wait"]:
+            hit = rows[[where.startswith(name + ":") for name in rows["name"]]]
+            hit = hit[hit["wait"] > 0]
+            factor = 1 - hit["wait"] / hit["dur"].clip(lower=1)
+            fix = "no_peer_wait"
+        elif finding["advice"] == ADVICE["comm_exposed"]:
+            hit = rows[[where == name or where.startswith(name + " at ")
+                        for name in rows["name"]]]
+            factor = pd.Series(0.0, index=hit.index)
+            fix = "hidden_comm"
+        else:
+            continue
+        if len(hit):
+            out[int(index)] = Selection(fix, hit.assign(factor=factor.clip(lower=0))[columns]
+                                        .reset_index(drop=True))
+    return out
+
+
+_SELECTORS: tuple[tuple[tuple[str, ...], Selector], ...] = (
+    (("sync_stall",), _sync_calls),
+    (("launch_bound", "host_bound"), _gap_fixes),
+    (("host_data_loading", "host_python_overhead", "host_optimizer", "host_compile",
+      "host_op"), _host_sections),
+    (("small_grid",), _small_grids),
+    (("copy",), _copy_calls),
+    (("comm_wait", "comm"), _collectives),
+)
