@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,16 @@ def job_options(command: Any) -> Any:
              "(1: in this process). Exit 3 when some files could not be read.")(command)
 
 
+def rank_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--rank-by saving|lost`: the order of the findings."""
+    return click.option(
+        "--rank-by", "rank_by", type=click.Choice(["saving", "lost"]), default="saving",
+        show_default=True,
+        help="Rank findings by expected saving (a replay of the schedule with the cause "
+             "fixed) or by the time they cost. A job analyzed with --workers/--scheduler "
+             "has no savings: lost.")(command)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpudiag")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
@@ -55,9 +66,10 @@ def cli(debug: bool) -> None:
               help="Analyze only START:END (e.g. 100ms:300ms from the first GPU event) or "
                    "the span of a named range (e.g. ProfilerStep#3).")
 @click.option("--steps", is_flag=True, help="Also show the waterfall of every training step.")
+@rank_option
 @job_options
 def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | None,
-            window: str | None, steps: bool, workers: int | None,
+            window: str | None, steps: bool, rank_by: str, workers: int | None,
             scheduler: str | None) -> None:
     """Read profiles (files or directories), attribute the lost GPU time and say what to do.
 
@@ -81,7 +93,7 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
     else:
         trace = _load(list(paths))
         _require_events(trace, paths)
-        dx = diagnose(trace, window=window, steps=steps)
+        dx = diagnose(trace, window=window, steps=steps, rank_by=rank_by)
         info = summarize(trace, top=top, window_ns=dx.window_ns, window_spec=window)
     info["diagnosis"] = dx.to_dict()
     if as_json:
@@ -151,9 +163,10 @@ def _say_failed(failed: list[tuple[str, str]]) -> None:
               "needs the network) instead of inlining it.")
 @click.option("--window", metavar="RANGE", help="As for `analyze`.")
 @click.option("--steps", is_flag=True, help="Also the waterfall of every training step.")
+@rank_option
 @job_options
 def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | None,
-           steps: bool, workers: int | None, scheduler: str | None) -> None:
+           steps: bool, rank_by: str, workers: int | None, scheduler: str | None) -> None:
     """Write one self-contained HTML report (opens offline): summary, waterfall, findings,
     stragglers, heatmaps, kernels, syncs, collectives, memory, Nsight Compute metrics."""
     from gpudiag.analyzers.diagnosis import diagnose
@@ -170,7 +183,7 @@ def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | No
         return
     trace = _load(list(paths))
     _require_events(trace, paths)
-    dx = diagnose(trace, window=window, steps=steps)
+    dx = diagnose(trace, window=window, steps=steps, rank_by=rank_by)
     _write(output, report_page(trace, dx, cdn=cdn, generated_for=command))
 
 
@@ -196,7 +209,7 @@ def heatmap(*, path: Path, output: Path | None, metrics: str | None, sort: str, 
 
     trace = _load([path])
     chosen = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
-    dx = diagnose(trace)
+    dx = diagnose(trace, savings=False)  # the heatmaps show no findings
     html = heatmap_page(trace, dx, cdn=cdn, per_launch=per_launch, metrics=chosen, sort=sort,
                         top=top)
     _write(output or Path(path.name.split(".")[0] + ".heatmap.html"), html)

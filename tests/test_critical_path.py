@@ -16,7 +16,7 @@ import pytest
 
 import gpudiag
 from gpudiag.analyzers.critical.events import GPU
-from gpudiag.analyzers.critical.path import critical_path
+from gpudiag.analyzers.critical.path import critical_path, rank_paths
 from gpudiag.analyzers.critical.replay import Replay
 from tests.builders import api_call, kernel, trace
 from tests.conftest import fixtures_dir, tool_missing
@@ -207,3 +207,38 @@ def test_replaying_a_real_trace_as_recorded_gives_its_window_back(path: Path) ->
     replay = Replay.of(gpudiag.load(path))
     start, end = replay.graph.events.window
     assert abs(replay.length_ns - (end - start)) <= 0.001 * (end - start)
+
+
+WORLD128 = [KINETO / "world128_sampled_rank0.json.gz", KINETO / "world128_sampled_rank1.json.gz"]
+
+
+def test_each_rank_of_a_merged_job_has_the_path_it_has_alone() -> None:
+    """Ranks of a merged job reuse pids, devices and streams; each is a graph of its own,
+    so its path is the one its file alone gives (the same edges, the same breakdown)."""
+    paths = rank_paths(gpudiag.load(WORLD128))
+    assert sorted(paths["rank"].unique()) == [0, 1]
+    for rank, path in enumerate(WORLD128):
+        alone = critical_path(gpudiag.load(path))
+        mine = paths[paths["rank"] == rank].drop(columns="rank").reset_index(drop=True)
+        columns = ["kind", "start_ns", "end_ns", "ns", "name", "bound_by"]
+        pd.testing.assert_frame_equal(mine[columns], alone.edges[columns])
+
+
+def test_the_critical_path_is_a_perfetto_track_and_a_timeline_row(tmp_path: Path) -> None:
+    """`gpudiag export` draws each rank's path as a track of slices named by where the time
+    went, summing to the path's length; the utilization figure has a row per rank's path."""
+    import gzip
+
+    from gpudiag.reports import figures
+    from gpudiag.reports.export import write_chrome_trace
+
+    built = gpudiag.load(KINETO / "a100_alexnet_sync_critical_path.json.gz")
+    written = write_chrome_trace(built, tmp_path / "t.json.gz", gpudiag.diagnose(built))
+    events = json.loads(gzip.decompress(written.read_bytes()))["traceEvents"]
+    path = [event for event in events if event.get("cat") == "gpudiag.critical_path"]
+    assert path and all(event["name"].split(": ")[0] in set(BOUND_BY.values())
+                        for event in path)
+    length = critical_path(built).length_ns
+    assert sum(event["dur"] for event in path) * 1e3 == pytest.approx(length, rel=1e-6)
+    figure = figures.utilization(built, None)
+    assert "rank 0 · critical path" in figure.data[0].y

@@ -38,12 +38,15 @@ def test_waterfall_covers_every_device_window_exactly(name: str) -> None:
     dx = diagnose(t)
     assert list(dx.findings.columns) == list(COLUMNS)
     assert set(dx.findings["cause"]) <= set(LOSS_CAUSES) | set(OTHER_CAUSES)
-    # ranked by lost time within each group: GPU time, then host time, then warm-up
+    # ranked by expected saving, then those without one (GPU time by lost time, then host
+    # time), then warm-up ones
     warm = dx.findings["evidence"].str.startswith("warm-up:").fillna(False)
-    host = dx.findings["cause"].isin(HOST_CAUSES) & ~warm
-    group = np.where(warm, 2, np.where(host, 1, 0))
+    saved = dx.findings["saving_ns"].notna() & ~warm
+    host = dx.findings["cause"].isin(HOST_CAUSES) & ~warm & ~saved
+    group = np.where(warm, 3, np.where(saved, 0, np.where(host, 2, 1)))
     assert (np.diff(group) >= 0).all()
-    for g in range(3):
+    assert dx.findings.loc[group == 0, "saving_ns"].is_monotonic_decreasing
+    for g in range(1, 4):
         assert dx.findings.loc[group == g, "lost_ns"].is_monotonic_decreasing
     assert (dx.findings["advice"].str.len() > 0).all()
     json.dumps(dx.to_dict(), default=str)

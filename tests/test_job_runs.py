@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 
 import gpudiag
-from gpudiag.analyzers.diagnosis import diagnose
 from gpudiag.analyzers.summary import summarize
 from gpudiag.jobs.job import diagnose_job
 from gpudiag.readers.run_dir import merge_run, process_trace, run_units
 from gpudiag.reports.collected import describe, describe_job
 from gpudiag.trace import merge
 from tests.conftest import framework
-from tests.test_jobs import assert_same
+from tests.test_jobs import assert_same, diagnose
 
 PROGRAMS = Path(__file__).parent / "programs"
 TORCHRUN = Path(sys.executable).with_name("torchrun")

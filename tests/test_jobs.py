@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 import gpudiag
-from gpudiag.analyzers.diagnosis import Diagnosis, diagnose
-from gpudiag.jobs.job import diagnose_job
+from gpudiag.analyzers.diagnosis import Diagnosis
+from gpudiag.jobs.job import NO_SAVINGS, diagnose_job
 from gpudiag.jobs.rank_map import Options, read_batch
 from tests.conftest import fixtures_dir
 
@@ -47,6 +47,12 @@ def shifted_job(source: Path, ranks: int, folder: Path, shift_us: float = 137.0)
 ROW_TABLES = ("host_gaps",)  # what a compact job (rows=False) leaves with its ranks
 
 
+def diagnose(trace: gpudiag.Trace, **options: Any) -> Diagnosis:
+    """The merged diagnosis a job equals: without expected savings, which a job analyzed
+    rank by rank does not compute (its note `NO_SAVINGS` says so)."""
+    return gpudiag.diagnose(trace, savings=False, **options)
+
+
 def assert_same(job: Diagnosis, merged: Diagnosis, *, rows: bool = True) -> None:
     """Every frame, table and note of the two diagnoses, equal (values, dtypes, order);
     without the row-level results when the job is compact (`rows=False`)."""
@@ -60,7 +66,8 @@ def assert_same(job: Diagnosis, merged: Diagnosis, *, rows: bool = True) -> None
         if left is not None:
             pd.testing.assert_frame_equal(left.reset_index(drop=True),
                                           right.reset_index(drop=True), obj=name)
-    assert job.notes == merged.notes
+    assert job.notes == [*merged.notes, NO_SAVINGS]
+    assert job.findings["saving_ns"].isna().all()
     assert sorted(job.tables) == sorted(merged.tables)
     for name, table in merged.tables.items():
         pd.testing.assert_frame_equal(job.tables[name].reset_index(drop=True),

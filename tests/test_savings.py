@@ -31,21 +31,23 @@ def finding(dx: gpudiag.Diagnosis, cause: str, where: str | None = None) -> dict
 
 
 def sync_loop(*, steps: int = 3, host_ns: int = 100 * US, gpu_ns: int = 50 * US,
-              records: bool = True) -> gpudiag.Trace:
+              records: bool = True, synced: bool = True) -> gpudiag.Trace:
     """Each step: a 5 µs launch, a `gpu_ns` kernel 10 µs after it, a stream synchronize
     from 6 µs until 2 µs after the kernel, then `host_ns` of host work (a torch op). The
-    GPU is faster than the host: without the waits (56 µs a step) it keeps up."""
+    GPU is faster than the host: without the waits (56 µs a step) it keeps up.
+    `synced=False`: the same loop with the synchronize removed (the fixed run)."""
     api, kernels, syncs, ranges = [], [], [], []
     base = 0
     for step in range(steps):
         correlation = 10 * step + 1
-        end = base + 12 * US + gpu_ns
+        end = base + 12 * US + gpu_ns if synced else base + 6 * US
         api.append(api_call(base, base + 5 * US, correlation=correlation))
         kernels.append(dict(kernel(base + 10 * US, base + 10 * US + gpu_ns,
                                    correlation=correlation), kernel_id=step))
-        api.append(api_call(base + 6 * US, end, "cudaStreamSynchronize",
-                            correlation=correlation + 1))
-        if records:
+        if synced:
+            api.append(api_call(base + 6 * US, end, "cudaStreamSynchronize",
+                                correlation=correlation + 1))
+        if records and synced:
             syncs.append({"pid": 100, "tid": None, "device": 0, "stream": 7,
                           "start_ns": base + 6 * US, "end_ns": end, "kind": "stream",
                           "correlation": correlation + 1})
@@ -72,6 +74,33 @@ def test_a_sync_in_a_loop_saves_exactly_its_waits(records: bool) -> None:
     assert sync["saving_share"] == pytest.approx(3 * 56 / 486)
     assert sync["saving_step_share"] == pytest.approx(3 * 56 * US / 3 / 162 / US)
     assert dx.findings["saving_ns"].max() <= window
+
+
+def test_compare_puts_the_predicted_saving_beside_the_measured_one() -> None:
+    """The run with the sync removed is the baseline's replay made real: the sync site's
+    finding is gone, its predicted saving per step (56 µs) is the measured change of the
+    median step, and the terminal prints both. The Python time between ops went with it
+    (it was the waiting): fixed too, predicted 0."""
+    from rich.console import Console
+
+    from gpudiag.analyzers.compare import compare
+    from gpudiag.reports.terminal.compare import print_comparison
+
+    found = compare([sync_loop(), sync_loop(synced=False)], ["before", "after"])
+    fixed = found.predicted.set_index("cause")
+    assert sorted(fixed.index) == ["host_python_overhead", "sync_stall"]
+    assert fixed.loc["host_python_overhead", "predicted_ns"] == 0
+    row = fixed.loc["sync_stall"]
+    assert (row["predicted_ns"], row["fix"]) == (3 * 56 * US, "no_wait")
+    assert row["predicted_step_ns"] == pytest.approx(56 * US)
+    assert row["measured_step_ns"] == 56 * US
+    console = Console(record=True, width=200)
+    print_comparison(found, console)
+    text = console.export_text()
+    assert "Predicted vs measured" in text
+    assert "measured: 56 µs per step faster (predicted at most 56 µs; predicted / measured " \
+           "1.00)" in text
+    assert json.dumps(found.to_dict())
 
 
 def host_bound_loop(path: Path) -> gpudiag.Trace:

@@ -95,6 +95,7 @@ class Comparison:
     syncs: pd.DataFrame        # index: (kind, quantity) with quantity count | host_wait_ns
     step_size: int | None = None
     notes: list[str] = field(default_factory=list)
+    predicted: pd.DataFrame = field(default_factory=lambda: _predicted_frame([]))
 
     @property
     def baseline(self) -> str:
@@ -111,7 +112,8 @@ class Comparison:
         records with their index as columns; NaN and inf become None (JSON has neither)."""
         return {"labels": list(self.labels), "baseline": self.baseline,
                 "step_size": self.step_size, "notes": list(self.notes),
-                **{name: _records(frame) for name, frame in self.tables().items()}}
+                **{name: _records(frame) for name, frame in self.tables().items()},
+                "predicted": _records(self.predicted.set_index(["run", "cause"]))}
 
 
 def compare(traces: Sequence[Trace | RunFacts], labels: Sequence[str], *,
@@ -144,13 +146,56 @@ def compare(traces: Sequence[Trace | RunFacts], labels: Sequence[str], *,
     lost = pd.DataFrame({label: _lost(diagnosis)
                          for label, diagnosis in zip(labels, dxs, strict=True)})
     shares = lost / lost.sum(min_count=1)
+    table = versus(summary.loc[list(SUMMARY_ROWS)], labels)
     return Comparison(
-        labels=labels, summary=versus(summary.loc[list(SUMMARY_ROWS)], labels),
+        labels=labels, summary=table, predicted=predicted(dxs, labels, table),
         losses=versus(lost, labels), shares=versus(shares, labels, points=True),
         kernels=_kernels(runs, labels, top, notes),
         collectives=_per_key(labels, [_collectives(diagnosis) for diagnosis in dxs], "op"),
         syncs=_per_key(labels, [_syncs(diagnosis) for diagnosis in dxs], "kind"),
         step_size=step_size, notes=notes)
+
+
+#: a baseline finding counts as fixed in a later run when what is left of its lost time
+#: there (same cause, place and advice) is at most this share of it
+FIXED_SHARE = 0.2
+PREDICTED_COLUMNS = ("run", "cause", "where", "fix", "lost_ns", "lost_after_ns",
+                     "predicted_ns", "predicted_step_ns", "measured_step_ns",
+                     "measured_wall_ns")
+
+
+def predicted(dxs: Sequence[Diagnosis], labels: Sequence[str], summary: pd.DataFrame
+              ) -> pd.DataFrame:
+    """Predicted vs measured: for each later run, the baseline's findings it fixed (their
+    lost time gone, `FIXED_SHARE`) with the saving the baseline predicted for them (window
+    and, with steps, per step: `saving_step_share` x the baseline's median step), beside
+    the step-time and wall-time change measured (baseline minus run: positive is faster).
+    Several findings fixed at once predict their savings' sum at most."""
+    base = dxs[0].findings
+    base = base[base["saving_ns"].notna().to_numpy(bool) & (base["lost_ns"] > 0).to_numpy(bool)]
+    step = summary.loc["step_time_ns", labels[0]]
+    rows = []
+    for label, dx in zip(labels[1:], dxs[1:], strict=True):
+        left = dx.findings.groupby(["cause", "where", "advice"], dropna=False)["lost_ns"].sum()
+        measured = {f"measured_{name}_ns": -summary.loc[f"{name}_time_ns", f"delta:{label}"]
+                    for name in ("step", "wall")}
+        for found in base.itertuples():
+            after = int(left.get((found.cause, found.where, found.advice), 0))
+            if after > FIXED_SHARE * found.lost_ns:
+                continue
+            rows.append({"run": label, "cause": found.cause, "where": found.where,
+                         "fix": found.fix, "lost_ns": found.lost_ns, "lost_after_ns": after,
+                         "predicted_ns": found.saving_ns,
+                         "predicted_step_ns": found.saving_step_share * step, **measured})
+    return _predicted_frame(rows)
+
+
+def _predicted_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    out = pd.DataFrame(rows, columns=list(PREDICTED_COLUMNS))
+    return out.astype({"run": "string", "cause": "string", "where": "string",
+                       "fix": "string", "lost_ns": "float64", "lost_after_ns": "float64",
+                       "predicted_ns": "float64", "predicted_step_ns": "float64",
+                       "measured_step_ns": "float64", "measured_wall_ns": "float64"})
 
 
 def _completed(run: Trace | RunFacts, dx: Diagnosis) -> Diagnosis:

@@ -98,11 +98,19 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
                                             warm=warm, rows=rows), None, len(units))
             failed += more
             found = _flag(found, dx, warm_parts, options)
-    dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host))
+    dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host,
+                                                                    rank_by="lost"))
+    dx.notes.append(NO_SAVINGS)
     dx.failed = failed
     dx.units = files
     diagnosis.add_views(dx)
     return dx
+
+
+#: why a job's findings have no saving_ns: each replay needs one rank's whole schedule,
+#: which the rank-by-rank analysis never sends to the coordinator
+NO_SAVINGS = ("expected savings not computed: the ranks were analyzed one by one "
+              "(--workers/--scheduler); analyze a few ranks' files without them for saving_ns")
 
 
 def _none_read(units: list[str], failed: list[tuple[str, str]]) -> InputError:

@@ -136,7 +136,10 @@ def compare_page(cmp: Comparison, lines: list[str] | None = None, *,
         html = compare_page(compare([a, b], ["fp32", "bf16"]))
     """
     tables: list[tuple[str, pd.DataFrame]] = [
-        ("Summary", cmp.summary), ("Loss waterfall (ns)", cmp.losses),
+        ("Summary", cmp.summary),
+        ("Predicted vs measured (the baseline's findings fixed in a later run; ns)",
+         cmp.predicted.set_index(["run", "cause"])),
+        ("Loss waterfall (ns)", cmp.losses),
         ("Loss shares", cmp.shares), ("Kernels by time delta", cmp.kernels),
         ("Collectives", cmp.collectives), ("Syncs", cmp.syncs)]
     sections = [Section(title, tables=[_short_kernels(frame.reset_index())])

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 CHUNK_ROWS = 50_000
 IDLE_TRACK = "gpudiag: idle causes"
 FINDINGS_TRACK = "gpudiag: findings"
+PATH_TRACK = "gpudiag: critical path"
 #: advice for an idle piece that no finding names (by cause)
 DEFAULT_ADVICE = {"sync_stall": "sync_device", "launch_bound": "launch_bound",
                   "host_bound": "host_bound", "copy": "copy_sync"}
@@ -104,7 +105,8 @@ class _Tracks:
         pkey = (side, rank, owner)
         if pkey not in self.pids:
             pid = self.pids[pkey] = len(self.pids) + 1
-            who = f"device {owner}" if side == "gpu" else f"host pid {owner}"
+            who = {"gpu": f"device {owner}", "path": PATH_TRACK}.get(side,
+                                                                      f"host pid {owner}")
             name = who if rank < 0 else f"rank {rank} / {who}"
             self._meta(pid, 0, "process_name", name)
             self._meta(pid, 0, "process_sort_index", pid)
@@ -127,7 +129,7 @@ class _Tracks:
 
 
 def _lane_name(lane: str, sub: int) -> str:
-    named = {"idle": IDLE_TRACK, "findings": FINDINGS_TRACK}
+    named = {"idle": IDLE_TRACK, "findings": FINDINGS_TRACK, "critical path": PATH_TRACK}
     if lane in named:
         return named[lane]
     if lane == "thread":
@@ -302,6 +304,7 @@ def _diagnosis_events(trace: Trace, dx: Diagnosis, tracks: _Tracks, plan: Plan
     yield from _slices(tracks, marks, marks["label"], side="gpu", lane="findings",
                        cat="gpudiag.finding", columns=("evidence", "advice", "lost_ms", "share",
                                                        "rule"), plan=plan)
+    yield from _path_events(trace, tracks, plan)
     alone = found[~found.index.isin(marks["finding"])]
     start = (trace.gpu_window_ns() or (plan.base, 0))[0]
     yield [{"ph": "i", "s": "g", "cat": "gpudiag.finding", "name": n,
@@ -309,6 +312,25 @@ def _diagnosis_events(trace: Trace, dx: Diagnosis, tracks: _Tracks, plan: Plan
             "pid": 0, "tid": 0, "args": {"evidence": e, "advice": a, "lost_ms": m}}
            for n, e, a, m in zip(*(_values(alone[c]) for c in ("label", "evidence", "advice",
                                                                 "lost_ms")), strict=True)]
+
+
+def _path_events(trace: Trace, tracks: _Tracks, plan: Plan) -> Iterator[list[Any]]:
+    """Each rank's critical path (`critical.path.rank_paths`) as a track of its own: one
+    slice per edge that holds time, named by where the time went (`bound_by`) and the
+    event it belongs to."""
+    from gpudiag.analyzers.critical.path import rank_paths
+
+    if trace.api.empty or (trace.kernels.empty and trace.copies.empty):
+        return
+    paths = rank_paths(trace)
+    paths = paths[(paths["ns"] > 0).to_numpy(bool)]
+    if paths.empty:
+        return
+    names = paths["bound_by"].astype(str) + ": " + paths["name"].fillna("").astype(str)
+    rows = paths.assign(pid=-1, tid=0, edge=paths["kind"].astype(str))
+    yield from _slices(tracks, rows, names, side="path", lane="critical path",
+                       cat="gpudiag.critical_path", columns=("edge", "bound_by", "table",
+                                                             "row"), plan=plan)
 
 
 # -- the whole trace -------------------------------------------------------------

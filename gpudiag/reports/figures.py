@@ -101,7 +101,9 @@ def utilization(trace: Trace, dx: Diagnosis | None, *, bins: int = 400) -> go.Fi
 
     Top: per (rank, device, stream), the share of each time bin covered by the union of
     that stream's kernels and copies (exact: cumulative coverage at the bin edges), with
-    the kernel that started the most time in the bin in the hover. Bottom: per device, the
+    the kernel that started the most time in the bin in the hover; under them, per rank,
+    its critical path (`critical.path.rank_paths`): the share of the bin the path spends
+    on the GPU, and where most of its time in the bin went. Bottom: per device, the
     cause that lost the most time in the bin (`useful` when nothing was lost), from
     `dx.timeline.amounts`; the hover lists every cause's share of the bin, a legend over
     the plot keys the causes' colors. Without `dx` (or a timeline) the bottom rows are left
@@ -114,12 +116,18 @@ def utilization(trace: Trace, dx: Diagnosis | None, *, bins: int = 400) -> go.Fi
     x = (edges - edges[0]) / 1e6  # ms since the first event; n+1 values: bin edges
     busy = _busy_shares(ev, edges)
     top = _top_names(ev, edges)
+    labels = list(ev["labels"])
+    path_labels, path_busy, path_top = _path_rows(trace, edges)
+    if path_labels:  # each rank's critical path under its streams' rows
+        labels += path_labels
+        busy = np.vstack([busy, path_busy])
+        top = np.vstack([top, path_top])
     rows = 2 if dx is not None and dx.timeline is not None and dx.timeline.windows else 1
-    streams = len(ev["labels"])
+    streams = len(labels)
     devices = len(dx.timeline.windows) if rows == 2 and dx is not None and dx.timeline else 0
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.03,
                         row_heights=[streams, devices] if rows == 2 else None)
-    fig.add_heatmap(x=x, y=ev["labels"], z=busy.astype(np.float32),  # 4 bytes a cell
+    fig.add_heatmap(x=x, y=labels, z=busy.astype(np.float32),  # 4 bytes a cell
                     customdata=top, zmin=0, zmax=1, colorscale="Blues", name="busy", row=1, col=1,
                     colorbar={"title": {"text": "busy share", "side": "right"},
                               "tickformat": ".0%", "tickvals": [0, 0.5, 1]},
@@ -254,6 +262,39 @@ def _edges(t0: int, t1: int, bins: int) -> IntArray:
     span has fewer nanoseconds)."""
     n = int(max(1, min(bins, t1 - t0)))
     return t0 + np.round(np.linspace(0, max(t1 - t0, 1), n + 1)).astype(np.int64)
+
+
+#: `bound_by` classes of a path that run on the GPU
+_GPU_BOUND = ("gpu_compute", "gpu_communication")
+
+
+def _path_rows(trace: Trace, edges: IntArray
+               ) -> tuple[list[str], FloatArray, npt.NDArray[np.object_]]:
+    """Per rank, its critical path as a row: the share of each bin the path spends on GPU
+    work, and the `bound_by` class holding most of its time there ("" where the path does
+    not pass). No rows without launch calls (no path to draw)."""
+    from gpudiag.analyzers.critical.path import rank_paths
+
+    if trace.api.empty:
+        return [], np.zeros((0, len(edges) - 1)), np.zeros((0, len(edges) - 1), dtype=object)
+    paths = rank_paths(trace)
+    paths = paths[(paths["ns"] > 0).to_numpy(bool) & (paths["bound_by"] != "").to_numpy(bool)]
+    labels, busy, top = [], [], []
+    width = np.diff(edges).astype(np.float64)
+    for rank, path in paths.groupby(keys.key_array(paths["rank"]), sort=True):
+        classes = sorted(set(path["bound_by"]))
+        times = np.vstack([np.diff(intervals.covered_before(intervals.union(
+            part["start_ns"], part["end_ns"]), edges)) for part in
+            (path[path["bound_by"] == name] for name in classes)])
+        gpu = sum((times[classes.index(name)] for name in _GPU_BOUND if name in classes),
+                  np.zeros(len(width)))
+        busy.append(gpu / width)
+        top.append(np.where(times.sum(axis=0) > 0,
+                            np.asarray(classes, dtype=object)[times.argmax(axis=0)], ""))
+        labels.append("critical path" if rank == keys.MISSING else f"rank {rank} · critical path")
+    if not labels:
+        return [], np.zeros((0, len(edges) - 1)), np.zeros((0, len(edges) - 1), dtype=object)
+    return labels, np.vstack(busy), np.vstack(top).astype(object)
 
 
 def _busy_shares(ev: dict[str, np.ndarray], edges: IntArray) -> FloatArray:

@@ -205,13 +205,26 @@ def _findings(dx: Diagnosis) -> Section | None:
         return None
     notes: list[str] = []
     top = _cut(found, notes, "findings")
-    frame = pd.DataFrame({"#": range(1, len(top) + 1)}).join(
-        top[["cause", "lost_ns", "share", "where", "count", "evidence", "advice"]])
-    frame.columns = ["#", "cause", "lost", "share", "where", "count", "evidence", "what to do"]
+    columns = ["cause", "lost_ns", "share", "saving_ns", "saving_share", "fix", "where",
+               "count", "evidence", "advice"]
+    names = ["cause", "lost", "share", "saves", "of window", "fix replayed", "where", "count",
+             "evidence", "what to do"]
+    saved = bool(found["saving_ns"].notna().any())
+    if not saved:  # nothing replayed (a job, no timeline): no empty columns
+        columns, names = columns[:3] + columns[6:], names[:3] + names[6:]
+    frame = pd.DataFrame({"#": range(1, len(top) + 1)}).join(top[columns].reset_index(
+        drop=True))
+    frame.columns = ["#", *names]
     host_only = bool(found["cause"].isin(HOST_CAUSES).all())
-    title = "Findings, by host time lost" if host_only else "Findings, by GPU time lost"
+    title = ("Findings, by expected saving" if saved else
+             "Findings, by host time lost" if host_only else "Findings, by GPU time lost")
+    if saved:
+        notes.append("saves: how much shorter the window gets in a replay of the recorded "
+                     "schedule with that cause fixed (the fix replayed: docs/analysis.md, "
+                     "Expected savings); lost: the time the cause cost")
     return Section(title, notes=notes, table=frame,
-                   formats={"lost": _lost, "share": "share"})
+                   formats={"lost": _lost, "share": "share", "saves": "ns",
+                            "of window": "share"})
 
 
 def _lost(ns: Any) -> str:

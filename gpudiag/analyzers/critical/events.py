@@ -45,17 +45,19 @@ BLOCKING_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize",
 @dataclass
 class Events:
     """Every candidate event (see the module docstring), in table order, and which are in
-    the graph. `launch`: the event of each GPU work's launch call, or of each sync's API
-    call (-1: none); `stream` is -1 on the host. `queue_at_launch`, `queue_at_start`: how
-    many launches were pending on the work's stream right after its launch call and right
-    after it started (HTA's queue length, over the whole trace; -1 for work without a
-    launch call)."""
+    the graph. `rank` is the event's rank (`keys.key_array`); `pid` and `device` are codes
+    of (rank, pid) and (rank, device), `raw_pid` the recorded pid. `launch`: the event of
+    each GPU work's launch call, or of each sync's API call (-1: none); `stream` is -1 on
+    the host. `queue_at_launch`, `queue_at_start`: how many launches were pending on the
+    work's stream right after its launch call and right after it started (HTA's queue
+    length, over the whole trace; -1 for work without a launch call)."""
 
     kind: IntArray
     table: IntArray
     row: IntArray
     start: IntArray
     end: IntArray
+    rank: IntArray
     pid: IntArray
     tid: IntArray
     device: IntArray
@@ -65,6 +67,7 @@ class Events:
     sync_kind: npt.NDArray[np.object_]
     record_correlation: IntArray
     record_stream: IntArray
+    raw_pid: IntArray
     launch: IntArray
     in_graph: BoolArray
     queue_at_launch: IntArray
@@ -75,13 +78,16 @@ class Events:
         return len(self.kind)
 
 
-def graph_events(trace: Trace, window: tuple[int, int] | None = None, *,
-                 rank: int | None = None) -> Events:
-    """The events of `trace`'s dependency graph in `window` (None: the whole trace), of one
-    rank (`rank`: its `keys.key_array` value; None: every row, a one-rank trace). Ranks of
-    a merged job reuse pids, devices and streams: a graph is one rank's."""
-    frames = _frames(trace, rank)
+def graph_events(trace: Trace, window: tuple[int, int] | None = None) -> Events:
+    """The events of `trace`'s dependency graph in `window` (None: the whole trace). Ranks
+    of a merged job reuse pids, devices and streams: `pid` and `device` are codes of
+    (rank, pid) and (rank, device), so each rank is a graph of its own (`raw_pid` keeps
+    the pid)."""
+    frames = _frames(trace)
     columns = {name: np.concatenate([frame[name] for frame in frames]) for name in frames[0]}
+    columns["raw_pid"] = columns["pid"]
+    columns["pid"] = keys.codes(columns["rank"], columns["pid"])
+    columns["device"] = keys.codes(columns["rank"], columns["device"])
     start, end = columns["start"], columns["end"]
     if window is None:
         window = (int(start.min()), int(end.max())) if len(start) else (0, 0)
@@ -98,21 +104,14 @@ def graph_events(trace: Trace, window: tuple[int, int] | None = None, *,
                   queue_at_start=at_start, window=window)
 
 
-def _frames(trace: Trace, rank: int | None) -> list[dict[str, np.ndarray]]:
+def _frames(trace: Trace) -> list[dict[str, np.ndarray]]:
     """Each table's events as columns of one shape (`row`: the position in its table)."""
-    parts = [(HOST_OP, 0, trace.ranges), (API, 1, trace.api), (GPU, 2, trace.kernels),
-             (GPU, 3, trace.copies), (SYNC, 4, trace.syncs)]
-    out = []
-    for kind, table, frame in parts:
-        keep = np.ones(len(frame), dtype=bool)
-        if kind == HOST_OP:
-            keep &= (frame["source"] == "torch_op").to_numpy(bool)
-        if rank is not None:
-            keep &= keys.key_array(frame["rank"]) == rank
-        rows = np.flatnonzero(keep)
-        out.append(_columns(kind, table, frame if len(rows) == len(frame) else frame.iloc[rows],
-                            rows))
-    return out
+    ops = (trace.ranges["source"] == "torch_op").to_numpy(bool)
+    parts = [(HOST_OP, 0, trace.ranges.iloc[np.flatnonzero(ops)], np.flatnonzero(ops))]
+    parts += [(kind, table, frame, np.arange(len(frame))) for kind, table, frame in
+              ((API, 1, trace.api), (GPU, 2, trace.kernels), (GPU, 3, trace.copies),
+               (SYNC, 4, trace.syncs))]
+    return [_columns(kind, table, frame, rows) for kind, table, frame, rows in parts]
 
 
 def _columns(kind: int, table: int, frame: pd.DataFrame, rows: IntArray
@@ -134,7 +133,8 @@ def _columns(kind: int, table: int, frame: pd.DataFrame, rows: IntArray
         "row": rows.astype(np.int64),
         "start": frame["start_ns"].to_numpy(np.int64),
         "end": frame["end_ns"].to_numpy(np.int64),
-        "pid": ints("pid"), "tid": ints("tid") if kind in (HOST_OP, API) else none.copy(),
+        "rank": ints("rank"), "pid": ints("pid"),
+        "tid": ints("tid") if kind in (HOST_OP, API) else none.copy(),
         "device": ints("device"), "stream": ints("stream") if kind != HOST_OP else none.copy(),
         "correlation": ints("correlation"), "name": name, "sync_kind": sync_kind,
         "record_correlation": ints("record_correlation"),

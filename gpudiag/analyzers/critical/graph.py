@@ -92,11 +92,10 @@ class _Edges:
                      for column in range(5))
 
 
-def build(trace: Trace, window: tuple[int, int] | None = None, *,
-          rank: int | None = None) -> Graph:
-    """The dependency graph of `trace` over `window` (None: all of it): of one rank
-    (`rank`, a `keys.key_array` value; None: the trace is one rank's)."""
-    events = graph_events(trace, window, rank=rank)
+def build(trace: Trace, window: tuple[int, int] | None = None) -> Graph:
+    """The dependency graph of `trace` over `window` (None: all of it): one graph of its
+    own per rank, none of their edges between ranks."""
+    events = graph_events(trace, window)
     edges = _Edges()
     _host_edges(events, edges)
     _gpu_edges(events, edges)

@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from gpudiag.analyzers import keys
 from gpudiag.analyzers.critical.events import GPU, TABLES, Events, named
 from gpudiag.analyzers.critical.graph import EDGE_KINDS, Graph, build
 from gpudiag.trace import Trace
@@ -51,10 +52,30 @@ class CriticalPath:
 
 
 def critical_path(trace: Trace, window: tuple[int, int] | None = None) -> CriticalPath:
-    """The critical path of `trace` (one rank) over `window` (None: the whole trace)."""
+    """The critical path of `trace` over `window` (None: the whole trace); of a merged
+    job, the longest rank's (`rank_paths`: every rank's)."""
     graph = build(trace, window)
     nodes, length = longest_path(graph)
     return CriticalPath(length, _path_edges(graph, nodes), graph, graph.events.window)
+
+
+def rank_paths(trace: Trace, window: tuple[int, int] | None = None) -> pd.DataFrame:
+    """Every rank's critical path: `CriticalPath.edges`' columns and `rank` (NA: none
+    given), rank by rank, each path's edges in order.
+
+        paths = rank_paths(trace)
+        paths.groupby(["rank", "bound_by"])["ns"].sum()
+    """
+    graph = build(trace, window)
+    ranks, group = np.unique(np.repeat(graph.events.rank, 2), return_inverse=True)
+    paths = longest_paths(graph.src, graph.dst, graph.weight, group.astype(np.int64),
+                          len(ranks))
+    frames = [_path_edges(graph, nodes).assign(rank=rank)
+              for rank, nodes in zip(ranks.tolist(), paths, strict=True)]
+    out = pd.concat(frames, ignore_index=True) if frames else _describe(
+        graph, np.zeros(0, dtype=np.int64)).assign(rank=pd.Series(dtype="int64"))
+    out["rank"] = keys.key_column(out["rank"])
+    return out
 
 
 def longest_path(graph: Graph) -> tuple[list[int], int]:
@@ -70,17 +91,46 @@ def longest(src: IntArray, dst: IntArray, weight: IntArray, count: int
         return [], 0
     distance, indegree, pred, chosen = _distances(src, dst, weight, count)
     end = int(np.argmax(distance))
+    return _back_from(end, indegree, pred, chosen), int(distance[end])
+
+
+def _back_from(end: int, indegree: IntArray, pred: IntArray, chosen: dict[int, int]
+               ) -> list[int]:
+    """The longest path's nodes that end at `end`, in order."""
     nodes = [end]
     node = end
     while indegree[node]:
         node = int(pred[node]) if indegree[node] == 1 else chosen[node]
         nodes.append(node)
-    return nodes[::-1], int(distance[end])
+    return nodes[::-1]
 
 
 def longest_length(src: IntArray, dst: IntArray, weight: IntArray, count: int) -> int:
     """The length of the longest path alone (what a replay needs)."""
     return int(_distances(src, dst, weight, count)[0].max()) if len(src) else 0
+
+
+def longest_lengths(src: IntArray, dst: IntArray, weight: IntArray, group: IntArray,
+                    groups: int) -> IntArray:
+    """The longest path's length in each group of nodes (`group`: each node's, 0 to
+    `groups` - 1; a graph of several ranks, none of its edges between groups)."""
+    out = np.zeros(groups, dtype=np.int64)
+    if len(src):
+        np.maximum.at(out, group, _distances(src, dst, weight, len(group))[0])
+    return out
+
+
+def longest_paths(src: IntArray, dst: IntArray, weight: IntArray, group: IntArray,
+                  groups: int) -> list[list[int]]:
+    """Each group's longest path (its nodes in order; `longest_lengths`' groups)."""
+    if not len(src):
+        return [[] for _ in range(groups)]
+    distance, indegree, pred, chosen = _distances(src, dst, weight, len(group))
+    order = np.lexsort((-distance, group))  # by group, the longest distance first
+    first = np.searchsorted(group[order], np.arange(groups))
+    return [_back_from(int(order[at]), indegree, pred, chosen)
+            if at < len(order) and group[order[at]] == index else []
+            for index, at in enumerate(first.tolist())]
 
 
 def _distances(src: IntArray, dst: IntArray, weight: IntArray, count: int

@@ -1,8 +1,11 @@
 """What-if replays: a trace's schedule replayed with one cause of lost time taken away.
 
-    replay = Replay.of(trace)                       # or window=(start_ns, end_ns)
-    replay.length_ns                                # the replayed window, as recorded
-    replay.length_ns - replay.without_waits(calls)  # what removing those waits saves
+    replay = Replay.of(trace)                 # or window=(start_ns, end_ns)
+    replay.length_ns                          # the replayed window, as recorded
+    replay.without_waits(calls).saving()      # what removing those waits saves
+
+Each rank of a merged job is replayed on its own (`lengths`: one per rank, their
+collectives as recorded); a transformation's saving is the most it shortens a rank.
 
 A replay runs every event as early as its dependencies allow: the longest path through the
 replay graph is the replayed length. The replay graph is the critical-path graph
@@ -34,7 +37,7 @@ import numpy.typing as npt
 from gpudiag import intervals as iv
 from gpudiag.analyzers.critical.events import API, BLOCKING_CALLS, GPU, HOST_OP, Events, named
 from gpudiag.analyzers.critical.graph import DEPENDENCY, LAUNCH, QUEUE, SPAN, SYNCED, Graph, build
-from gpudiag.analyzers.critical.path import longest, longest_length
+from gpudiag.analyzers.critical.path import longest_lengths, longest_paths
 from gpudiag.analyzers.keys import MISSING
 from gpudiag.analyzers.losses.waits import SYNC_APIS, SYNC_COPY_APIS
 from gpudiag.trace import Trace
@@ -42,6 +45,9 @@ from gpudiag.trace import Trace
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
+#: how soon after another stream's work ends a work that waited for no launch nor stream
+#: started, for the replay to take it as held by that work (`_held_by_other_streams`)
+HELD_NS = 10_000
 #: the event kinds of a host thread
 HOST = (HOST_OP, API)
 #: the replay graph's own edges: GPU work after its launch call and its stream's previous
@@ -58,15 +64,15 @@ class Replay:
     dst: IntArray
     weight: IntArray
     kind: IntArray
-    length_ns: int
+    group: IntArray  # each node's rank, numbered 0.. in `ranks` order
+    ranks: IntArray  # the ranks (`keys.key_array` values) of the graph's events, sorted
+    lengths: IntArray  # each rank's replayed length
     _on_path: BoolArray | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, trace: Trace, window: tuple[int, int] | None = None, *,
-           rank: int | None = None) -> Replay:
-        """The replay of `trace` over `window` (None: all of it), of one rank (`rank`, a
-        `keys.key_array` value; None: the trace is one rank's)."""
-        graph = build(trace, window, rank=rank)
+    def of(cls, trace: Trace, window: tuple[int, int] | None = None) -> Replay:
+        """The replay of `trace` over `window` (None: all of it), each rank on its own."""
+        graph = build(trace, window)
         times = graph.node_time()
         weight = graph.weight.copy()
         between = graph.kind == DEPENDENCY
@@ -84,16 +90,27 @@ class Replay:
         # returns at once): its own time counts, as any call's
         free = (kind == SPAN) & (weight == 0) & (dst % 2 == 1) & ~np.isin(dst, dst[waited])
         weight[free] = np.maximum(times[dst[free]] - times[src[free]], 0)
-        count = 2 * len(graph.events)
-        return cls(graph, src, dst, weight, kind, longest_length(src, dst, weight, count))
+        ranks, group = np.unique(np.repeat(graph.events.rank, 2), return_inverse=True)
+        return cls(graph, src, dst, weight, kind, group.astype(np.int64), ranks,
+                   longest_lengths(src, dst, weight, group, len(ranks)))
+
+    @property
+    def length_ns(self) -> int:
+        """The replayed window: the longest of the ranks'."""
+        return int(self.lengths.max()) if len(self.lengths) else 0
 
     def length(self, weight: IntArray | None = None, keep: BoolArray | None = None) -> int:
         """The replayed length with some edges reweighted and some taken away."""
+        return int(self.lengths_with(weight, keep).max(initial=0))
+
+    def lengths_with(self, weight: IntArray | None = None, keep: BoolArray | None = None
+                     ) -> IntArray:
+        """Each rank's replayed length with some edges reweighted and some taken away."""
         weight = self.weight if weight is None else weight
         if keep is None:
-            return longest_length(self.src, self.dst, weight, 2 * len(self.graph.events))
-        return longest_length(self.src[keep], self.dst[keep], weight[keep],
-                              2 * len(self.graph.events))
+            return longest_lengths(self.src, self.dst, weight, self.group, len(self.ranks))
+        return longest_lengths(self.src[keep], self.dst[keep], weight[keep], self.group,
+                               len(self.ranks))
 
     def without_waits(self, calls: IntArray) -> Outcome:
         """The length if these blocking calls (events) did not wait for the GPU: their
@@ -132,10 +149,11 @@ class Replay:
 
     def without_host_time(self, pid: IntArray, tid: IntArray, start: IntArray,
                           end: IntArray) -> Outcome:
-        """The length if each thread (`pid`, `tid`; tid `keys.MISSING`: every thread of the
-        process) spent no time in its intervals [start, end): its ops, calls and the time
-        between them shorten by what lies inside (a host section made as fast as the GPU
-        needs). Waiting inside them still waits for the GPU work it waited for."""
+        """The length if each thread (`pid`: its process's code, `Events.pid`; `tid`,
+        `keys.MISSING`: every thread of the process) spent no time in its intervals
+        [start, end): its ops, calls and the time between them shorten by what lies inside
+        (a host section made as fast as the GPU needs). Waiting inside them still waits
+        for the GPU work it waited for."""
         events, times = self.graph.events, self.graph.node_time()
         weight = self.weight.copy()
         first, second = self.src // 2, self.dst // 2
@@ -170,14 +188,16 @@ class Replay:
         return Outcome(self, weight, None)
 
     def on_path(self) -> BoolArray:
-        """Which edges lie on the replay's longest path (parallel edges between two of its
+        """Which edges lie on a rank's longest path (parallel edges between two of its
         nodes all count): what bounds a transformation's saving (`Outcome.bound`)."""
         if self._on_path is None:
-            count = 2 * len(self.graph.events)
-            nodes, _ = longest(self.src, self.dst, self.weight, count)
-            pairs = np.asarray(nodes[:-1], dtype=np.int64) * (count + 1) + np.asarray(
-                nodes[1:], dtype=np.int64)
-            self._on_path = np.isin(self.src * (count + 1) + self.dst, pairs)
+            span = len(self.group) + 1
+            pairs = [np.asarray(nodes[:-1], dtype=np.int64) * span
+                     + np.asarray(nodes[1:], dtype=np.int64)
+                     for nodes in longest_paths(self.src, self.dst, self.weight, self.group,
+                                                len(self.ranks))]
+            self._on_path = np.isin(self.src * span + self.dst,
+                                    np.concatenate([np.zeros(0, dtype=np.int64), *pairs]))
         return self._on_path
 
     def graph_owner(self) -> IntArray:
@@ -196,21 +216,27 @@ class Outcome:
     keep: BoolArray | None
 
     def length(self) -> int:
-        """The replayed length."""
-        return self.replay.length(self.weight, self.keep)
+        """The replayed length (the longest rank's)."""
+        return int(self.lengths().max(initial=0))
+
+    def lengths(self) -> IntArray:
+        """Each rank's replayed length."""
+        return self.replay.lengths_with(self.weight, self.keep)
 
     def saving(self) -> int:
-        """How much shorter the replay gets."""
-        return self.replay.length_ns - self.length()
+        """How much shorter the replay of the rank it shortens most gets."""
+        return int((self.replay.lengths - self.lengths()).max(initial=0))
 
     def bound(self) -> int:
-        """An upper bound on `saving()`: the replay's longest path is still a path, shorter
+        """An upper bound on `saving()`: each rank's longest path is still a path, shorter
         only by what the transformation took off its own edges; None of that holds when
         an edge of it is taken away (then the whole length)."""
         on = self.replay.on_path()
         if self.keep is not None and (on & ~self.keep).any():
             return self.replay.length_ns
-        return int(np.maximum(self.replay.weight - self.weight, 0)[on].sum())
+        cut = np.maximum(self.replay.weight - self.weight, 0)[on]
+        rank = self.replay.group[self.replay.src[on]]
+        return int(np.bincount(rank, weights=cut, minlength=1).max())
 
 
 def _order_edges(graph: Graph) -> tuple[IntArray, IntArray, IntArray, IntArray]:
@@ -226,7 +252,40 @@ def _order_edges(graph: Graph) -> tuple[IntArray, IntArray, IntArray, IntArray]:
     source = np.concatenate([2 * events.launch[launched], previous[~queued]])
     target = np.concatenate([2 * launched, following[~queued]])
     waits = _waited_for(graph, work)
-    return source, target, waits[0], waits[1]
+    held = _held_by_other_streams(graph, work)
+    return (source, target, np.concatenate([waits[0], held[0]]),
+            np.concatenate([waits[1], held[1]]))
+
+
+def _held_by_other_streams(graph: Graph, work: IntArray) -> tuple[IntArray, IntArray]:
+    """Work that started later than its launch and its stream allowed, within `HELD_NS`
+    of another stream's work ending on its device, and without a stream-wait edge drawn
+    from a sync record: held by that work (an event wait the trace did not record, e.g.
+    compute waiting for an NCCL stream). (end node, start node) pairs."""
+    events = graph.events
+    if not len(work):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    start, end = events.start[work], events.end[work]
+    ready = np.full(len(work), np.iinfo(np.int64).min)
+    launched = events.launch[work] >= 0
+    ready[launched] = events.start[events.launch[work][launched]]
+    previous, following = _stream_order(events, work)
+    position = np.searchsorted(work, following // 2)
+    ready[position] = np.maximum(ready[position], events.end[previous // 2])
+    recorded = np.isin(2 * work, graph.dst[graph.kind == SYNCED])
+    held = np.flatnonzero((start - ready > HELD_NS) & ~recorded)
+    if not len(held):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    by_end = np.lexsort((end, events.device[work]))
+    key = events.device[work][by_end] * (2**40) + (end[by_end] - end.min())
+    wanted = events.device[work][held] * (2**40) + (start[held] - end.min())
+    found = np.searchsorted(key, wanted, side="right") - 1
+    valid = found >= 0
+    source = by_end[np.maximum(found, 0)]
+    valid &= events.device[work][source] == events.device[work][held]
+    valid &= events.stream[work][source] != events.stream[work][held]
+    valid &= start[held] - end[source] <= HELD_NS
+    return 2 * work[source[valid]] + 1, 2 * work[held[valid]]
 
 
 def _stream_order(events: Events, work: IntArray) -> tuple[IntArray, IntArray]:

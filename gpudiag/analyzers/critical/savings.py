@@ -65,28 +65,27 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
     out = findings.copy()
     chosen = _selections(Inputs(trace, whole, tables, gap_options), findings)
     saving = pd.Series(pd.NA, index=out.index, dtype="Int64")
-    ranks = _ranks(whole)
-    replays = [Replay.of(whole, bounds, rank=None if len(ranks) == 1 else rank)
-               for rank in (ranks if chosen else [])]
-    lookups = [_Lookup(replay.graph.events) for replay in replays]
-    plans: dict[int, list[tuple[int, Outcome]]] = {}
+    replay = Replay.of(whole, bounds) if chosen else None
+    lookup = _Lookup(replay.graph.events) if replay is not None else None
+    plans: dict[int, tuple[int, Outcome]] = {}
     for index, selection in chosen.items():
-        plan = [_plan(replay, lookup, selection.fix, rows)
-                for rank, replay, lookup in zip(ranks, replays, lookups, strict=True)
-                if len(rows := selection.rows[selection.rows["rank"] == rank])]
-        plans[index] = [(bound, outcome) for bound, outcome in plan if outcome is not None]
-        if plans[index] and not any(bound for bound, _ in plans[index]):
+        if replay is None or lookup is None:
+            break
+        bound, outcome = _plan(replay, lookup, selection.fix, selection.rows)
+        if outcome is None:
+            continue  # none of its events is in the replay
+        plans[index] = (bound, outcome)
+        if not bound:
             saving.iloc[index] = 0  # nothing it changes is on a longest path
     found: list[int] = []
-    for index in sorted((index for index, plan in plans.items() if pd.isna(saving.iloc[index])
-                         and plan), key=lambda index: -max(b for b, _ in plans[index])):
-        most = max(bound for bound, _ in plans[index])
-        if len(found) >= EXACT_TOP and most <= sorted(found)[-EXACT_TOP]:
+    for index in sorted((index for index in plans if pd.isna(saving.iloc[index])),
+                        key=lambda index: -plans[index][0]):
+        if len(found) >= EXACT_TOP and plans[index][0] <= sorted(found)[-EXACT_TOP]:
             break  # no finding left can enter the top EXACT_TOP: not replayed
-        gained = max([0, *(outcome.saving() for bound, outcome in plans[index] if bound)])
+        gained = max(plans[index][1].saving(), 0)
         saving.iloc[index] = gained
         found.append(gained)
-    length = max((replay.length_ns for replay in replays), default=0)
+    length = replay.length_ns if replay is not None else 0
     out["saving_ns"] = saving
     out["saving_share"] = (saving.astype("Float64") / length).astype("float64") if length \
         else np.nan
@@ -97,12 +96,6 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
             fixes.iloc[index] = selection.fix
     out["fix"] = fixes
     return out
-
-
-def _ranks(trace: Trace) -> list[int]:
-    found = [keys.key_array(getattr(trace, name)["rank"]) for name in TABLES
-             if len(getattr(trace, name))]
-    return sorted(set(np.unique(np.concatenate(found)).tolist())) if found else []
 
 
 def _per_step(saving: pd.Series, steps: pd.DataFrame | None) -> pd.Series:
@@ -125,7 +118,7 @@ def _plan(replay: Replay, lookup: _Lookup, fix: str, rows: pd.DataFrame
     (`Outcome.bound`); (0, None) when none of the rows is in the replay."""
     events = lookup.events
     if fix == "no_host_time":
-        pid, tid = keys.key_array(rows["pid"]), keys.key_array(rows["tid"])
+        pid, tid = lookup.processes(rows), keys.key_array(rows["tid"])
         start, end = rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64)
         most = int((end - start).sum())
         outcome = replay.without_host_time(pid, tid, start, end) if len(rows) else None
@@ -166,14 +159,16 @@ class _Lookup:
         events, api = self.events, self.api
         correlation = keys.key_array(rows["correlation"]) if "correlation" in rows \
             else np.full(len(rows), keys.MISSING)
-        pid = keys.key_array(rows["pid"])
-        hit, by_id = _pairs([events.pid[api], events.correlation[api]], [pid, correlation])
+        rank, pid = keys.key_array(rows["rank"]), keys.key_array(rows["pid"])
+        hit, by_id = _pairs([events.rank[api], events.raw_pid[api], events.correlation[api]],
+                            [rank, pid, correlation])
         found = api[hit]
         bare = np.ones(len(rows), dtype=bool)
         bare[by_id] = False
         if bare.any() and "tid" in rows and "start_ns" in rows:
-            hit, _ = _pairs([events.pid[api], events.tid[api], events.start[api]],
-                            [pid[bare], keys.key_array(rows["tid"])[bare],
+            hit, _ = _pairs([events.rank[api], events.raw_pid[api], events.tid[api],
+                             events.start[api]],
+                            [rank[bare], pid[bare], keys.key_array(rows["tid"])[bare],
                              rows["start_ns"].to_numpy(np.int64)[bare]])
             found = np.concatenate([found, api[hit]])
         return np.unique(found)
@@ -183,10 +178,21 @@ class _Lookup:
         its kernels), and the row of each."""
         events, gpu = self.events, self.gpu
         table = rows["table"].map({name: index for index, name in enumerate(TABLES)})
-        hit, row = _pairs([events.pid[gpu], events.correlation[gpu], events.table[gpu]],
-                          [keys.key_array(rows["pid"]), keys.key_array(rows["correlation"]),
-                           table.to_numpy(np.int64)])
+        hit, row = _pairs([events.rank[gpu], events.raw_pid[gpu], events.correlation[gpu],
+                           events.table[gpu]],
+                          [keys.key_array(rows["rank"]), keys.key_array(rows["pid"]),
+                           keys.key_array(rows["correlation"]), table.to_numpy(np.int64)])
         return gpu[hit], row
+
+    def processes(self, rows: pd.DataFrame) -> IntArray:
+        """The process code (`Events.pid`) of each row's (rank, pid); -1 when no event of
+        the graph has it."""
+        events = self.events
+        hit, row = _pairs([events.rank, events.raw_pid],
+                          [keys.key_array(rows["rank"]), keys.key_array(rows["pid"])])
+        out = np.full(len(rows), -1, dtype=np.int64)
+        out[row] = events.pid[hit]
+        return out
 
 
 def _pairs(haystack: list[IntArray], needles: list[IntArray]) -> tuple[IntArray, IntArray]:

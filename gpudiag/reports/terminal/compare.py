@@ -46,6 +46,7 @@ def print_comparison(comparison: Comparison, console: Console, top: int = 15) ->
     legend = ", ".join(f"{_letter(i)} = {safe(label)}" for i, label in enumerate(labels))
     console.print(f"[bold]Runs[/bold] (baseline {_letter(0)}): {legend}", highlight=False)
     _summary(comparison, console)
+    _predicted(comparison, console)
     _waterfall(comparison, console)
     _kernels(comparison, console, top)
     for title, table in (("Collectives per op", comparison.collectives),
@@ -63,6 +64,37 @@ def _summary(comparison: Comparison, console: Console) -> None:
         table.add_row(safe(_SUMMARY_NAMES.get(name, name)), *_cells(values, comparison.labels, fmt,
                                                                _BETTER_UP.get(name, -1)))
     console.print(table)
+
+
+def _predicted(comparison: Comparison, console: Console) -> None:
+    """The baseline's findings a later run fixed, the saving each predicted, and what the
+    run measured (per step when both runs have steps, else of the GPU window)."""
+    found = comparison.predicted
+    if found.empty:
+        return
+    for run, rows in found.groupby("run", sort=False):
+        steps = bool(rows["predicted_step_ns"].notna().all()
+                     and rows["measured_step_ns"].notna().all())
+        unit = "per step" if steps else "of the window"
+        table = Table(title=f"Predicted vs measured: {safe(comparison.baseline)}'s findings "
+                            f"fixed in {safe(str(run))} (saving {unit})",
+                      title_justify="left")
+        for col, justify in (("cause", "left"), ("where", "left"), ("fix replayed", "left"),
+                             ("lost before", "right"), ("predicted", "right")):
+            table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        column = "predicted_step_ns" if steps else "predicted_ns"
+        for row in rows.itertuples():
+            table.add_row(safe(str(row.cause)), safe(str(row.where)), safe(str(row.fix)),
+                          format_ns(row.lost_ns), format_ns(getattr(row, column)))
+        console.print(table)
+        measured = rows["measured_step_ns" if steps else "measured_wall_ns"].iloc[0]
+        total = float(rows[column].sum())
+        ratio = (f"; predicted / measured {total / measured:.2f}" if measured and
+                 not math.isnan(measured) and measured > 0 else "")
+        change = "n/a" if math.isnan(measured) else \
+            f"{format_ns(abs(measured))} {unit} {'faster' if measured >= 0 else 'slower'}"
+        console.print(f"measured: {change} (predicted at most {format_ns(total)}{ratio})",
+                      highlight=False)
 
 
 def _waterfall(comparison: Comparison, console: Console) -> None:
