@@ -17,7 +17,7 @@ import pytest
 import gpudiag
 from gpudiag.analyzers.critical.events import GPU
 from gpudiag.analyzers.critical.path import critical_path, rank_paths
-from gpudiag.analyzers.critical.replay import Replay
+from gpudiag.analyzers.critical.replay import PEERS, Replay
 from tests.builders import api_call, kernel, trace
 from tests.conftest import fixtures_dir, tool_missing
 from tests.test_hta_oracle import INSTALL, hta_python
@@ -242,3 +242,14 @@ def test_the_critical_path_is_a_perfetto_track_and_a_timeline_row(tmp_path: Path
     assert sum(event["dur"] for event in path) * 1e3 == pytest.approx(length, rel=1e-6)
     figure = figures.utilization(built, None)
     assert "rank 0 · critical path" in figure.data[0].y
+
+
+def test_replaying_a_merged_job_gives_each_rank_its_window_back() -> None:
+    """Two real ranks in one replay, their matched collectives joined across ranks: with
+    nothing taken away each rank ends where it did (the joins hold what was recorded)."""
+    merged = gpudiag.load(WORLD128)
+    replay = Replay.of(merged)
+    assert (replay.kind == PEERS).any()
+    for rank, length in zip(replay.ranks.tolist(), replay.lengths.tolist(), strict=True):
+        alone = Replay.of(gpudiag.load(WORLD128[rank]))
+        assert abs(length - alone.length_ns) <= 0.001 * alone.length_ns

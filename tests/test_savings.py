@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
 import gpudiag
 from gpudiag.analyzers.critical import savings
+from gpudiag.analyzers.critical.replay import Replay
 from gpudiag.analyzers.critical.savings import EXACT_TOP
 from gpudiag.analyzers.findings import FIXES
 from tests.builders import KinetoTrace, api_call, kernel
@@ -191,6 +193,21 @@ def test_the_late_rank_s_delay_is_the_saving_of_both_ranks() -> None:
                                                                   "no_peer_wait")
     slow = finding(dx, "host_op", "aten::slow")
     assert (slow["saving_ns"], slow["fix"]) == (450 * US, "no_host_time")
+
+
+def test_a_late_rank_s_fix_shortens_its_peers_through_their_collectives() -> None:
+    """Matched collectives tie the ranks' replays (each call ends its transfer time after
+    the last peer arrived): rank 1's slow op gone, both ranks end 3 x 150 µs earlier;
+    rank 0 not waiting in its all-reduces shortens rank 0 alone."""
+    replay = Replay.of(two_ranks())
+    events = replay.graph.events
+    slow = np.flatnonzero(events.name == "aten::slow")
+    gone = replay.without_host_time(events.pid[slow], events.tid[slow], events.start[slow],
+                                    events.end[slow])
+    assert list(replay.lengths - gone.lengths()) == [450 * US, 450 * US]
+    calls = np.flatnonzero((events.rank == 0) & (events.name == "ncclDevKernel_AllReduce_RING_LL"))
+    alone = replay.without_peer_waits(calls, np.ones(len(calls)))
+    assert list(replay.lengths - alone.lengths()) == [450 * US, 0]
 
 
 @pytest.mark.parametrize("path", KINETO, ids=[p.name for p in KINETO])

@@ -33,9 +33,18 @@ from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
+import pandas as pd
 
 from gpudiag import intervals as iv
-from gpudiag.analyzers.critical.events import API, BLOCKING_CALLS, GPU, HOST_OP, Events, named
+from gpudiag.analyzers.critical.events import (
+    API,
+    BLOCKING_CALLS,
+    GPU,
+    HOST_OP,
+    TABLES,
+    Events,
+    named,
+)
 from gpudiag.analyzers.critical.graph import DEPENDENCY, LAUNCH, QUEUE, SPAN, SYNCED, Graph, build
 from gpudiag.analyzers.critical.path import longest_lengths, longest_paths
 from gpudiag.analyzers.keys import MISSING
@@ -48,6 +57,8 @@ BoolArray = npt.NDArray[np.bool_]
 #: how soon after another stream's work ends a work that waited for no launch nor stream
 #: started, for the replay to take it as held by that work (`_held_by_other_streams`)
 HELD_NS = 10_000
+#: the replay's edges between ranks: matched collectives' calls through their join node
+PEERS = 6
 #: the event kinds of a host thread
 HOST = (HOST_OP, API)
 #: the replay graph's own edges: GPU work after its launch call and its stream's previous
@@ -64,9 +75,10 @@ class Replay:
     dst: IntArray
     weight: IntArray
     kind: IntArray
-    group: IntArray  # each node's rank, numbered 0.. in `ranks` order
+    group: IntArray  # each node's rank, numbered 0.. in `ranks` order (joins: len(ranks))
     ranks: IntArray  # the ranks (`keys.key_array` values) of the graph's events, sorted
     lengths: IntArray  # each rank's replayed length
+    owner: IntArray  # the event each edge's time belongs to (-1: none)
     _on_path: BoolArray | None = field(default=None, repr=False)
 
     @classmethod
@@ -91,8 +103,18 @@ class Replay:
         free = (kind == SPAN) & (weight == 0) & (dst % 2 == 1) & ~np.isin(dst, dst[waited])
         weight[free] = np.maximum(times[dst[free]] - times[src[free]], 0)
         ranks, group = np.unique(np.repeat(graph.events.rank, 2), return_inverse=True)
-        return cls(graph, src, dst, weight, kind, group.astype(np.int64), ranks,
-                   longest_lengths(src, dst, weight, group, len(ranks)))
+        group = group.astype(np.int64)
+        owner = np.concatenate([graph.owner, np.full(len(src) - len(graph.src), -1)])
+        joins = _peer_joins(trace, graph, times, group, len(ranks))
+        if joins is not None:
+            weight[joins.own] = joins.own_weight
+            src, dst = np.concatenate([src, joins.src]), np.concatenate([dst, joins.dst])
+            kind = np.concatenate([kind, np.full(len(joins.src), PEERS)])
+            weight = np.concatenate([weight, joins.weight])
+            owner = np.concatenate([owner, joins.owner])
+            group = np.concatenate([group, joins.group])
+        return cls(graph, src, dst, weight, kind, group, ranks,
+                   longest_lengths(src, dst, weight, group, len(ranks) + 1)[:-1], owner)
 
     @property
     def length_ns(self) -> int:
@@ -107,10 +129,11 @@ class Replay:
                      ) -> IntArray:
         """Each rank's replayed length with some edges reweighted and some taken away."""
         weight = self.weight if weight is None else weight
+        groups = len(self.ranks) + 1  # the last: join nodes, of no rank's length
         if keep is None:
-            return longest_lengths(self.src, self.dst, weight, self.group, len(self.ranks))
+            return longest_lengths(self.src, self.dst, weight, self.group, groups)[:-1]
         return longest_lengths(self.src[keep], self.dst[keep], weight[keep], self.group,
-                               len(self.ranks))
+                               groups)[:-1]
 
     def without_waits(self, calls: IntArray) -> Outcome:
         """The length if these blocking calls (events) did not wait for the GPU: their
@@ -138,11 +161,12 @@ class Replay:
 
     def shorter_work(self, events: IntArray, factor: npt.ArrayLike) -> Outcome:
         """The length if this GPU work ran in `factor` of its time (a full wave: its
-        under-occupied share taken away; a collective without waiting for late peers)."""
+        under-occupied share taken away; a collective hidden under compute), its transfer
+        after its peers' arrival too."""
         weight = self.weight.copy()
         scale = np.ones(len(self.graph.events))
         scale[np.asarray(events, dtype=np.int64)] = factor
-        spans = (self.kind == SPAN) & (self.graph_owner() >= 0)
+        spans = np.isin(self.kind, (SPAN, PEERS)) & (self.graph_owner() >= 0)
         owner = self.graph_owner()[spans]
         weight[spans] = np.round(weight[spans] * scale[owner]).astype(np.int64)
         return Outcome(self, weight, None)
@@ -156,9 +180,11 @@ class Replay:
         for the GPU work it waited for."""
         events, times = self.graph.events, self.graph.node_time()
         weight = self.weight.copy()
-        first, second = self.src // 2, self.dst // 2
-        host = (np.isin(self.kind, (SPAN, DEPENDENCY)) & np.isin(events.kind[first], HOST)
-                & np.isin(events.kind[second], HOST))
+        real = (self.src < 2 * len(events)) & (self.dst < 2 * len(events))
+        first = np.where(real, self.src // 2, 0)
+        second = np.where(real, self.dst // 2, 0)
+        host = (real & np.isin(self.kind, (SPAN, DEPENDENCY))
+                & np.isin(events.kind[first], HOST) & np.isin(events.kind[second], HOST))
         pairs: IntArray = np.unique(np.column_stack([pid, tid]), axis=0) if len(pid) \
             else np.zeros((0, 2), dtype=np.int64)
         for lane_pid, lane_tid in pairs.tolist():
@@ -170,6 +196,19 @@ class Replay:
                    - iv.covered_before(spans, times[self.src[edges]]))
             weight[edges] = np.maximum(weight[edges] - np.maximum(cut, 0), 0)
         return Outcome(self, weight, None)
+
+    def without_peer_waits(self, works: IntArray, factor: npt.ArrayLike) -> Outcome:
+        """The length if these collectives did not wait for late peers: matched across
+        ranks (`_peer_joins`), a rank's call ends its transfer time after its own start;
+        unmatched, it runs in `factor` of its time (its recorded wait taken off)."""
+        works = np.asarray(works, dtype=np.int64)
+        ends = 2 * works + 1
+        joined = (self.kind == PEERS) & np.isin(self.dst, ends)
+        alone = ~np.isin(ends, self.dst[joined])
+        weight = self.shorter_work(works[alone],
+                                   np.broadcast_to(np.asarray(factor, dtype=np.float64),
+                                                   len(works))[alone]).weight
+        return Outcome(self, weight, ~joined)
 
     def without_dependencies(self, works: IntArray) -> Outcome:
         """The length if this queued GPU work started as soon as its stream's previous work
@@ -195,15 +234,14 @@ class Replay:
             pairs = [np.asarray(nodes[:-1], dtype=np.int64) * span
                      + np.asarray(nodes[1:], dtype=np.int64)
                      for nodes in longest_paths(self.src, self.dst, self.weight, self.group,
-                                                len(self.ranks))]
+                                                len(self.ranks) + 1)[:-1]]
             self._on_path = np.isin(self.src * span + self.dst,
                                     np.concatenate([np.zeros(0, dtype=np.int64), *pairs]))
         return self._on_path
 
     def graph_owner(self) -> IntArray:
-        """The event each edge's time belongs to (-1 for the replay's own edges)."""
-        extra = len(self.src) - len(self.graph.src)
-        return np.concatenate([self.graph.owner, np.full(extra, -1, dtype=np.int64)])
+        """The event each edge's time belongs to (-1 for the replay's order edges)."""
+        return self.owner
 
 
 @dataclass(frozen=True)
@@ -237,6 +275,61 @@ class Outcome:
         cut = np.maximum(self.replay.weight - self.weight, 0)[on]
         rank = self.replay.group[self.replay.src[on]]
         return int(np.bincount(rank, weights=cut, minlength=1).max())
+
+
+@dataclass(frozen=True)
+class _Joins:
+    """Edges that tie matched collectives across ranks: each call's start to its match's
+    join node, the join to each call's end (weighing that call's transfer time: its time
+    once the last peer arrived), and each call's own span reweighted to that transfer."""
+
+    src: IntArray
+    dst: IntArray
+    weight: IntArray
+    owner: IntArray
+    group: IntArray  # each join node's group: one past the ranks' (none of theirs)
+    own: IntArray  # the calls' own span edges
+    own_weight: IntArray
+
+
+def _peer_joins(trace: Trace, graph: Graph, times: IntArray, group: IntArray, ranks: int
+                ) -> _Joins | None:
+    """The joins of the collectives matched across ranks (`collectives.skew.arrival_skew`,
+    clock-suspect matches left out), whose kernels are in the graph; None without any. A
+    call ends when the last peer has arrived plus its own transfer time, so a late rank's
+    delay reaches its peers' schedules, and taking it away pulls them earlier too."""
+    if trace.collectives.empty or trace.kernels.empty:
+        return None
+    from gpudiag.analyzers.collectives.skew import arrival_skew
+
+    skew = arrival_skew(trace)
+    skew = skew[~skew["clock_suspect"].fillna(False).to_numpy(bool)
+                & skew["kernel_id"].notna().to_numpy(bool)]
+    if skew.empty:
+        return None
+    events = graph.events
+    row = pd.Index(trace.kernels["kernel_id"]).get_indexer(skew["kernel_id"])
+    kernels = np.flatnonzero((events.table == TABLES.index("kernels")) & events.in_graph)
+    at = pd.Index(events.row[kernels]).get_indexer(row)
+    found = (row >= 0) & (at >= 0)
+    call = kernels[at[found]]
+    match = skew["match_id"].to_numpy(np.int64)[found]
+    peers = pd.Series(match).groupby(match).transform("size").to_numpy() >= 2
+    call, match = call[peers], match[peers]
+    if not len(call):
+        return None
+    matches, join = np.unique(match, return_inverse=True)
+    node = len(group) + join  # one join node per match, after every event's nodes
+    start, end = times[2 * call], times[2 * call + 1]
+    latest = pd.Series(start).groupby(join).transform("max").to_numpy()
+    transfer = np.maximum(end - np.maximum(latest, start), 0)
+    spans = np.flatnonzero((graph.kind == SPAN) & np.isin(graph.owner, call))
+    own_weight = transfer[pd.Index(call).get_indexer(graph.owner[spans])]
+    join_group = np.full(len(matches), ranks, dtype=np.int64)  # no rank's: see Replay
+    return _Joins(src=np.concatenate([2 * call, node]), dst=np.concatenate([node, 2 * call + 1]),
+                  weight=np.concatenate([np.zeros(len(call), dtype=np.int64), transfer]),
+                  owner=np.concatenate([np.full(len(call), -1, dtype=np.int64), call]),
+                  group=join_group, own=spans, own_weight=own_weight)
 
 
 def _order_edges(graph: Graph) -> tuple[IntArray, IntArray, IntArray, IntArray]:

@@ -139,7 +139,8 @@ def _plan(replay: Replay, lookup: _Lookup, fix: str, rows: pd.DataFrame
         else:
             factor = rows["factor"].to_numpy(np.float64)[row]
             most = int(np.ceil(((events.end[works] - events.start[works]) * (1 - factor)).sum()))
-            outcome = replay.shorter_work(works, factor)
+            outcome = replay.without_peer_waits(works, factor) if fix == "no_peer_wait" \
+                else replay.shorter_work(works, factor)
         outcome = outcome if len(works) else None
     if outcome is None or most <= 0:
         return 0, None
