@@ -4,6 +4,7 @@ fixture traces next to HTA's own analyses in the same run.
     python benchmarks/bench_diagnose.py                      # 10M kernels, 8 streams
     python benchmarks/bench_diagnose.py --kernels 1000000    # smaller
     python benchmarks/bench_diagnose.py --fixtures           # our analyses vs HTA's
+    python benchmarks/bench_diagnose.py --critical           # critical paths, ours vs HTA's
 
 The synthetic trace has every table diagnose uses: kernels with launch configurations on 8
 streams of one H100, one launch call per kernel, a stream sync every 1000 kernels, an NCCL
@@ -128,6 +129,55 @@ print(json.dumps({"temporal_s": t1 - t0, "idle_s": t2 - t1}))
 """
 
 
+HTA_CRITICAL = """
+import json, os, shutil, sys, tempfile, time, pathlib
+os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"
+from hta.trace_analysis import TraceAnalysis
+src = pathlib.Path(sys.argv[1]); d = tempfile.mkdtemp()
+shutil.copy(src, pathlib.Path(d) / ("rank-0." + src.name.split(".", 1)[1]))
+ta = TraceAnalysis(trace_dir=d)
+rank = sorted(ta.t.traces)[0]
+t0 = time.perf_counter()
+graph, ok = ta.critical_path_analysis(rank=rank, annotation="", instance_id=None)
+print(json.dumps({"critical_s": time.perf_counter() - t0, "ok": bool(ok)}))
+"""
+
+
+def run_critical(path: str) -> dict[str, Any]:
+    """Ours on one fixture, its load excluded: the critical path, the replay graph, and
+    diagnose with and without expected savings."""
+    import gpudiag
+    from gpudiag.analyzers.critical.path import critical_path
+    from gpudiag.analyzers.critical.replay import Replay
+
+    trace = gpudiag.load(path)
+    t0 = time.perf_counter()
+    critical_path(trace)
+    t1 = time.perf_counter()
+    Replay.of(trace)
+    t2 = time.perf_counter()
+    gpudiag.diagnose(gpudiag.load(path), savings=False)
+    t3 = time.perf_counter()
+    dx = gpudiag.diagnose(gpudiag.load(path))
+    t4 = time.perf_counter()
+    return {"critical_s": t1 - t0, "replay_graph_s": t2 - t1, "diagnose_s": t3 - t2,
+            "diagnose_savings_s": t4 - t3, "replayed": int(dx.findings["saving_ns"].notna().sum()),
+            "findings": len(dx.findings)}
+
+
+def critical() -> dict[str, Any]:
+    """The largest Kineto fixture: our critical path (and savings) beside HTA's."""
+    path = max(FIXTURES.glob("*.json*"), key=lambda p: p.stat().st_size)
+    row: dict[str, Any] = {"trace": path.name,
+                           **_child([__file__, "--worker-critical", str(path)])}
+    if HTA_PYTHON.exists():
+        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+            f.write(HTA_CRITICAL)
+        row["hta_critical_s"] = _child([f.name, str(path)], python=str(HTA_PYTHON))[
+            "critical_s"]
+    return row
+
+
 def _child(args: list[str], python: str = sys.executable) -> dict[str, Any]:
     out = subprocess.run([python, *args], capture_output=True, text=True, check=True,
                          cwd=REPO)
@@ -159,12 +209,19 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=10_000_000)
     parser.add_argument("--fixtures", action="store_true")
     parser.add_argument("--worker-synthetic", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--critical", action="store_true",
+                        help="the critical path and savings on the largest fixture, and HTA's")
     parser.add_argument("--worker-ours", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-critical", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker_synthetic:
         print(json.dumps(run_synthetic(args.worker_synthetic)))
     elif args.worker_ours:
         print(json.dumps(run_ours(args.worker_ours)))
+    elif args.worker_critical:
+        print(json.dumps(run_critical(args.worker_critical)))
+    elif args.critical:
+        print(json.dumps(critical(), indent=1))
     elif args.fixtures:
         for row in fixtures():
             print(json.dumps(row))

@@ -37,8 +37,12 @@ def job_options(command: Any) -> Any:
              "(1: in this process). Exit 3 when some files could not be read.")(command)
 
 
-def rank_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`--rank-by saving|lost`: the order of the findings."""
+def finding_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--rank-by saving|lost` and `--no-savings`: the findings' expected savings and order."""
+    command = click.option(
+        "--savings/--no-savings", default=True, show_default=True,
+        help="Replay the schedule without each finding's cause for its expected saving "
+             "(--no-savings: skip the replays).")(command)
     return click.option(
         "--rank-by", "rank_by", type=click.Choice(["saving", "lost"]), default="saving",
         show_default=True,
@@ -66,11 +70,11 @@ def cli(debug: bool) -> None:
               help="Analyze only START:END (e.g. 100ms:300ms from the first GPU event) or "
                    "the span of a named range (e.g. ProfilerStep#3).")
 @click.option("--steps", is_flag=True, help="Also show the waterfall of every training step.")
-@rank_option
+@finding_options
 @job_options
 def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | None,
-            window: str | None, steps: bool, rank_by: str, workers: int | None,
-            scheduler: str | None) -> None:
+            window: str | None, steps: bool, rank_by: str, savings: bool,
+            workers: int | None, scheduler: str | None) -> None:
     """Read profiles (files or directories), attribute the lost GPU time and say what to do.
 
     PATHS may be Kineto/PyTorch traces, Nsight Systems exports, Nsight Compute reports,
@@ -93,7 +97,7 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
     else:
         trace = _load(list(paths))
         _require_events(trace, paths)
-        dx = diagnose(trace, window=window, steps=steps, rank_by=rank_by)
+        dx = diagnose(trace, window=window, steps=steps, rank_by=rank_by, savings=savings)
         info = summarize(trace, top=top, window_ns=dx.window_ns, window_spec=window)
     info["diagnosis"] = dx.to_dict()
     if as_json:
@@ -163,10 +167,11 @@ def _say_failed(failed: list[tuple[str, str]]) -> None:
               "needs the network) instead of inlining it.")
 @click.option("--window", metavar="RANGE", help="As for `analyze`.")
 @click.option("--steps", is_flag=True, help="Also the waterfall of every training step.")
-@rank_option
+@finding_options
 @job_options
 def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | None,
-           steps: bool, rank_by: str, workers: int | None, scheduler: str | None) -> None:
+           steps: bool, rank_by: str, savings: bool, workers: int | None,
+           scheduler: str | None) -> None:
     """Write one self-contained HTML report (opens offline): summary, waterfall, findings,
     stragglers, heatmaps, kernels, syncs, collectives, memory, Nsight Compute metrics."""
     from gpudiag.analyzers.diagnosis import diagnose
@@ -183,7 +188,7 @@ def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | No
         return
     trace = _load(list(paths))
     _require_events(trace, paths)
-    dx = diagnose(trace, window=window, steps=steps, rank_by=rank_by)
+    dx = diagnose(trace, window=window, steps=steps, rank_by=rank_by, savings=savings)
     _write(output, report_page(trace, dx, cdn=cdn, generated_for=command))
 
 
@@ -325,9 +330,11 @@ def _write(path: Path, text: str) -> None:
                    "(csv/parquet; default gpudiag-tables).")
 @click.option("--tables", metavar="NAMES", help="csv/parquet: comma-separated table names.")
 @click.option("--no-diagnosis", is_flag=True, help="Export the events only.")
+@finding_options
 @job_options
 def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: str | None,
-           no_diagnosis: bool, workers: int | None, scheduler: str | None) -> None:
+           no_diagnosis: bool, rank_by: str, savings: bool, workers: int | None,
+           scheduler: str | None) -> None:
     """Export the normalized events (and the diagnosis) for other tools. With --workers or
     --scheduler (csv/parquet): the job's diagnosis tables, its events staying with its
     ranks."""
@@ -340,7 +347,7 @@ def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: st
                     workers=workers, scheduler=scheduler)
         return
     trace = _load(list(paths))
-    dx = None if no_diagnosis else diagnose(trace)
+    dx = None if no_diagnosis else diagnose(trace, rank_by=rank_by, savings=savings)
     if fmt in ("perfetto", "chrome"):
         written = write_chrome_trace(trace, output or Path("trace.gpudiag.json.gz"), dx)
         click.echo(f"wrote {written}", err=True)

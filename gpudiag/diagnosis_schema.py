@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 
 from gpudiag import schema
-from gpudiag.analyzers.findings import FIXES
 from gpudiag.errors import SchemaError
 from gpudiag.schema import Column, Table, column_lines, conform_column, empty_series
 
@@ -103,6 +102,21 @@ THROTTLE_REASONS = {
 }
 BOTTLENECKS = ("Small Grid", "Latency Issue", "High Compute Throughput",
                "High Memory Throughput", "Balanced Throughput", "High Throughput")
+
+#: the transformation replayed for a finding's expected saving (`findings.fix`), and what
+#: it keeps fixed (analyzers/critical/savings.py; docs/analysis.md, "Expected savings")
+FIXES = {
+    "no_wait": "the blocking calls return at once; the GPU work they waited for is kept",
+    "graph_launch": "the launch calls behind the gaps cost what a CUDA graph replay costs "
+                    "per kernel (savings.GRAPH_LAUNCH_NS); the ops around them keep their time",
+    "no_host_time": "the host thread spends no time in the finding's host sections; "
+                    "waits inside them still wait",
+    "no_dependency": "the queued work starts when its stream is free, not waiting for "
+                     "another stream or event",
+    "full_wave": "the kernels run at full-wave efficiency (their idle SM share taken away)",
+    "no_peer_wait": "the collectives do not wait for late peers (their transfer time kept)",
+    "hidden_comm": "the collectives overlap compute entirely (no time on this rank's path)",
+}
 
 # -- the Diagnosis frames ------------------------------------------------------------------
 

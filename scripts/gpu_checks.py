@@ -8,9 +8,11 @@
 tables `analyze --json` leaves out: fragmentation, small_grid, kernel_metrics, collectives),
 `workload/NAME.out` (the example's stdout; its last JSON line holds its own numbers),
 `steps.jsonl` (one line per step: name, rc, seconds), `overhead.json`, `compare-grad.json`,
-`ncu/`. `check` writes `validation.json` — numbers per workload, the published small-grid
-figures beside gpudiag's, the overhead, and checks with expected directions — and exits 1
-when a planted cause is not the top finding of its workload (a missing run counts as not),
+`ncu/`, `compare-<pair>-<backend>.json` (the planted run vs its fix). `check` writes
+`validation.json` — numbers per workload, the published small-grid figures beside
+gpudiag's, the overhead, the predicted vs measured savings, and checks with expected
+directions — and exits 1 when a planted cause is not the top GPU finding (by lost time) of
+its workload (a missing run counts as not),
 or with `--strict` when any check fails. It needs no GPU and no gpudiag import, so
 tests/test_gpu_checks.py drives it with analyze JSON from fixtures.
 """
@@ -79,15 +81,22 @@ def run_numbers(analyze: dict[str, Any]) -> dict[str, Any]:
         lost[str(row["cause"])] += int(row.get("lost_ns") or 0)
     total = sum(lost.values())
     findings = [{k: f.get(k) for k in ("cause", "share", "lost_ns", "where", "count",
-                                       "evidence")} for f in dx.get("findings") or []]
+                                       "evidence", "saving_ns", "saving_share", "fix")}
+                for f in dx.get("findings") or []]
     busy = lost.get("useful", 0) + lost.get("small_grid", 0)
+    # the planted cause is judged by the loss model: the GPU finding that lost the most
+    # (findings are listed by expected saving; `top_by_saving` is the first of them)
+    gpu = [f for f in findings if not str(f["cause"]).startswith("host_")]
+    top = max(gpu, key=lambda f: int(f.get("lost_ns") or 0)) if gpu else \
+        (findings[0] if findings else None)
     return {
         "window_ns": (summary.get("window") or {}).get("duration_ns"),
         "analysis_window_ns": dx.get("window_ns"),
         "lost_ns": dict(lost),
         "shares": {c: v / total for c, v in lost.items()} if total else {},
         "sm_fill_of_busy": lost.get("useful", 0) / busy if busy else None,
-        "top_finding": findings[0] if findings else None,
+        "top_finding": top,
+        "top_by_saving": findings[0] if findings else None,
         "findings": findings[:10],
         "rows": summary.get("rows") or {},
         "top_kernels": [{k: t.get(k) for k in ("short_name", "count", "total_ns", "mean_ns")}
@@ -316,12 +325,47 @@ def published_comparison(runs: dict[str, dict[str, Any]], backends: list[str]) -
     return {"published": PUBLISHED, "gpudiag": ours}
 
 
+#: before/after pairs whose expected saving is checked against the measured change: the
+#: planted run, the run with its cause fixed (`gpu_validate.sh` writes
+#: compare-<pair>-<backend>.json with `gpudiag compare BEFORE AFTER --json`)
+SAVING_PAIRS = ("sync", "small_grids")
+#: how close the predicted step saving must come to the measured one (issue 15: 20%)
+SAVING_TOLERANCE = 0.2
+
+
+def saving_checks(outdir: Path, backends: list[str]) -> tuple[dict[str, Any], list[dict]]:
+    """Predicted vs measured per pair and backend: the baseline's fixed findings' summed
+    per-step saving over the measured median step change (1.0: exact)."""
+    numbers: dict[str, Any] = {}
+    checks = []
+    for pair in SAVING_PAIRS:
+        for b in backends:
+            name = f"{pair}-{b}"
+            found = read_json(outdir / f"compare-{name}.json")
+            rows = found.get("predicted") if isinstance(found, dict) else None
+            predicted = sum(float(r.get("predicted_step_ns") or 0) for r in rows or [])
+            measured = (rows[0].get("measured_step_ns") if rows else None)
+            ratio = predicted / measured if rows and measured else None
+            numbers[name] = {"predicted_step_ns": predicted if rows else None,
+                             "measured_step_ns": measured, "ratio": ratio,
+                             "fixed": [f"{r.get('cause')} at {r.get('where')}"
+                                       for r in rows or []]}
+            checks.append(make_check(
+                f"predicted vs measured saving of {name}", ratio, "within",
+                (1 - SAVING_TOLERANCE, 1 + SAVING_TOLERANCE),
+                detail="no fixed finding or no steps" if ratio is None else
+                f"predicted {predicted / 1e3:.1f} µs/step, measured "
+                f"{float(measured) / 1e3:.1f} µs/step"))
+    return numbers, checks
+
+
 def validate(outdir: Path, backends: list[str]) -> dict[str, Any]:
     runs = collect(outdir)
     steps, s_checks = step_checks(outdir)
     nccl, n_checks = nccl_comparison(runs, backends)
+    savings, v_checks = saving_checks(outdir, backends)
     checks = (planted_checks(runs, backends) + direction_checks(runs, backends) + n_checks
-              + ncu_checks(runs, outdir) + s_checks)
+              + ncu_checks(runs, outdir) + s_checks + v_checks)
     required_failed = [c["name"] for c in checks if c["required"] and not c["passed"]]
     failed = [c["name"] for c in checks if c["passed"] is False]
     return {"backends": backends, "passed": not required_failed,
@@ -330,7 +374,7 @@ def validate(outdir: Path, backends: list[str]) -> dict[str, Any]:
             "checks": checks, "runs": runs, "steps": steps,
             "small_grids_vs_published": published_comparison(runs, backends),
             "nccl_vs_cuda_events": nccl,
-            "overhead": read_json(outdir / "overhead.json"),
+            "overhead": read_json(outdir / "overhead.json"), "savings": savings,
             "compare_grad": compare_numbers(read_json(outdir / "compare-grad.json"))}
 
 

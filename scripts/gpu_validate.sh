@@ -104,6 +104,16 @@ profile() {  # profile NAME BACKEND [VAR=VALUE...] -- EXAMPLE ARGS...: profile, 
     [[ -d $OUT/runs/$name/trace ]] && analyze "$name" "$OUT/runs/$name/trace"
 }
 
+saving_pair() {  # saving_pair PAIR BEFORE AFTER BACKEND: compare-PAIR-BACKEND.json
+    local pair=$1-$4
+    [[ -d $OUT/runs/$2/trace && -d $OUT/runs/$3/trace ]] || return 0
+    mkdir -p "$OUT/compare"  # links named after the runs: compare labels by folder name
+    ln -sfn "../runs/$2/trace" "$OUT/compare/$2"
+    ln -sfn "../runs/$3/trace" "$OUT/compare/$3"
+    run_step "compare-$pair" "$OUT/compare-$pair.json" 120 "$PY" -m gpudiag compare \
+        "$OUT/compare/$2" "$OUT/compare/$3" --json
+}
+
 echo "[gpu_validate] OUTDIR=$OUT backends: $BACKENDS sections: ${GPUDIAG_ONLY:-all}"
 run_step nvidia-smi "$OUT/workload/nvidia-smi.out" 30 nvidia-smi
 run_step doctor "$OUT/workload/doctor.out" 60 "$PY" -m gpudiag doctor
@@ -113,6 +123,9 @@ if want sync; then
     for b in $BACKENDS; do
         profile sync_in_loop "$b" -- examples/sync_in_loop.py --steps 120
         profile sync_in_loop_fixed "$b" -- examples/sync_in_loop.py --steps 120 --fixed
+    done
+    for b in $BACKENDS; do  # the saving the planted run predicts vs the fix's measured
+        saving_pair sync "sync_in_loop-$b" "sync_in_loop_fixed-$b" "$b"
     done
     rm -rf "$OUT/runs/sync_in_loop-report"
     run_step sync_in_loop-report "$OUT/workload/sync_in_loop-report.out" 180 \
@@ -126,6 +139,7 @@ if want small_grids; then
         for n in 1 32; do
             profile "small_grids_$n" "$b" -- examples/small_grids.py --launches "$n" --steps 20
         done
+        saving_pair small_grids "small_grids_32-$b" "small_grids_1-$b" "$b"
     done
 fi
 

@@ -39,15 +39,15 @@ def test_waterfall_covers_every_device_window_exactly(name: str) -> None:
     assert list(dx.findings.columns) == list(COLUMNS)
     assert set(dx.findings["cause"]) <= set(LOSS_CAUSES) | set(OTHER_CAUSES)
     # ranked by expected saving, then those without one (GPU time by lost time, then host
-    # time), then warm-up ones
-    warm = dx.findings["evidence"].str.startswith("warm-up:").fillna(False)
-    saved = dx.findings["saving_ns"].notna() & ~warm
-    host = dx.findings["cause"].isin(HOST_CAUSES) & ~warm & ~saved
-    group = np.where(warm, 3, np.where(saved, 0, np.where(host, 2, 1)))
+    # time); warm-up ones last, in the same order among themselves
+    warm = dx.findings["evidence"].str.startswith("warm-up:").fillna(False).to_numpy(bool)
+    saved = dx.findings["saving_ns"].notna().to_numpy(bool)
+    host = dx.findings["cause"].isin(HOST_CAUSES).to_numpy(bool)
+    group = np.where(saved, 0, np.where(host, 2, 1)) + 3 * warm
     assert (np.diff(group) >= 0).all()
-    assert dx.findings.loc[group == 0, "saving_ns"].is_monotonic_decreasing
-    for g in range(1, 4):
-        assert dx.findings.loc[group == g, "lost_ns"].is_monotonic_decreasing
+    for g in range(6):
+        column = "saving_ns" if g % 3 == 0 else "lost_ns"
+        assert dx.findings.loc[group == g, column].is_monotonic_decreasing
     assert (dx.findings["advice"].str.len() > 0).all()
     json.dumps(dx.to_dict(), default=str)
     if dx.losses.empty:
@@ -120,7 +120,12 @@ def test_cli_json_carries_the_diagnosis(tmp_path: Path) -> None:
     data = json.loads(out.output)
     causes = {r["cause"]: r["lost_ns"] for r in data["diagnosis"]["losses"]}
     assert sum(causes.values()) == data["window"]["duration_ns"]
-    assert data["diagnosis"]["findings"][0]["cause"] == "sync_stall"
+    found = data["diagnosis"]["findings"]
+    savings = [f["saving_ns"] for f in found if f["saving_ns"] is not None]
+    assert savings == sorted(savings, reverse=True) and savings  # ranked by expected saving
+    by_lost = CliRunner().invoke(cli, ["analyze", str(_example(tmp_path)), "--json",
+                                       "--rank-by", "lost"])
+    assert json.loads(by_lost.output)["diagnosis"]["findings"][0]["cause"] == "sync_stall"
 
 
 @pytest.mark.parametrize(("spec", "problem"), [("sync>5%", "cannot read budget"),

@@ -348,3 +348,22 @@ def test_ncu_numbers_of_the_small_grid_kernels_are_compared(
         "achieved_occupancy_pct": pytest.approx(62.7376957494),
         "theoretical_occupancy_pct": records[0]["theoretical_occupancy_pct"],
         "waves_per_sm": records[0]["waves_per_sm"]}]
+
+
+def test_the_predicted_saving_is_checked_against_the_measured_one(tmp_path: Path) -> None:
+    """compare-<pair>-<backend>.json as `gpudiag compare --json` writes it: the planted
+    sync loop and its fix give a ratio of 1.0 (within 20%: passes); a pair not run is
+    unmeasured, never a pass."""
+    from gpudiag.analyzers.compare import compare
+    from tests.test_savings import sync_loop
+
+    found = compare([sync_loop(), sync_loop(synced=False)], ["sync_in_loop-torch",
+                                                            "sync_in_loop_fixed-torch"])
+    (tmp_path / "compare-sync-torch.json").write_text(json.dumps(found.to_dict()))
+    numbers, checks = gpu_checks.saving_checks(tmp_path, ["torch"])
+    assert numbers["sync-torch"]["ratio"] == pytest.approx(1.0)
+    assert sorted(line.split(" at ")[0] for line in numbers["sync-torch"]["fixed"]) == [
+        "host_python_overhead", "sync_stall"]
+    verdict = {check["name"]: check["passed"] for check in checks}
+    assert verdict == {"predicted vs measured saving of sync-torch": True,
+                       "predicted vs measured saving of small_grids-torch": None}

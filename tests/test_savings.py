@@ -15,7 +15,7 @@ import gpudiag
 from gpudiag.analyzers.critical import savings
 from gpudiag.analyzers.critical.replay import Replay
 from gpudiag.analyzers.critical.savings import EXACT_TOP
-from gpudiag.analyzers.findings import FIXES
+from gpudiag.diagnosis_schema import FIXES
 from tests.builders import KinetoTrace, api_call, kernel
 from tests.conftest import fixtures_dir
 

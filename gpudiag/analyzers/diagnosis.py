@@ -178,7 +178,7 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
 
         def replay(joined: pd.DataFrame) -> pd.DataFrame:
             return expected_savings(whole, trace, joined, tables, bounds=bounds,
-                                    gap_options=gap_options, steps=training)
+                                    gap_options=gap_options, steps=training, notes=notes)
     ranked = rank_findings(found, host, rank_by=rank_by, savings=replay)
     dx = Diagnosis(losses=declared.conform_frame("losses", loss),
                    findings=declared.conform_frame("findings", ranked),

@@ -85,25 +85,6 @@ ADVICE: Mapping[str, str] = {
 }
 
 
-#: what a CUDA graph replay costs the host per launch it replaces (its one
-#: cudaGraphLaunch spread over the kernels it holds: a few µs for tens of kernels)
-GRAPH_LAUNCH_NS = 1_000
-
-#: the transformation replayed for a finding, and what it keeps fixed
-FIXES = {
-    "no_wait": "the blocking calls return at once; the GPU work they waited for is kept",
-    "graph_launch": f"the launch calls behind the gaps cost {GRAPH_LAUNCH_NS} ns each (a "
-                    "CUDA graph replay); the ops around them keep their time",
-    "no_host_time": "the host thread spends no time in the finding's host sections; "
-                    "waits inside them still wait",
-    "no_dependency": "the queued work starts when its stream is free, not waiting for "
-                     "another stream or event",
-    "full_wave": "the kernels run at full-wave efficiency (their idle SM share taken away)",
-    "no_peer_wait": "the collectives do not wait for late peers (their transfer time kept)",
-    "hidden_comm": "the collectives overlap compute entirely (no time on this rank's path)",
-}
-
-
 _UNITS = (("s", 1e9), ("ms", 1e6), ("µs", 1e3))
 
 

@@ -83,7 +83,7 @@ def graph_events(trace: Trace, window: tuple[int, int] | None = None) -> Events:
     of a merged job reuse pids, devices and streams: `pid` and `device` are codes of
     (rank, pid) and (rank, device), so each rank is a graph of its own (`raw_pid` keeps
     the pid)."""
-    frames = _frames(trace)
+    frames = _frames(trace, window)
     columns = {name: np.concatenate([frame[name] for frame in frames]) for name in frames[0]}
     columns["raw_pid"] = columns["pid"]
     columns["pid"] = keys.codes(columns["rank"], columns["pid"])
@@ -104,14 +104,37 @@ def graph_events(trace: Trace, window: tuple[int, int] | None = None) -> Events:
                   queue_at_start=at_start, window=window)
 
 
-def _frames(trace: Trace) -> list[dict[str, np.ndarray]]:
-    """Each table's events as columns of one shape (`row`: the position in its table)."""
+def _frames(trace: Trace, window: tuple[int, int] | None) -> list[dict[str, np.ndarray]]:
+    """Each table's events as columns of one shape (`row`: the position in its table).
+    With a window, only what can be in its graph: host events starting in it, GPU work
+    and syncs of their calls (by rank, pid and correlation id) and stream waits in it, so
+    a window of a long trace costs its own size."""
     ops = (trace.ranges["source"] == "torch_op").to_numpy(bool)
-    parts = [(HOST_OP, 0, trace.ranges.iloc[np.flatnonzero(ops)], np.flatnonzero(ops))]
-    parts += [(kind, table, frame, np.arange(len(frame))) for kind, table, frame in
-              ((API, 1, trace.api), (GPU, 2, trace.kernels), (GPU, 3, trace.copies),
-               (SYNC, 4, trace.syncs))]
-    return [_columns(kind, table, frame, rows) for kind, table, frame, rows in parts]
+    tables = [(HOST_OP, 0, trace.ranges), (API, 1, trace.api), (GPU, 2, trace.kernels),
+              (GPU, 3, trace.copies), (SYNC, 4, trace.syncs)]
+    chosen = [ops.copy() if kind == HOST_OP else np.ones(len(frame), dtype=bool)
+              for kind, _, frame in tables]
+    if window is not None:
+        for index, (kind, _, frame) in enumerate(tables):
+            if kind in (HOST_OP, API):
+                start = frame["start_ns"].to_numpy(np.int64)
+                chosen[index] &= (start >= window[0]) & (start <= window[1])
+        calls = trace.api[chosen[1]]
+        for index, (kind, _, frame) in enumerate(tables):
+            if kind in (GPU, SYNC) and len(frame):
+                mine = keys.isin([frame["rank"], frame["pid"], frame["correlation"]],
+                                 [calls["rank"], calls["pid"], calls["correlation"]])
+                if kind == SYNC:
+                    start = frame["start_ns"].to_numpy(np.int64)
+                    mine |= ((frame["kind"] == "stream_wait").to_numpy(bool)
+                             & (start >= window[0]) & (start <= window[1]))
+                chosen[index] &= mine
+    out = []
+    for (kind, table, frame), keep in zip(tables, chosen, strict=True):
+        rows = np.flatnonzero(keep)
+        out.append(_columns(kind, table, frame if len(rows) == len(frame) else
+                            frame.iloc[rows], rows))
+    return out
 
 
 def _columns(kind: int, table: int, frame: pd.DataFrame, rows: IntArray

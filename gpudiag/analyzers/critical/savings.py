@@ -8,9 +8,9 @@ slow buys nothing when the GPU work is pulled earlier, a sync in front of a long
 section buys its wait at most. Each finding is mapped to its events (the same rows its
 analyzer summed: the waits at its call site, the gaps of its key, its kernels, the host
 time of its category) and to one named transformation of its rank's replay graph
-(`replay.Replay`); the saving is how much shorter the replayed window gets. `findings.FIXES` names
-each transformation and what it assumes; docs/analysis.md ("Expected savings") says where
-each is optimistic.
+(`replay.Replay`); the saving is how much shorter the replayed window gets.
+`diagnosis_schema.FIXES` names each transformation and what it assumes; docs/analysis.md
+("Expected savings") says where each is optimistic.
 
 A job of several ranks is replayed rank by rank (each rank's collectives keep their
 recorded times): a finding's saving is the most any rank's window shortens. Where the
@@ -31,10 +31,14 @@ from gpudiag import intervals as iv
 from gpudiag.analyzers import keys
 from gpudiag.analyzers.critical.events import API, GPU, TABLES, Events
 from gpudiag.analyzers.critical.replay import Outcome, Replay
-from gpudiag.analyzers.findings import ADVICE, GRAPH_LAUNCH_NS
+from gpudiag.analyzers.findings import ADVICE
 from gpudiag.trace import Trace
 
 IntArray = npt.NDArray[np.int64]
+
+#: what a CUDA graph replay costs the host per launch it replaces (its one
+#: cudaGraphLaunch spread over the kernels it holds: a few µs for tens of kernels)
+GRAPH_LAUNCH_NS = 1_000
 
 #: the findings whose saving is exact, at least: findings are replayed from the largest
 #: bound on their saving down, until no finding left can rank among this many
@@ -56,16 +60,21 @@ class Selection:
 
 def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
                      tables: dict[str, pd.DataFrame], *, bounds: tuple[int, int] | None,
-                     gap_options: dict[str, object], steps: pd.DataFrame | None = None
-                     ) -> pd.DataFrame:
+                     gap_options: dict[str, object], steps: pd.DataFrame | None = None,
+                     notes: list[str] | None = None) -> pd.DataFrame:
     """`findings` with `saving_ns` (NA where no transformation applies), `saving_share`
     (of the replayed window), `saving_step_share` (per step, of the median steady step;
     NaN without steps) and `fix` (a `FIXES` key). `trace` is the window's trace the
-    analyzers read, `whole` the trace the window was cut from."""
+    analyzers read, `whole` the trace the window was cut from. A window of more than
+    `SAMPLE_EVENTS` events is replayed on a sample of it (`sample_window`), its savings
+    scaled to the window; `notes` gets a line saying which."""
     out = findings.copy()
-    chosen = _selections(Inputs(trace, whole, tables, gap_options), findings)
+    window, scale, line = sample_window(whole, bounds, steps)
+    chosen = _selections(Inputs(trace, whole, tables, gap_options, window), findings)
     saving = pd.Series(pd.NA, index=out.index, dtype="Int64")
-    replay = Replay.of(whole, bounds) if chosen else None
+    if line and chosen and notes is not None:
+        notes.append(line)
+    replay = Replay.of(whole, window) if chosen else None
     lookup = _Lookup(replay.graph.events) if replay is not None else None
     plans: dict[int, tuple[int, Outcome]] = {}
     for index, selection in chosen.items():
@@ -82,10 +91,10 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
                         key=lambda index: -plans[index][0]):
         if len(found) >= EXACT_TOP and plans[index][0] <= sorted(found)[-EXACT_TOP]:
             break  # no finding left can enter the top EXACT_TOP: not replayed
-        gained = max(plans[index][1].saving(), 0)
+        gained = round(max(plans[index][1].saving(), 0) * scale)
         saving.iloc[index] = gained
         found.append(gained)
-    length = replay.length_ns if replay is not None else 0
+    length = round(replay.length_ns * scale) if replay is not None else 0
     out["saving_ns"] = saving
     out["saving_share"] = (saving.astype("Float64") / length).astype("float64") if length \
         else np.nan
@@ -96,6 +105,61 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
             fixes.iloc[index] = selection.fix
     out["fix"] = fixes
     return out
+
+
+#: the most graph events (torch ops, calls, GPU work) a replay takes whole; a larger window
+#: is replayed on a sample of about this many and its savings scaled to the window
+SAMPLE_EVENTS = 150_000
+
+
+def sample_window(trace: Trace, bounds: tuple[int, int] | None, steps: pd.DataFrame | None
+                  ) -> tuple[tuple[int, int] | None, float, str]:
+    """The window the replays run on, the factor their savings scale by and a note (""
+    when the whole window is replayed). Over `SAMPLE_EVENTS` events: the steady steps
+    around the median one (of the first rank with steps) that hold about that many, else
+    the middle of the window; each replay costs a longest-path pass over its events, and
+    the steps of a training run repeat."""
+    times = [frame["start_ns"].to_numpy(np.int64) for frame in
+             (trace.kernels, trace.copies, trace.api)]
+    times.append(trace.ranges.loc[(trace.ranges["source"] == "torch_op").to_numpy(bool),
+                                  "start_ns"].to_numpy(np.int64))
+    start = np.concatenate(times)
+    if not len(start):
+        return bounds, 1.0, ""
+    low, high = bounds if bounds is not None else (int(start.min()), int(start.max()) + 1)
+    inside = np.sort(start[(start >= low) & (start < high)])
+    if len(inside) <= SAMPLE_EVENTS or high <= low:
+        return bounds, 1.0, ""
+    span = (high - low) * SAMPLE_EVENTS / len(inside)
+    window, what = _steps_sample(steps, low, high, span)
+    if window is None:
+        middle = (low + high) // 2
+        window = (int(middle - span / 2), int(middle + span / 2))
+        what = "the middle of the window"
+    scale = (high - low) / max(window[1] - window[0], 1)
+    count = int(np.searchsorted(inside, window[1]) - np.searchsorted(inside, window[0]))
+    return window, scale, (f"expected savings replayed on {what} ({count:,} of "
+                           f"{len(inside):,} events) and scaled to the window (x{scale:.1f})")
+
+
+def _steps_sample(steps: pd.DataFrame | None, low: int, high: int, span: float
+                  ) -> tuple[tuple[int, int] | None, str]:
+    """Consecutive steady steps around the median one lasting about `span` (one at least)."""
+    if steps is None or steps.empty:
+        return None, ""
+    rank = keys.key_array(steps["rank"])
+    mine = steps[(rank == rank.min()) & ~steps["warmup"].fillna(False).to_numpy(bool)
+                 & (steps["start_ns"] >= low).to_numpy(bool)
+                 & (steps["end_ns"] <= high).to_numpy(bool)].sort_values("start_ns")
+    if mine.empty:
+        return None, ""
+    count = max(1, min(len(mine), int(span // max(float(mine["dur_ns"].median()), 1))))
+    first = max(0, len(mine) // 2 - count // 2)
+    chosen = mine.iloc[first:first + count]
+    names = chosen["step"].astype(str)
+    label = names.iloc[0] if count == 1 else f"{names.iloc[0]} to {names.iloc[-1]}"
+    return (int(chosen["start_ns"].iloc[0]), int(chosen["end_ns"].iloc[-1])), \
+        f"{count} steady step{'s' if count > 1 else ''} ({label})"
 
 
 def _per_step(saving: pd.Series, steps: pd.DataFrame | None) -> pd.Series:
@@ -117,13 +181,17 @@ def _plan(replay: Replay, lookup: _Lookup, fix: str, rows: pd.DataFrame
     smaller of what it takes off the weights and what it takes off the longest path
     (`Outcome.bound`); (0, None) when none of the rows is in the replay."""
     events = lookup.events
-    if fix == "no_host_time":
+    if fix == "no_host_time":  # the host time inside the replayed window
+        low, high = events.window
+        rows = rows[(rows["end_ns"] > low).to_numpy(bool)
+                    & (rows["start_ns"] < high).to_numpy(bool)]
         pid, tid = lookup.processes(rows), keys.key_array(rows["tid"])
-        start, end = rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64)
+        start = np.maximum(rows["start_ns"].to_numpy(np.int64), low)
+        end = np.minimum(rows["end_ns"].to_numpy(np.int64), high)
         most = int((end - start).sum())
         outcome = replay.without_host_time(pid, tid, start, end) if len(rows) else None
     elif fix in ("no_wait", "graph_launch"):
-        calls = lookup.calls(rows)
+        calls = lookup.calls(lookup.known(rows))
         took = events.end[calls] - events.start[calls]
         if fix == "no_wait":
             most, outcome = int(took.sum()), replay.without_waits(calls)
@@ -132,6 +200,7 @@ def _plan(replay: Replay, lookup: _Lookup, fix: str, rows: pd.DataFrame
             outcome = replay.faster_calls(calls, GRAPH_LAUNCH_NS)
         outcome = outcome if len(calls) else None
     else:
+        rows = lookup.known(rows)
         works, row = lookup.works(rows)
         if fix == "no_dependency":  # the idle time before the work: it moves no further
             most = int(rows["gap_ns"].to_numpy(np.int64)[np.unique(row)].sum())
@@ -148,28 +217,52 @@ def _plan(replay: Replay, lookup: _Lookup, fix: str, rows: pd.DataFrame
 
 
 class _Lookup:
-    """Graph events by what analyzer rows name them by: (pid, correlation) for calls and
-    GPU work, (pid, tid, start) for calls without a correlation id."""
+    """Graph events by what analyzer rows name them by: (rank, pid, correlation) for calls
+    and GPU work, (rank, pid, tid, start) for calls without a correlation id. Keys are
+    sorted once; each lookup is a binary search."""
 
     def __init__(self, events: Events) -> None:
         self.events = events
         self.api = np.flatnonzero(events.kind == API)
         self.gpu = np.flatnonzero(events.kind == GPU)
+        self.correlations = np.unique(events.correlation[events.correlation >= 0])
+        pairs = pd.MultiIndex.from_arrays([events.rank, events.raw_pid, events.pid])
+        self.process_index = pairs.droplevel(2)[~pairs.droplevel(2).duplicated()]
+        self.process_codes = pairs.get_level_values(2)[~pairs.droplevel(2).duplicated()] \
+            .to_numpy(np.int64)
+        self.api_keys, self.api_order = _sorted(_key(events.pid[self.api], 0,
+                                                     events.correlation[self.api]))
+        self.gpu_keys, self.gpu_order = _sorted(_key(events.pid[self.gpu],
+                                                     events.table[self.gpu],
+                                                     events.correlation[self.gpu]))
+
+    def known(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """The rows whose correlation id some event of the graph has (all without one):
+        what a sampled replay can find, before the joins."""
+        if "correlation" not in rows:
+            return rows
+        correlation = keys.key_array(rows["correlation"])
+        return rows[(correlation == keys.MISSING) | np.isin(correlation, self.correlations)]
+
+    def processes(self, rows: pd.DataFrame) -> IntArray:
+        """The process code (`Events.pid`) of each row's (rank, pid); -1 when no event of
+        the graph has it."""
+        at = self.process_index.get_indexer(pd.MultiIndex.from_arrays(
+            [keys.key_array(rows["rank"]), keys.key_array(rows["pid"])]))
+        return np.where(at >= 0, self.process_codes[np.maximum(at, 0)], -1)
 
     def calls(self, rows: pd.DataFrame) -> IntArray:
         events, api = self.events, self.api
         correlation = keys.key_array(rows["correlation"]) if "correlation" in rows \
             else np.full(len(rows), keys.MISSING)
-        rank, pid = keys.key_array(rows["rank"]), keys.key_array(rows["pid"])
-        hit, by_id = _pairs([events.rank[api], events.raw_pid[api], events.correlation[api]],
-                            [rank, pid, correlation])
+        process = self.processes(rows)
+        hit, row = _ranges(self.api_keys, self.api_order, _key(process, 0, correlation))
         found = api[hit]
         bare = np.ones(len(rows), dtype=bool)
-        bare[by_id] = False
+        bare[row] = False
         if bare.any() and "tid" in rows and "start_ns" in rows:
-            hit, _ = _pairs([events.rank[api], events.raw_pid[api], events.tid[api],
-                             events.start[api]],
-                            [rank[bare], pid[bare], keys.key_array(rows["tid"])[bare],
+            hit, _ = _pairs([events.pid[api], events.tid[api], events.start[api]],
+                            [process[bare], keys.key_array(rows["tid"])[bare],
                              rows["start_ns"].to_numpy(np.int64)[bare]])
             found = np.concatenate([found, api[hit]])
         return np.unique(found)
@@ -177,23 +270,34 @@ class _Lookup:
     def works(self, rows: pd.DataFrame) -> tuple[IntArray, IntArray]:
         """The GPU events of the rows (a CUDA graph launch's correlation id names each of
         its kernels), and the row of each."""
-        events, gpu = self.events, self.gpu
         table = rows["table"].map({name: index for index, name in enumerate(TABLES)})
-        hit, row = _pairs([events.rank[gpu], events.raw_pid[gpu], events.correlation[gpu],
-                           events.table[gpu]],
-                          [keys.key_array(rows["rank"]), keys.key_array(rows["pid"]),
-                           keys.key_array(rows["correlation"]), table.to_numpy(np.int64)])
-        return gpu[hit], row
+        hit, row = _ranges(self.gpu_keys, self.gpu_order,
+                           _key(self.processes(rows), table.to_numpy(np.int64),
+                                keys.key_array(rows["correlation"])))
+        return self.gpu[hit], row
 
-    def processes(self, rows: pd.DataFrame) -> IntArray:
-        """The process code (`Events.pid`) of each row's (rank, pid); -1 when no event of
-        the graph has it."""
-        events = self.events
-        hit, row = _pairs([events.rank, events.raw_pid],
-                          [keys.key_array(rows["rank"]), keys.key_array(rows["pid"])])
-        out = np.full(len(rows), -1, dtype=np.int64)
-        out[row] = events.pid[hit]
-        return out
+
+def _key(process: IntArray, table: IntArray | int, correlation: IntArray) -> IntArray:
+    """One int64 per (process code, table, correlation id); -1 where either is missing."""
+    key = (np.asarray(process) * len(TABLES) + table) * (1 << 40) + np.asarray(correlation)
+    return np.where((np.asarray(process) >= 0) & (np.asarray(correlation) >= 0), key, -1)
+
+
+def _sorted(key: IntArray) -> tuple[IntArray, IntArray]:
+    order = np.argsort(key, kind="stable")
+    return key[order], order
+
+
+def _ranges(sorted_keys: IntArray, order: IntArray, wanted: IntArray
+            ) -> tuple[IntArray, IntArray]:
+    """Every (haystack position, wanted position) with equal keys (-1 keys never match):
+    a key may name several events (the kernels of one CUDA graph launch)."""
+    low = np.searchsorted(sorted_keys, wanted, side="left")
+    high = np.searchsorted(sorted_keys, wanted, side="right")
+    count = np.where(wanted >= 0, high - low, 0)
+    row = np.repeat(np.arange(len(wanted)), count)
+    offset = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return order[np.repeat(low, count) + offset], row
 
 
 def _pairs(haystack: list[IntArray], needles: list[IntArray]) -> tuple[IntArray, IntArray]:
@@ -218,6 +322,15 @@ class Inputs:
     whole: Trace
     tables: dict[str, pd.DataFrame]
     gap_options: dict[str, object]
+    window: tuple[int, int] | None  # what the replay covers (None: everything)
+
+    def during(self, start: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Which of these start times fall in the replayed window (a sample's rows are
+        all a large trace's selectors need to keep)."""
+        start = np.asarray(start, dtype=np.int64)
+        if self.window is None:
+            return np.ones(len(start), dtype=bool)
+        return (start >= self.window[0]) & (start <= self.window[1])
 
 
 Selector = Callable[[Inputs, pd.DataFrame], dict[int, Selection]]
@@ -269,6 +382,7 @@ def _gap_fixes(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
     pieces = inputs.tables.get("host_gaps")
     if pieces is None or pieces.empty:
         return {}
+    pieces = pieces[inputs.during(pieces["start_ns"])]
     dependency = ((pieces["rule"] == "queued") & (pieces["cause"] == "host_bound")
                   ).to_numpy(bool)
     nexts = _next_work(inputs.whole, pieces)
@@ -356,32 +470,27 @@ def _self_spans(trace: Trace, rank: int, pid: int, tid: int | None, name: str) -
 
 def _small_grids(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
     """A small-grid or tail finding: its launches run at full-wave efficiency."""
-    from gpudiag.analyzers.kernels.launch import launch_sites, occupancy
-    from gpudiag.analyzers.losses.waterfall import COMM_KERNEL
+    from gpudiag.analyzers.kernels.launch import idle_launches, occupancy
     from gpudiag.names import short_names
 
     trace = inputs.trace
     kernels = trace.kernels
     if kernels.empty:
         return {}
-    found = occupancy(trace)
-    efficiency = found["tail_efficiency"].to_numpy(np.float64)
-    keep = (~(keys.matches(kernels["name"], COMM_KERNEL)
-              | kernels["kernel_id"].isin(trace.collectives["kernel_id"].dropna()).to_numpy(bool))
-            & (efficiency < 1)
-            & ((kernels["end_ns"] - kernels["start_ns"]) > 0).to_numpy(bool))
-    chosen = np.flatnonzero(keep)
+    chosen, where = idle_launches(trace)
+    inside = inputs.during(kernels["start_ns"].to_numpy(np.int64)[chosen])
+    chosen, where = chosen[inside], where[inside]
     if not len(chosen):
         return {}
-    where, _ = launch_sites(trace, kernels.index[chosen])
+    found = occupancy(trace)
     waves = found["waves"].to_numpy(np.float64)[chosen]
     rows = pd.DataFrame({
         "rank": keys.key_array(kernels["rank"])[chosen],
         "pid": keys.key_array(kernels["pid"])[chosen],
         "correlation": keys.key_array(kernels["correlation"])[chosen], "table": "kernels",
-        "factor": efficiency[chosen], "where": where,
+        "factor": found["tail_efficiency"].to_numpy(np.float64)[chosen], "where": where,
         "advice": np.where(waves < 1, ADVICE["small_grid"], ADVICE["tail"]),
-        "name": short_names(kernels["name"].iloc[chosen]).astype(object).to_numpy()})
+        "name": short_names(kernels["name"]).astype(object).to_numpy()[chosen]})
     # one finding per (kernel, call site): its evidence opens with the kernel's short name
     # when the site is not that name
     names = set(rows["name"])

@@ -211,9 +211,7 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
     worst launch of a group is its longest: its idle share is the configuration's."""
     kernels, occupancy_ = trace.kernels, _occupancy(trace)
     dur = (kernels["end_ns"] - kernels["start_ns"]).clip(lower=0).to_numpy(np.int64)
-    keep = ~(keys.matches(kernels["name"], COMM_KERNEL)
-             | kernels["kernel_id"].isin(trace.collectives["kernel_id"].dropna())
-             .to_numpy(bool))
+    keep = _grouped_launches(trace, kernels)
     if timed_only:
         keep &= dur > 0
     if idle_only:
@@ -221,7 +219,7 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
     chosen = np.flatnonzero(keep)
     columns = [occupancy_["config"].to_numpy()[chosen],
                kernels["name"].cat.codes.to_numpy()[chosen]]
-    where, named = launch_sites(trace, kernels.index[chosen]) if sites else (None, None)
+    where, named = _sites_of(trace, chosen) if sites else (None, None)
     if where is not None:
         columns.append(where)
     code = keys.codes(*columns)
@@ -246,6 +244,13 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
         out[f"{col}tail_ns"] = np.where(waves >= 1, idle, 0.0)
     out["lost_ns"] = out["small_grid_ns"] + out["tail_ns"]
     return _ncu_rules(out, tail_min_speedup)
+
+
+def _grouped_launches(trace: Trace, kernels: pd.DataFrame) -> npt.NDArray[np.bool_]:
+    """The launches small grids are measured on: not collective kernels."""
+    return ~(keys.matches(kernels["name"], COMM_KERNEL)
+             | kernels["kernel_id"].isin(trace.collectives["kernel_id"].dropna())
+             .to_numpy(bool))
 
 
 def _worst(groups: pd.DataFrame, group_by: list[str], part: str = "lost_ns") -> pd.DataFrame:
@@ -491,6 +496,24 @@ def _idle_findings(groups: pd.DataFrame, *, ncu: bool, timeline: bool,
                          "evidence": _evidence(group, part, ncu) + note,
                          "advice": ADVICE[advice]})
     return frame(rows)
+
+
+def _sites_of(trace: Trace, chosen: npt.NDArray[np.int64]
+              ) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.bool_]]:
+    """`launch_sites` of the kernels at these positions, computed once per trace and
+    positions (the findings and the expected savings group the same launches)."""
+    key = f"launch_sites:{len(chosen)}:{hash(chosen.tobytes())}"
+    return trace.derived(key, lambda: launch_sites(trace, trace.kernels.index[chosen]))
+
+
+def idle_launches(trace: Trace) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.object_]]:
+    """The launches the small-grid findings group (timed, under a full wave, not
+    collective: positions in `trace.kernels`) and the call site each is grouped by."""
+    kernels, occupancy_ = trace.kernels, _occupancy(trace)
+    dur = (kernels["end_ns"] - kernels["start_ns"]).to_numpy(np.int64)
+    chosen = np.flatnonzero(_grouped_launches(trace, kernels) & (dur > 0)
+                            & (occupancy_["tail_efficiency"] < 1).to_numpy(bool))
+    return chosen, _sites_of(trace, chosen)[0]
 
 
 def launch_sites(trace: Trace, index: pd.Index
