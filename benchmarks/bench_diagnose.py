@@ -88,16 +88,18 @@ def synthetic(n: int, seed: int = 0) -> Any:
                          copies=copies, devices=devices)
 
 
-def run_synthetic(n: int) -> dict[str, Any]:
+def run_synthetic(n: int, savings: bool = True) -> dict[str, Any]:
     import gpudiag
 
     trace = synthetic(n)
     before = _rss_mb()
     t0 = time.perf_counter()
-    dx = gpudiag.diagnose(trace)
+    dx = gpudiag.diagnose(trace, savings=savings)
     seconds = time.perf_counter() - t0
-    return {"kernels": n, "seconds": seconds, "rss_before_mb": before, "rss_peak_mb": _rss_mb(),
-            "findings": len(dx.findings),
+    return {"kernels": n, "savings": savings, "seconds": seconds, "rss_before_mb": before,
+            "rss_peak_mb": _rss_mb(), "findings": len(dx.findings),
+            "replayed": int(dx.findings["saving_ns"].notna().sum()),
+            "notes": [note for note in dx.notes if "savings" in note],
             "losses": dx.losses.set_index("cause")["share"].round(4).to_dict()}
 
 
@@ -208,14 +210,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", type=int, default=10_000_000)
     parser.add_argument("--fixtures", action="store_true")
+    parser.add_argument("--no-savings", action="store_true",
+                        help="diagnose without the expected savings' replays (the baseline)")
     parser.add_argument("--worker-synthetic", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-no-savings", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--critical", action="store_true",
                         help="the critical path and savings on the largest fixture, and HTA's")
     parser.add_argument("--worker-ours", help=argparse.SUPPRESS)
     parser.add_argument("--worker-critical", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker_synthetic:
-        print(json.dumps(run_synthetic(args.worker_synthetic)))
+        print(json.dumps(run_synthetic(args.worker_synthetic, not args.worker_no_savings)))
     elif args.worker_ours:
         print(json.dumps(run_ours(args.worker_ours)))
     elif args.worker_critical:
@@ -226,7 +231,9 @@ def main() -> None:
         for row in fixtures():
             print(json.dumps(row))
     else:
-        print(json.dumps(_child([__file__, "--worker-synthetic", str(args.kernels)]), indent=1))
+        flags = ["--worker-no-savings"] if args.no_savings else []
+        print(json.dumps(_child([__file__, "--worker-synthetic", str(args.kernels), *flags]),
+                         indent=1))
 
 
 if __name__ == "__main__":

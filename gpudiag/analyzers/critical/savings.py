@@ -482,15 +482,15 @@ def _small_grids(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]
     chosen, where = chosen[inside], where[inside]
     if not len(chosen):
         return {}
-    found = occupancy(trace)
-    waves = found["waves"].to_numpy(np.float64)[chosen]
+    found = occupancy(trace).iloc[chosen]
+    mine = kernels.iloc[chosen]
+    waves = found["waves"].to_numpy(np.float64)
     rows = pd.DataFrame({
-        "rank": keys.key_array(kernels["rank"])[chosen],
-        "pid": keys.key_array(kernels["pid"])[chosen],
-        "correlation": keys.key_array(kernels["correlation"])[chosen], "table": "kernels",
-        "factor": found["tail_efficiency"].to_numpy(np.float64)[chosen], "where": where,
+        "rank": keys.key_array(mine["rank"]), "pid": keys.key_array(mine["pid"]),
+        "correlation": keys.key_array(mine["correlation"]), "table": "kernels",
+        "factor": found["tail_efficiency"].to_numpy(np.float64), "where": where,
         "advice": np.where(waves < 1, ADVICE["small_grid"], ADVICE["tail"]),
-        "name": short_names(kernels["name"]).astype(object).to_numpy()[chosen]})
+        "name": short_names(mine["name"]).astype(object).to_numpy()})
     # one finding per (kernel, call site): its evidence opens with the kernel's short name
     # when the site is not that name
     names = set(rows["name"])

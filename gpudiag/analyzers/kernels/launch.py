@@ -502,8 +502,14 @@ def _sites_of(trace: Trace, chosen: npt.NDArray[np.int64]
               ) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.bool_]]:
     """`launch_sites` of the kernels at these positions, computed once per trace and
     positions (the findings and the expected savings group the same launches)."""
+    def compact() -> tuple[pd.Categorical, npt.NDArray[np.bool_]]:
+        where, named = launch_sites(trace, trace.kernels.index[chosen])
+        return pd.Categorical(where), named  # a few sites for millions of launches
+
     key = f"launch_sites:{len(chosen)}:{hash(chosen.tobytes())}"
-    return trace.derived(key, lambda: launch_sites(trace, trace.kernels.index[chosen]))
+    sites, named = trace.derived(key, compact)
+    names = np.append(np.asarray(sites.categories, dtype=object), None)  # code -1: None
+    return names[sites.codes], named
 
 
 def idle_launches(trace: Trace) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.object_]]:
