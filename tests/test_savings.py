@@ -78,6 +78,20 @@ def test_a_sync_in_a_loop_saves_exactly_its_waits(records: bool) -> None:
     assert dx.findings["saving_ns"].max() <= window
 
 
+def test_a_long_window_is_replayed_on_a_sample_of_its_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over SAMPLE_EVENTS events, the replays run on steady steps around the median and
+    their savings are scaled to the window: identical steps give the whole loop's saving,
+    and a note says which steps were replayed."""
+    monkeypatch.setattr(savings, "SAMPLE_EVENTS", 20)
+    dx = gpudiag.diagnose(sync_loop(steps=30))
+    sync = finding(dx, "sync_stall")
+    assert sync["saving_ns"] == 30 * 56 * US
+    assert sync["saving_share"] == pytest.approx(56 / 162)
+    [note] = [line for line in dx.notes if line.startswith("expected savings replayed on")]
+    assert "steady steps" in note and "scaled to the window" in note
+
+
 def test_compare_puts_the_predicted_saving_beside_the_measured_one() -> None:
     """The run with the sync removed is the baseline's replay made real: the sync site's
     finding is gone, its predicted saving per step (56 µs) is the measured change of the

@@ -121,11 +121,12 @@ class Diagnosis:
             else pd.DataFrame()
         shown = self.findings.head(10).copy()
         shown["lost_ms"] = (shown["lost_ns"] / 1e6).round(3)
+        shown["saving_ms"] = (shown["saving_ns"].astype("Float64") / 1e6).round(3)
         parts = ["<h4>gpudiag diagnosis</h4>",
                  waterfall.map(lambda v: f"{v:.1%}").to_html(escape=True)
                  if len(waterfall) else "",
-                 shown[["cause", "lost_ms", "share", "where", "count", "evidence", "advice"]]
-                 .to_html(index=False, escape=True, na_rep="")]
+                 shown[["cause", "lost_ms", "share", "saving_ms", "where", "count", "evidence",
+                        "advice"]].to_html(index=False, escape=True, na_rep="")]
         parts += [f"<p>{html.escape(n)}</p>" for n in self.notes]
         return "\n".join(parts)
 

@@ -69,7 +69,7 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
     `SAMPLE_EVENTS` events is replayed on a sample of it (`sample_window`), its savings
     scaled to the window; `notes` gets a line saying which."""
     out = findings.copy()
-    window, scale, line = sample_window(whole, bounds, steps)
+    window, scale, line, span = sample_window(whole, bounds, steps)
     chosen = _selections(Inputs(trace, whole, tables, gap_options, window), findings)
     saving = pd.Series(pd.NA, index=out.index, dtype="Int64")
     if line and chosen and notes is not None:
@@ -86,15 +86,15 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
         plans[index] = (bound, outcome)
         if not bound:
             saving.iloc[index] = 0  # nothing it changes is on a longest path
-    found: list[int] = []
+    found: list[int] = []  # the savings replayed, on the replay's own scale
     for index in sorted((index for index in plans if pd.isna(saving.iloc[index])),
                         key=lambda index: -plans[index][0]):
         if len(found) >= EXACT_TOP and plans[index][0] <= sorted(found)[-EXACT_TOP]:
             break  # no finding left can enter the top EXACT_TOP: not replayed
-        gained = round(max(plans[index][1].saving(), 0) * scale)
-        saving.iloc[index] = gained
+        gained = max(plans[index][1].saving(), 0)
+        saving.iloc[index] = round(gained * scale)
         found.append(gained)
-    length = round(replay.length_ns * scale) if replay is not None else 0
+    length = span if scale != 1.0 else (replay.length_ns if replay is not None else 0)
     out["saving_ns"] = saving
     out["saving_share"] = (saving.astype("Float64") / length).astype("float64") if length \
         else np.nan
@@ -113,23 +113,22 @@ SAMPLE_EVENTS = 150_000
 
 
 def sample_window(trace: Trace, bounds: tuple[int, int] | None, steps: pd.DataFrame | None
-                  ) -> tuple[tuple[int, int] | None, float, str]:
-    """The window the replays run on, the factor their savings scale by and a note (""
-    when the whole window is replayed). Over `SAMPLE_EVENTS` events: the steady steps
-    around the median one (of the first rank with steps) that hold about that many, else
-    the middle of the window; each replay costs a longest-path pass over its events, and
-    the steps of a training run repeat."""
-    times = [frame["start_ns"].to_numpy(np.int64) for frame in
-             (trace.kernels, trace.copies, trace.api)]
-    times.append(trace.ranges.loc[(trace.ranges["source"] == "torch_op").to_numpy(bool),
-                                  "start_ns"].to_numpy(np.int64))
-    start = np.concatenate(times)
+                  ) -> tuple[tuple[int, int] | None, float, str, int]:
+    """The window the replays run on, the factor their savings scale by, a note (""
+    when the whole window is replayed) and the whole window's length (0: unknown). Over
+    `SAMPLE_EVENTS` events: the steady steps around the median one (of the first rank
+    with steps) that hold about that many, else the middle of the window; each replay
+    costs a longest-path pass over its events, and the steps of a training run repeat."""
+    frames = [trace.kernels, trace.copies, trace.api,
+              trace.ranges[(trace.ranges["source"] == "torch_op").to_numpy(bool)]]
+    start = np.concatenate([frame["start_ns"].to_numpy(np.int64) for frame in frames])
     if not len(start):
-        return bounds, 1.0, ""
-    low, high = bounds if bounds is not None else (int(start.min()), int(start.max()) + 1)
+        return bounds, 1.0, "", 0
+    low, high = bounds if bounds is not None else (
+        int(start.min()), max(int(frame["end_ns"].max()) for frame in frames if len(frame)))
     inside = np.sort(start[(start >= low) & (start < high)])
     if len(inside) <= SAMPLE_EVENTS or high <= low:
-        return bounds, 1.0, ""
+        return bounds, 1.0, "", high - low
     span = (high - low) * SAMPLE_EVENTS / len(inside)
     window, what = _steps_sample(steps, low, high, span)
     if window is None:
@@ -139,7 +138,8 @@ def sample_window(trace: Trace, bounds: tuple[int, int] | None, steps: pd.DataFr
     scale = (high - low) / max(window[1] - window[0], 1)
     count = int(np.searchsorted(inside, window[1]) - np.searchsorted(inside, window[0]))
     return window, scale, (f"expected savings replayed on {what} ({count:,} of "
-                           f"{len(inside):,} events) and scaled to the window (x{scale:.1f})")
+                           f"{len(inside):,} events) and scaled to the window "
+                           f"(x{scale:.1f})"), high - low
 
 
 def _steps_sample(steps: pd.DataFrame | None, low: int, high: int, span: float
