@@ -508,7 +508,8 @@ def _sites_of(trace: Trace, chosen: npt.NDArray[np.int64]
 
     key = f"launch_sites:{len(chosen)}:{hash(chosen.tobytes())}"
     sites, named = trace.derived(key, compact)
-    names = np.append(np.asarray(sites.categories, dtype=object), None)  # code -1: None
+    names = np.empty(len(sites.categories) + 1, dtype=object)  # the last, code -1: None
+    names[:-1] = np.asarray(sites.categories, dtype=object)
     return names[sites.codes], named
 
 
