@@ -230,7 +230,7 @@ def test_kineto_report_has_summary_waterfall_findings_and_tables() -> None:
     titles = [a for a in parse(document).tags("section")]
     assert len(titles) >= 6
     text = shown_text(document)
-    for heading in ("Run summary", "Where the GPU time went", "Findings, by GPU time lost",
+    for heading in ("Run summary", "Where the GPU time went", "Findings, by expected saving",
                     "Top kernels", "Sync points", "NVIDIA A100-PG509-200"):
         assert heading in text
     assert document == build("kineto/a100_alexnet_sync_critical_path.json.gz", cdn=True)[0]

@@ -138,7 +138,7 @@ def compare_page(cmp: Comparison, lines: list[str] | None = None, *,
     tables: list[tuple[str, pd.DataFrame]] = [
         ("Summary", cmp.summary),
         ("Predicted vs measured (the baseline's findings fixed in a later run; ns)",
-         cmp.predicted.set_index(["run", "cause"])),
+         _predicted(cmp.predicted)),
         ("Loss waterfall (ns)", cmp.losses),
         ("Loss shares", cmp.shares), ("Kernels by time delta", cmp.kernels),
         ("Collectives", cmp.collectives), ("Syncs", cmp.syncs)]
@@ -149,6 +149,15 @@ def compare_page(cmp: Comparison, lines: list[str] | None = None, *,
     if cmp.notes:
         sections.append(Section("Notes", notes=tuple(cmp.notes)))
     return page("gpudiag compare: " + " vs ".join(cmp.labels), sections, cdn=cdn)
+
+
+def _predicted(found: pd.DataFrame) -> pd.DataFrame:
+    """compare's predicted-vs-measured rows with short headers (a page is 1280 px wide)."""
+    shown = found[["run", "cause", "where", "fix", "lost_ns", "predicted_ns",
+                   "predicted_step_ns", "measured_step_ns"]]
+    return shown.set_axis(["run", "cause", "where", "fix", "lost", "predicted",
+                           "predicted / step", "measured / step"], axis=1).set_index(
+        ["run", "cause"])
 
 
 def _short_kernels(frame: pd.DataFrame) -> Table:
