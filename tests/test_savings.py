@@ -243,12 +243,18 @@ def test_every_saving_on_a_real_trace_is_within_its_window(path: Path) -> None:
 def test_the_findings_left_unreplayed_could_not_rank_in_the_top(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Findings are replayed from the largest bound down and the rest left out once none
-    can reach the top: the top findings by saving are those every replay gives."""
+    can reach the top (or save 0.1 % of the window, or 30 replays ran): the top findings
+    by saving are those every replay gives."""
     path = fixtures_dir() / "kineto" / "a100_rank0of2_nccl_eventsync_annotations.json.gz"
     top = gpudiag.diagnose(gpudiag.load(path)).findings
     assert top["saving_ns"].isna().any()  # some were left out
-    monkeypatch.setattr(savings, "EXACT_TOP", 10**6)
+    for name, value in (("EXACT_TOP", 10**6), ("MAX_REPLAYS", 10**6), ("MIN_SHARE", 0.0)):
+        monkeypatch.setattr(savings, name, value)
     every = gpudiag.diagnose(gpudiag.load(path)).findings
     assert every["saving_ns"].notna().sum() > top["saving_ns"].notna().sum()
-    columns = ["cause", "where", "advice", "saving_ns", "fix"]
-    pd.testing.assert_frame_equal(top[columns].head(EXACT_TOP), every[columns].head(EXACT_TOP))
+    # the ten largest savings are the same numbers (findings saving the same may trade
+    # places: ties rank by lost time, and a capped run leaves some of a tie unreplayed)
+    assert list(top["saving_ns"].head(EXACT_TOP)) == list(every["saving_ns"].head(EXACT_TOP))
+    key = ["cause", "where", "advice"]
+    both = top.dropna(subset=["saving_ns"]).merge(every, on=key, suffixes=("", "_all"))
+    assert (both["saving_ns"] == both["saving_ns_all"]).all()  # a replay is a replay

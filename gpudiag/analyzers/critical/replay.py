@@ -140,7 +140,7 @@ class Replay:
         sync edges are taken away (the call returns as soon as it is made). Optimistic
         where a later call would then wait longer for the same work: that wait is kept."""
         ends = 2 * np.asarray(calls, dtype=np.int64) + 1
-        keep = ~((self.kind == SYNCED) & np.isin(self.dst, ends))
+        keep = ~((self.kind == SYNCED) & self._nodes(ends)[self.dst])
         return Outcome(self, self.weight, keep)
 
     def faster_calls(self, calls: IntArray, cost_ns: int) -> Outcome:
@@ -148,7 +148,7 @@ class Replay:
         work followed them as soon as it did before (a CUDA graph replay: one launch for
         many kernels). The host time they save moves everything after them earlier."""
         weight = self.weight.copy()
-        owned = np.isin(self.graph_owner(), calls) & (self.kind == SPAN)
+        owned = self._owned_by(calls) & (self.kind == SPAN)
         weight[owned] = np.minimum(weight[owned], cost_ns)
         return Outcome(self, weight, None)
 
@@ -156,7 +156,7 @@ class Replay:
         """The length if these host ops took no time (data loading made as fast as the GPU
         needs): their spans weigh nothing, the host time around them stays."""
         weight = self.weight.copy()
-        weight[np.isin(self.graph_owner(), events) & (self.kind == SPAN)] = 0
+        weight[self._owned_by(events) & (self.kind == SPAN)] = 0
         return Outcome(self, weight, None)
 
     def shorter_work(self, events: IntArray, factor: npt.ArrayLike) -> Outcome:
@@ -203,8 +203,8 @@ class Replay:
         unmatched, it runs in `factor` of its time (its recorded wait taken off)."""
         works = np.asarray(works, dtype=np.int64)
         ends = 2 * works + 1
-        joined = (self.kind == PEERS) & np.isin(self.dst, ends)
-        alone = ~np.isin(ends, self.dst[joined])
+        joined = (self.kind == PEERS) & self._nodes(ends)[self.dst]
+        alone = ~self._nodes(self.dst[joined])[ends]
         weight = self.shorter_work(works[alone],
                                    np.broadcast_to(np.asarray(factor, dtype=np.float64),
                                                    len(works))[alone]).weight
@@ -214,7 +214,7 @@ class Replay:
         """The length if this queued GPU work started as soon as its stream's previous work
         ended: what it waited for on other streams (an event, a stream wait) is dropped."""
         starts = 2 * np.asarray(works, dtype=np.int64)
-        into = np.isin(self.dst, starts)
+        into = self._nodes(starts)[self.dst]
         weight = self.weight.copy()
         weight[into & (self.kind == QUEUE)] = 0
         return Outcome(self, weight, ~(into & (self.kind == SYNCED)))
@@ -238,6 +238,18 @@ class Replay:
             self._on_path = np.isin(self.src * span + self.dst,
                                     np.concatenate([np.zeros(0, dtype=np.int64), *pairs]))
         return self._on_path
+
+    def _nodes(self, nodes: npt.ArrayLike) -> BoolArray:
+        """A mask over the graph's nodes (join nodes too) set at `nodes`."""
+        mask = np.zeros(len(self.group), dtype=bool)
+        mask[np.asarray(nodes, dtype=np.int64)] = True
+        return mask
+
+    def _owned_by(self, events: npt.ArrayLike) -> BoolArray:
+        """Which edges' time belongs to one of `events`."""
+        mask = np.zeros(len(self.graph.events) + 1, dtype=bool)  # the last: owner -1
+        mask[np.asarray(events, dtype=np.int64)] = True
+        return mask[self.owner]
 
     def graph_owner(self) -> IntArray:
         """The event each edge's time belongs to (-1 for the replay's order edges)."""

@@ -44,6 +44,12 @@ GRAPH_LAUNCH_NS = 1_000
 #: bound on their saving down, until no finding left can rank among this many
 EXACT_TOP = 10
 
+#: findings whose saving can be no more than this share of the window are not replayed
+#: (NA): below it a saving does not change what to fix first
+MIN_SHARE = 0.001
+#: the most replays one diagnosis runs (each is a longest-path pass over the sample)
+MAX_REPLAYS = 30
+
 #: the saving columns `expected_savings` adds to the findings
 SAVING_COLUMNS = ("saving_ns", "saving_share", "saving_step_share", "fix")
 
@@ -87,10 +93,13 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
         if not bound:
             saving.iloc[index] = 0  # nothing it changes is on a longest path
     found: list[int] = []  # the savings replayed, on the replay's own scale
+    least = MIN_SHARE * (replay.length_ns if replay is not None else 0)
     for index in sorted((index for index in plans if pd.isna(saving.iloc[index])),
                         key=lambda index: -plans[index][0]):
-        if len(found) >= EXACT_TOP and plans[index][0] <= sorted(found)[-EXACT_TOP]:
+        if len(found) >= EXACT_TOP and plans[index][0] < sorted(found)[-EXACT_TOP]:
             break  # no finding left can enter the top EXACT_TOP: not replayed
+        if plans[index][0] < least or len(found) >= MAX_REPLAYS:
+            break  # the rest could save under MIN_SHARE of the window, or no time is left
         gained = max(plans[index][1].saving(), 0)
         saving.iloc[index] = round(gained * scale)
         found.append(gained)
@@ -109,7 +118,7 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
 
 #: the most graph events (torch ops, calls, GPU work) a replay takes whole; a larger window
 #: is replayed on a sample of about this many and its savings scaled to the window
-SAMPLE_EVENTS = 150_000
+SAMPLE_EVENTS = 60_000
 
 
 def sample_window(trace: Trace, bounds: tuple[int, int] | None, steps: pd.DataFrame | None
@@ -242,7 +251,10 @@ class _Lookup:
         if "correlation" not in rows:
             return rows
         correlation = keys.key_array(rows["correlation"])
-        return rows[(correlation == keys.MISSING) | np.isin(correlation, self.correlations)]
+        known = self.correlations
+        at = np.minimum(np.searchsorted(known, correlation), max(len(known) - 1, 0))
+        found = known[at] == correlation if len(known) else np.zeros(len(rows), dtype=bool)
+        return rows[(correlation == keys.MISSING) | found]
 
     def processes(self, rows: pd.DataFrame) -> IntArray:
         """The process code (`Events.pid`) of each row's (rank, pid); -1 when no event of
