@@ -258,3 +258,21 @@ def test_the_findings_left_unreplayed_could_not_rank_in_the_top(
     key = ["cause", "where", "advice"]
     both = top.dropna(subset=["saving_ns"]).merge(every, on=key, suffixes=("", "_all"))
     assert (both["saving_ns"] == both["saving_ns_all"]).all()  # a replay is a replay
+
+
+def test_the_terminal_shows_what_each_finding_saves() -> None:
+    """`gpudiag analyze` titles the findings by expected saving and gives each a "saves"
+    cell (with its share of the window and of a step); --no-savings and a trace without a
+    timeline leave the column out; --rank-by lost restores the old title."""
+    from click.testing import CliRunner
+
+    from gpudiag.cli import cli
+
+    example = Path(__file__).parents[1] / "examples" / "traces" / "train_loop_sync.pt.trace.json.gz"
+    shown = CliRunner().invoke(cli, ["analyze", str(example)], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0, shown.output
+    assert "Findings, by expected saving" in shown.output and "saves" in shown.output
+    assert "of a step)" in shown.output
+    plain = CliRunner().invoke(cli, ["analyze", str(example), "--no-savings", "--rank-by",
+                                     "lost"], env={"COLUMNS": "250"})
+    assert "Findings, by GPU time lost" in plain.output and "saves" not in plain.output
