@@ -148,8 +148,9 @@ _declare(
     _c("evidence", "string", "", "the evidence in numbers (durations by `format_ns`)"),
     _c("advice", "string", "", "one concrete action (`findings.ADVICE`)"),
     _ns("saving_ns", "expected saving: how much shorter the window gets in a replay of the "
-        "schedule with this cause fixed (`fix`); NA where no fix is replayed "
-        "(analyzers.critical.savings)", "Int64"),
+        "schedule with this cause fixed (`fix`); NA where no fix applies or it was not "
+        "replayed (it could not reach the top ten, or save 0.1% of the window: "
+        "analyzers.critical.savings)", "Int64"),
     _c("saving_share", "float64", "", "saving_ns / the replayed window"),
     _c("saving_step_share", "float64", "", "saving_ns spread over the steady steps, / the "
        "median steady step (NaN without steps)"),

@@ -253,3 +253,16 @@ def test_replaying_a_merged_job_gives_each_rank_its_window_back() -> None:
     for rank, length in zip(replay.ranks.tolist(), replay.lengths.tolist(), strict=True):
         alone = Replay.of(gpudiag.load(WORLD128[rank]))
         assert abs(length - alone.length_ns) <= 0.001 * alone.length_ns
+
+
+def test_a_trace_past_the_draw_limit_is_drawn_without_its_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reports leave the critical path out past `DRAW_LIMIT` launch calls and GPU work
+    (its own pass would outweigh the page); the streams are still drawn."""
+    from gpudiag.analyzers.critical import path as path_mod
+    from gpudiag.reports import figures
+
+    built = gpudiag.load(KINETO / "a100_alexnet_sync_critical_path.json.gz")
+    monkeypatch.setattr(path_mod, "DRAW_LIMIT", 10)
+    rows = figures.utilization(built, None).data[0].y
+    assert rows and not any("critical path" in row for row in rows)

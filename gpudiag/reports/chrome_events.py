@@ -318,9 +318,9 @@ def _path_events(trace: Trace, tracks: _Tracks, plan: Plan) -> Iterator[list[Any
     """Each rank's critical path (`critical.path.rank_paths`) as a track of its own: one
     slice per edge that holds time, named by where the time went (`bound_by`) and the
     event it belongs to."""
-    from gpudiag.analyzers.critical.path import rank_paths
+    from gpudiag.analyzers.critical.path import drawable, rank_paths
 
-    if trace.api.empty or (trace.kernels.empty and trace.copies.empty):
+    if not drawable(trace):
         return
     paths = rank_paths(trace)
     paths = paths[(paths["ns"] > 0).to_numpy(bool)]

@@ -272,10 +272,10 @@ def _path_rows(trace: Trace, edges: IntArray
                ) -> tuple[list[str], FloatArray, npt.NDArray[np.object_]]:
     """Per rank, its critical path as a row: the share of each bin the path spends on GPU
     work, and the `bound_by` class holding most of its time there ("" where the path does
-    not pass). No rows without launch calls (no path to draw)."""
-    from gpudiag.analyzers.critical.path import rank_paths
+    not pass). No rows without launch calls, or past `critical.path.DRAW_LIMIT`."""
+    from gpudiag.analyzers.critical.path import drawable, rank_paths
 
-    if trace.api.empty:
+    if not drawable(trace):
         return [], np.zeros((0, len(edges) - 1)), np.zeros((0, len(edges) - 1), dtype=object)
     paths = rank_paths(trace)
     paths = paths[(paths["ns"] > 0).to_numpy(bool) & (paths["bound_by"] != "").to_numpy(bool)]

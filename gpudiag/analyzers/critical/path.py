@@ -59,6 +59,18 @@ def critical_path(trace: Trace, window: tuple[int, int] | None = None) -> Critic
     return CriticalPath(length, _path_edges(graph, nodes), graph, graph.events.window)
 
 
+#: the most launch calls and GPU work a report draws the critical path of: past it the
+#: path's own pass (about 9 s per million kernels) would outweigh the page it draws on
+DRAW_LIMIT = 1_000_000
+
+
+def drawable(trace: Trace) -> bool:
+    """Whether the reports draw `trace`'s critical paths: it has launch calls and GPU work,
+    and no more than `DRAW_LIMIT` of them."""
+    gpu = len(trace.kernels) + len(trace.copies)
+    return bool(len(trace.api)) and gpu > 0 and len(trace.api) + gpu <= DRAW_LIMIT
+
+
 def rank_paths(trace: Trace, window: tuple[int, int] | None = None) -> pd.DataFrame:
     """Every rank's critical path: `CriticalPath.edges`' columns and `rank` (NA: none
     given), rank by rank, each path's edges in order.

@@ -121,10 +121,6 @@ class Replay:
         """The replayed window: the longest of the ranks'."""
         return int(self.lengths.max()) if len(self.lengths) else 0
 
-    def length(self, weight: IntArray | None = None, keep: BoolArray | None = None) -> int:
-        """The replayed length with some edges reweighted and some taken away."""
-        return int(self.lengths_with(weight, keep).max(initial=0))
-
     def lengths_with(self, weight: IntArray | None = None, keep: BoolArray | None = None
                      ) -> IntArray:
         """Each rank's replayed length with some edges reweighted and some taken away."""
@@ -166,8 +162,8 @@ class Replay:
         weight = self.weight.copy()
         scale = np.ones(len(self.graph.events))
         scale[np.asarray(events, dtype=np.int64)] = factor
-        spans = np.isin(self.kind, (SPAN, PEERS)) & (self.graph_owner() >= 0)
-        owner = self.graph_owner()[spans]
+        spans = np.isin(self.kind, (SPAN, PEERS)) & (self.owner >= 0)
+        owner = self.owner[spans]
         weight[spans] = np.round(weight[spans] * scale[owner]).astype(np.int64)
         return Outcome(self, weight, None)
 
@@ -250,10 +246,6 @@ class Replay:
         mask = np.zeros(len(self.graph.events) + 1, dtype=bool)  # the last: owner -1
         mask[np.asarray(events, dtype=np.int64)] = True
         return mask[self.owner]
-
-    def graph_owner(self) -> IntArray:
-        """The event each edge's time belongs to (-1 for the replay's order edges)."""
-        return self.owner
 
 
 @dataclass(frozen=True)

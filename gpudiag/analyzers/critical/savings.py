@@ -12,10 +12,9 @@ time of its category) and to one named transformation of its rank's replay graph
 `diagnosis_schema.FIXES` names each transformation and what it assumes; docs/analysis.md
 ("Expected savings") says where each is optimistic.
 
-A job of several ranks is replayed rank by rank (each rank's collectives keep their
-recorded times): a finding's saving is the most any rank's window shortens. Where the
-fixed rank is the one its peers wait for, their waits shrink with it and the job gains
-that much; where it is not, the job gains less (see docs/analysis.md).
+A job of several ranks is one replay, its ranks tied through their matched collectives
+(a late rank's fix pulls its peers earlier too); a finding's saving is the most it
+shortens any rank (see docs/analysis.md).
 """
 
 from __future__ import annotations
@@ -49,9 +48,6 @@ EXACT_TOP = 10
 MIN_SHARE = 0.001
 #: the most replays one diagnosis runs (each is a longest-path pass over the sample)
 MAX_REPLAYS = 30
-
-#: the saving columns `expected_savings` adds to the findings
-SAVING_COLUMNS = ("saving_ns", "saving_share", "saving_step_share", "fix")
 
 
 @dataclass(frozen=True)
@@ -186,7 +182,7 @@ def _per_step(saving: pd.Series, steps: pd.DataFrame | None) -> pd.Series:
 
 def _plan(replay: Replay, lookup: _Lookup, fix: str, rows: pd.DataFrame
           ) -> tuple[int, Outcome | None]:
-    """`fix` applied to `rows` (one rank's) in `replay`, and the most it can save: the
+    """`fix` applied to `rows` (of any rank) in `replay`, and the most it can save: the
     smaller of what it takes off the weights and what it takes off the longest path
     (`Outcome.bound`); (0, None) when none of the rows is in the replay."""
     events = lookup.events
@@ -444,13 +440,22 @@ def _host_sections(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selectio
     out = {}
     trace = inputs.trace
     found = lanes(trace)
+    ranges = trace.ranges
+    threads = pd.DataFrame({"rank": keys.key_array(ranges["rank"]),
+                            "pid": keys.key_array(ranges["pid"]),
+                            "tid": keys.key_array(ranges["tid"])})
+    by_thread = threads.groupby(["rank", "pid", "tid"], sort=False).indices
+    by_process = threads.groupby(["rank", "pid"], sort=False).indices
     for index, finding in findings.iterrows():
         parts = []
         for lane in found:
             if finding["cause"] == "host_op":
-                spans = _self_spans(trace, lane.rank, lane.pid, lane.tid, str(finding["where"]))
-                spans = iv.intersect(spans, iv.union(lane.steady["start_ns"],
-                                                     lane.steady["end_ns"]))
+                rows = by_process.get((lane.rank, lane.pid)) if lane.tid is None else \
+                    by_thread.get((lane.rank, lane.pid, lane.tid))
+                if rows is None:
+                    continue
+                spans = iv.intersect(_self_spans(ranges.iloc[rows], str(finding["where"])),
+                                     iv.union(lane.steady["start_ns"], lane.steady["end_ns"]))
             elif finding["cause"] in CAUSES:
                 spans = lane.time_of(CAUSES[str(finding["cause"])])
             else:
@@ -464,13 +469,9 @@ def _host_sections(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selectio
     return out
 
 
-def _self_spans(trace: Trace, rank: int, pid: int, tid: int | None, name: str) -> iv.Spans:
-    """When ops named `name` ran on the thread outside the ranges nested in them."""
-    ranges = trace.ranges
-    mine = (keys.key_array(ranges["rank"]) == rank) & (keys.key_array(ranges["pid"]) == pid)
-    if tid is not None:
-        mine &= keys.key_array(ranges["tid"]) == tid
-    thread = ranges[mine]
+def _self_spans(thread: pd.DataFrame, name: str) -> iv.Spans:
+    """When ops named `name` ran on the thread (its ranges) outside the ranges nested in
+    them."""
     named = (thread["name"].astype(str) == name).to_numpy(bool)
     spans = iv.union(thread["start_ns"].to_numpy(np.int64)[named],
                      thread["end_ns"].to_numpy(np.int64)[named])
@@ -543,10 +544,9 @@ def _collectives(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]
     calls = trace.collectives[trace.collectives["kernel_id"].notna().to_numpy(bool)]
     if calls.empty:
         return {}
-    kernels = trace.kernels
-    at = pd.Index(kernels["kernel_id"]).get_indexer(calls["kernel_id"])
-    calls, at = calls[at >= 0], at[at >= 0]
-    dur = (kernels["end_ns"] - kernels["start_ns"]).to_numpy(np.int64)[at]
+    at = pd.Index(trace.kernels["kernel_id"]).get_indexer(calls["kernel_id"])
+    calls, kernels = calls[at >= 0], trace.kernels.iloc[at[at >= 0]]
+    dur = (kernels["end_ns"] - kernels["start_ns"]).to_numpy(np.int64)
     skew = inputs.tables.get("arrival_skew")
     wait = np.zeros(len(calls), dtype=np.int64)
     if skew is not None and len(skew):
@@ -554,24 +554,27 @@ def _collectives(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]
                      & skew["kernel_id"].notna().to_numpy(bool)].drop_duplicates("kernel_id")
         wait = calls["kernel_id"].map(known.set_index("kernel_id")["wait_ns"]).fillna(0) \
             .to_numpy(np.int64)
+    # a finding names one (communicator, op): its where begins with that pair's name
+    pair, pairs = pd.MultiIndex.from_arrays([calls["comm"].astype(object),
+                                             calls["op"].astype(object)]).factorize()
+    names = [finding_name(comm if pd.notna(comm) else "", op) for comm, op in pairs]
     rows = pd.DataFrame({
-        "rank": keys.key_array(kernels["rank"])[at], "pid": keys.key_array(kernels["pid"])[at],
-        "correlation": keys.key_array(kernels["correlation"])[at], "table": "kernels",
-        "name": [finding_name(comm if pd.notna(comm) else "", op) for comm, op in
-                 zip(calls["comm"].astype(object), calls["op"].astype(object), strict=True)],
-        "wait": wait, "dur": dur})
+        "rank": keys.key_array(kernels["rank"]), "pid": keys.key_array(kernels["pid"]),
+        "correlation": keys.key_array(kernels["correlation"]), "table": "kernels",
+        "pair": pair, "wait": wait, "dur": dur})
     columns = ["rank", "pid", "correlation", "table", "factor"]
     out = {}
     for index, finding in findings.iterrows():
         where = str(finding["where"])
         if finding["advice"] == ADVICE["comm_wait"]:
-            hit = rows[[where.startswith(name + ":") for name in rows["name"]]]
-            hit = hit[hit["wait"] > 0]
+            named = [code for code, name in enumerate(names) if where.startswith(name + ":")]
+            hit = rows[rows["pair"].isin(named).to_numpy(bool) & (rows["wait"] > 0).to_numpy(bool)]
             factor = 1 - hit["wait"] / hit["dur"].clip(lower=1)
             fix = "no_peer_wait"
         elif finding["advice"] == ADVICE["comm_exposed"]:
-            hit = rows[[where == name or where.startswith(name + " at ")
-                        for name in rows["name"]]]
+            named = [code for code, name in enumerate(names)
+                     if where == name or where.startswith(name + " at ")]
+            hit = rows[rows["pair"].isin(named).to_numpy(bool)]
             factor = pd.Series(0.0, index=hit.index)
             fix = "hidden_comm"
         else:
