@@ -144,6 +144,28 @@ def test_fork_pool_workers_keep_their_steps_and_torch_ops(tmp_path: Path) -> Non
     assert "collected 5 of" not in done.stderr and "ended without" not in done.stderr
 
 
+def test_a_sigterm_another_thread_took_ends_the_blocked_program_with_its_profile(
+        tmp_path: Path) -> None:
+    """The kernel may hand a process's SIGTERM to any thread: the main thread, blocked on a
+    lock, never ran the Python handler, and the program (a fork Pool's worker, in CI) never
+    ended. Now it flushes and dies of SIGTERM, its step kept."""
+    code = """
+        import signal, threading, gpudiag
+
+        with gpudiag.step():
+            pass
+        lock = threading.Lock()
+        lock.acquire()
+        kick = lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        threading.Timer(0.3, kick).start()
+        lock.acquire()
+    """
+    done, run_dir = _profile(tmp_path, code, timeout=60)
+    assert done.returncode == 128 + 15, done.stderr[-2000:]
+    trace = gpudiag.load(run_dir / "trace")
+    assert (trace.ranges["source"] == "step").sum() == 1
+
+
 def test_profile_lines_never_carry_raw_control_characters(tmp_path: Path) -> None:
     """A command or run directory name holding ESC reaches the terminal escaped."""
     from click.testing import CliRunner

@@ -35,6 +35,11 @@ CHILD = textwrap.dedent("""
         threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
         sent += 0.1
         os.read(os.pipe()[0], 1)
+    elif sys.argv[1] == "elsewhere":  # the kernel hands the signal to another thread
+        kick = lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        threading.Timer(0.1, kick).start()
+        sent += 0.1
+        os.read(os.pipe()[0], 1)  # never interrupted: only the C handler on the timer ran
     else:
         os.kill(os.getpid(), signal.SIGTERM)
         while True:
@@ -63,3 +68,69 @@ def test_a_main_thread_blocked_in_a_system_call_gets_the_signal_again_and_flushe
     rc, (where, after, _) = _run("blocked")
     assert rc == -signal.SIGTERM and where == "handler"
     assert 0.4 <= float(after) < 5
+
+
+def test_a_signal_another_thread_took_still_reaches_the_blocked_main_thread() -> None:
+    """The C handler ran on the thread the kernel chose, and the main thread, blocked in
+    `read`, never checked for it: the Python handler never ran (a fork Pool's worker waited
+    forever on its queue's lock). The wakeup pipe's reader sends it to the main thread."""
+    rc, (where, after, _) = _run("elsewhere")
+    assert rc == -signal.SIGTERM and where == "handler"
+    assert 0.4 <= float(after) < 5
+
+
+FORKED = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from gpudiag.profiler import inproc, sigterm
+
+    class Collector:
+        stopping = False
+
+        def stop(self, from_signal=False):
+            self.stopping = True
+            print("stopped", "child" if os.getpid() != parent else "parent", flush=True)
+
+    parent = os.getpid()
+    collector = Collector()
+    sigterm.flush_on_sigterm(collector, inproc.main_thread_call)
+    child = os.fork()
+    if child == 0:
+        kick = lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        threading.Timer(0.1, kick).start()
+        os.read(os.pipe()[0], 1)
+    _, status = os.waitpid(child, 0)
+    time.sleep(2 * sigterm.RESEND_S)
+    print("child", os.waitstatus_to_exitcode(status), "parent", collector.stopping, flush=True)
+""")
+
+
+def test_a_forked_child_watches_its_own_signals_and_not_its_parents() -> None:
+    """A forked child inherits the wakeup fd: unless it makes a pipe of its own, its
+    SIGTERM is read by the parent's thread, which then ends the parent, and the child
+    waits forever."""
+    done = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["stopped child", "child -15 parent False"]
+
+
+def test_a_wakeup_fd_of_the_program_is_left_in_place() -> None:
+    code = textwrap.dedent("""
+        import os, signal
+        from gpudiag.profiler import inproc, sigterm
+
+        class Collector:
+            stopping = False
+
+            def stop(self, from_signal=False):
+                pass
+
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end)
+        sigterm.flush_on_sigterm(Collector(), inproc.main_thread_call)
+        print(signal.set_wakeup_fd(-1) == write_end)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
