@@ -96,3 +96,22 @@ def dask_client() -> Iterator[Any]:
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
         yield client
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the HTA oracle runs of the collected modules now (tests/oracle_runs.py): they
+    work beside the first tests instead of holding up their own."""
+    modules = {getattr(item, "module", None) for item in session.items}
+    for module in modules:
+        run = getattr(module, "ORACLE_RUN", None)
+        if run is not None:
+            run.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """End any oracle run nobody collected (a run deselected by -k, an interrupted session)."""
+    modules = {getattr(item, "module", None) for item in session.items}
+    for module in modules:
+        run = getattr(module, "ORACLE_RUN", None)
+        if run is not None:
+            run.stop()

@@ -395,7 +395,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_overlap_of_comm_equals_hta_comp_comm_overlap() -> None:
-    from tests.test_hta_oracle import INSTALL, hta_python
+    from tests.oracle_runs import INSTALL, hta_python
 
     python = hta_python()
     if python is None:

@@ -6,7 +6,6 @@ tests/hta_critical_path_runner.py)."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,16 @@ from gpudiag.analyzers.critical.path import critical_path, rank_paths
 from gpudiag.analyzers.critical.replay import PEERS, Replay
 from tests.builders import api_call, kernel, trace
 from tests.conftest import fixtures_dir, tool_missing
-from tests.test_hta_oracle import INSTALL, hta_python
+from tests.oracle_runs import INSTALL, OracleRun
 
 KINETO = fixtures_dir() / "kineto"
 TRACES = sorted(KINETO.glob("*.json*"))
 RUNNER = Path(__file__).parent / "hta_critical_path_runner.py"
+#: HTA's critical path of every Kineto fixture (tests/oracle_runs.py): exact float µs (no
+#: whole-µs rounding: ours is in ns) and without its last-ProfilerStep filter (ours covers
+#: every event)
+ORACLE_RUN = OracleRun(RUNNER, [*map(str, TRACES), "--exact", "--no-step-filter"],
+                       timeout_s=1200)
 #: HTA's bound_by classes -> ours
 BOUND_BY = {"cpu_bound": "host", "gpu_compute_bound": "gpu_compute",
             "gpu_communication_bound": "gpu_communication",
@@ -93,18 +97,13 @@ def test_a_window_keeps_the_host_events_that_start_in_it() -> None:
 
 
 @pytest.fixture(scope="module")
-def hta(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """HTA's critical path of every Kineto fixture: exact float µs (no whole-µs rounding:
-    ours is in ns) and without its last-ProfilerStep filter (ours covers every event)."""
-    python = hta_python()
-    if python is None:
+def hta() -> dict[str, Any]:
+    """HTA's critical path of every Kineto fixture (ORACLE_RUN)."""
+    results = ORACLE_RUN.result()
+    if results is None:
         tool_missing(f"Holistic Trace Analysis not found; to run the oracle: {INSTALL}")
-    out = tmp_path_factory.mktemp("hta-critical-path") / "cp.json"
-    done = subprocess.run([python, str(RUNNER), str(out), *map(str, TRACES), "--exact",
-                           "--no-step-filter"], capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results: dict[str, Any] = json.loads(out.read_text())
-    return results["traces"]
+    traces: dict[str, Any] = results["traces"]
+    return traces
 
 
 #: where HTA's critical path differs from ours, and why

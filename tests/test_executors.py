@@ -92,8 +92,10 @@ def test_a_killed_dask_worker_ends_its_item_with_an_error_not_a_hang(dask_client
     assert [o.value for o in outcomes if o.index != 2] == [0, 1, 3]
 
 
-def test_a_scheduler_nobody_runs_is_one_line(tmp_path: Path) -> None:
+def test_a_scheduler_nobody_runs_is_one_line(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     framework("distributed")
+    monkeypatch.setattr(executors, "CONNECT_TIMEOUT", "2s")  # the refused connects, retried
     with pytest.raises(InputError, match="no Dask scheduler answered"):
         executor(scheduler="tcp://127.0.0.1:9")
 

@@ -30,10 +30,6 @@ a `stream` arg for GPU busy time.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +40,13 @@ import pytest
 import gpudiag
 from gpudiag.analyzers.timeline import idle_breakdown, stream_summary, temporal_breakdown
 from gpudiag.trace import Trace
-from tests.conftest import ROOT, fixtures, tool_missing
+from tests.conftest import fixtures, tool_missing
+from tests.oracle_runs import INSTALL, OracleRun, hta_python
 
 RUNNER = Path(__file__).with_name("hta_oracle_runner.py")
 TRACES = fixtures("kineto/*.json*")
+#: HTA's breakdowns of every Kineto fixture in both time modes (tests/oracle_runs.py)
+ORACLE_RUN = OracleRun(RUNNER, [str(path) for path in TRACES], timeout_s=900)
 #: relative agreement required, and the absolute slack for HTA's float µs and 0.01 µs output
 TOLERANCE = 0.01
 SLACK_NS = 10.0
@@ -57,38 +56,16 @@ HTA_FAILS = {
         "its only kernel lasts 0.02 µs: whole-µs rounding gives it a negative duration and "
         "HTA's temporal breakdown asserts idle_time <= kernel_time",
 }
-INSTALL = ("python3 -m venv benchmarks/.venv-hta && benchmarks/.venv-hta/bin/pip install "
-           "--no-deps HolisticTraceAnalysis==0.5.0 && benchmarks/.venv-hta/bin/pip install "
-           "'pandas<3' numpy plotly networkx psutil pyyaml (or point $GPUDIAG_HTA_PYTHON at any "
-           "interpreter that imports hta)")
-
 pytestmark = pytest.mark.slow
 
 
-def hta_python() -> str | None:
-    """The first candidate interpreter that can import hta."""
-    given = os.environ.get("GPUDIAG_HTA_PYTHON")
-    candidates = [given] if given else [str(ROOT / "benchmarks/.venv-hta/bin/python"),
-                                        sys.executable]
-    for python in candidates:
-        if Path(python).exists() and subprocess.run(
-                [python, "-c", "import hta.trace_analysis"], capture_output=True,
-                timeout=120).returncode == 0:
-            return python
-    return None
-
-
 @pytest.fixture(scope="module")
-def hta(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """HTA's breakdowns of every Kineto fixture in both time modes, from one subprocess."""
-    python = hta_python()
-    if python is None:
+def hta() -> dict[str, Any]:
+    """HTA's breakdowns of every Kineto fixture in both time modes (ORACLE_RUN)."""
+    results = ORACLE_RUN.result()
+    if results is None:
         tool_missing(f"Holistic Trace Analysis not found; to run the oracle: {INSTALL}")
-    out = tmp_path_factory.mktemp("hta") / "hta.json"
-    done = subprocess.run([python, str(RUNNER), str(out), *map(str, TRACES)],
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results: dict[str, Any] = json.loads(out.read_text())
+    python = hta_python()
     seconds = sum(r.get("seconds", 0) for t in results["traces"].values() for r in t.values())
     print(f"HTA {results['version']} via {python}: import {results['import_s']:.1f} s, "
           f"{len(TRACES)} traces x 2 modes in {seconds:.1f} s")

@@ -77,10 +77,11 @@ def test_a_busy_rank_is_never_idle_and_a_silent_one_is(tmp_path: Path) -> None:
     assert not dog.is_idle(silent[-3:], now=4.5)  # not watched for the whole grace yet
 
 
-@pytest.mark.parametrize("run", range(10))
+@pytest.mark.parametrize("run", range(5))
 def test_the_gloo_ddp_job_ends_by_itself_every_time(tmp_path: Path, run: int) -> None:
     """The DDP tutorial's shape on CPU with gloo hung in 3 of 5 profiled runs: the process
-    group was torn down while torch.profiler ran. No watchdog may be needed here."""
+    group was torn down while torch.profiler ran. No watchdog may be needed here. (Five
+    runs all pass by chance at that rate once in a hundred sessions.)"""
     framework("torch")
     run_dir = tmp_path / "run"
     done = _profile(run_dir, str(TORCHRUN), "--standalone", "--nproc-per-node", "2",

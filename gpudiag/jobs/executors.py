@@ -40,6 +40,8 @@ from gpudiag.optional import require
 
 #: the environment variable Dask (and the Nsight recipes) read a scheduler address from
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+#: how long connecting to a Dask scheduler may take before the job says none answered
+CONNECT_TIMEOUT = "20s"
 WORKER_DIED = ("a worker process died while running it (killed, or out of memory); the "
                "items after it on that worker were not run")
 
@@ -180,9 +182,10 @@ class DaskCluster(_Closing):
         as_file = Path(scheduler)
         try:
             if "://" not in scheduler and as_file.is_file():
-                client = distributed.Client(scheduler_file=str(as_file), timeout="20s")
+                client = distributed.Client(scheduler_file=str(as_file),
+                                            timeout=CONNECT_TIMEOUT)
             else:
-                client = distributed.Client(scheduler, timeout="20s")
+                client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT)
         except (OSError, TimeoutError) as exc:
             raise InputError(scheduler, f"no Dask scheduler answered ({exc})",
                              "start one (`dask scheduler`, then `dask worker ADDRESS`) or "
