@@ -19,7 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
+
 INSTALL = ("python3 -m venv benchmarks/.venv-hta && benchmarks/.venv-hta/bin/pip install "
            "--no-deps HolisticTraceAnalysis==0.5.0 && benchmarks/.venv-hta/bin/pip install "
            "'pandas<3' numpy plotly networkx psutil pyyaml (or point $GPUDIAG_HTA_PYTHON at any "

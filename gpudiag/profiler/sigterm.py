@@ -133,9 +133,10 @@ class _Guard:
 
     def watch(self) -> None:
         """Have CPython's C handler write each signal's number to our pipe, and read it on a
-        daemon thread. Not when the program has a wakeup fd already (asyncio's, trio's): it
-        keeps its own, and the handler's thread escalates instead (which cannot help when
-        the handler itself never ran)."""
+        daemon thread. Not when a wakeup fd is set already: it stays, and the handler
+        starts a thread of its own to escalate (which cannot help when the handler itself
+        never runs). A program that sets one later (asyncio, trio) replaces ours the same
+        way."""
         try:
             read_end, write_end = os.pipe()  # close-on-exec: a program's children never see it
             os.set_blocking(write_end, False)
