@@ -197,13 +197,24 @@ def take(table: Any, codes: np.ndarray, missing: Any = None) -> np.ndarray:
     return padded[codes]
 
 
-def categorical(codes: np.ndarray, uniques: np.ndarray) -> pd.Series:
-    """A category Series of string values from factorized codes (no re-hashing)."""
-    cats = pd.Index([str(unique) for unique in uniques])
+def categorical(codes: np.ndarray, uniques: np.ndarray | pd.Index) -> pd.Series:
+    """A category Series of string values from factorized codes (no re-hashing), with only
+    the categories used, in code order. `uniques` may be the `category_index` of the codes'
+    values, built once for the many selections of one table."""
+    cats = uniques if isinstance(uniques, pd.Index) else category_index(uniques)
+    codes = np.asarray(codes, dtype=np.int64)
     if cats.has_duplicates:  # e.g. 1 and "1" both present: fall back to hashing strings
         return pd.Series(np.where(codes >= 0, np.asarray(cats)[codes], None)).astype("category")
-    cat = pd.Categorical.from_codes(codes, categories=cats)
-    return pd.Series(cat).cat.remove_unused_categories()
+    used = np.unique(codes)
+    used = used[used >= 0]
+    renumber = np.full(len(cats) + 1, -1, dtype=np.int64)  # the last slot: code -1 stays -1
+    renumber[used] = np.arange(len(used))
+    return pd.Series(pd.Categorical.from_codes(renumber[codes], categories=cats[used]))
+
+
+def category_index(uniques: np.ndarray) -> pd.Index:
+    """The categories `categorical` reads: each distinct value as its text."""
+    return pd.Index([str(unique) for unique in uniques])
 
 
 def triple(values: list[Any]) -> tuple[pd.Series, pd.Series, pd.Series]:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from gpudiag.intervals import nesting_depth
-from gpudiag.readers.chrome.structs import integers, take
+from gpudiag.readers.chrome.structs import integers
 
 if TYPE_CHECKING:
     from gpudiag.readers.kineto.events import Events
@@ -57,21 +56,13 @@ def normalize(text: object) -> str:
 
 
 def op_of(text: pd.Series) -> pd.Series:
-    """Map collective names ('_allgather_base', 'nccl:all_reduce', kernel names) to ops,
-    matching each distinct name once (a handful per trace: plain Python is fastest)."""
-    codes, uniques = pd.factorize(text.astype(object), use_na_sentinel=True)
-    ops = [_op(normalize(name)) for name in uniques]
-    return pd.Series(take(np.array(ops, dtype=object), codes), index=text.index, dtype=object)
+    """Map collective names ('_allgather_base', 'nccl:all_reduce', kernel names) to ops
+    (None: not a collective name), matching each distinct name once."""
+    return pd.Series(_ops(text.to_numpy(dtype=object)), index=text.index, dtype=object)
 
 
 def _op(norm: str) -> str | None:
     return next((name for fragment, name in OPS if fragment in norm), None)
-
-
-def element_bytes(dtype: pd.Series) -> pd.Series:
-    """Bytes per element of each dtype name ('Float', 'long int', 'c10::BFloat16'); NA: unknown."""
-    return dtype.astype(object).map(lambda name: DTYPE_BYTES.get(normalize(name)),
-                                    na_action="ignore")
 
 
 def collectives(
@@ -86,121 +77,196 @@ def collectives(
     start): a gloo call and an NCCL kernel of one process group do not run in program order.
     """
     nccl = _nccl_rows(ev, kernels, kernel_idx, calls)
-    launches = (pd.DataFrame() if nccl is None else
-                pd.DataFrame({column: calls.lookup(nccl["_correlation"], column)
+    correlation = None if nccl is None else nccl.pop("_correlation")
+    launches = (pd.DataFrame() if correlation is None else
+                pd.DataFrame({column: calls.lookup(correlation, column)
                               for column in ("pid", "tid", "start_ns")}))
     host = host_collectives(ev, launches)
     if nccl is None and host is None:
         return None  # an empty collectives table
-    if host is None:
-        out = nccl.drop(columns=["_correlation", "_issue_ns"])  # type: ignore[union-attr]
-        out = out.sort_values("start_ns", kind="stable").reset_index(drop=True)
-        return with_seq(out)
-    parts = [frame.drop(columns="_correlation") for frame in (nccl,) if frame is not None] + [host]
-    out = pd.concat(parts, ignore_index=True).sort_values("_issue_ns", kind="stable")
+    if host is None:  # NCCL only (most traces): columns reordered, never a frame until done
+        assert nccl is not None
+        nccl.pop("_issue_ns")
+        order = np.argsort(nccl["start_ns"], kind="stable")
+        rows = {name: values[order] for name, values in nccl.items()}
+        rows["seq"] = pd.array(group_counts(rows["pid"], rows["comm"]), dtype="Int64")
+        return pd.DataFrame(rows)
+    parts = [pd.DataFrame(nccl)] if nccl is not None else []
+    out = pd.concat([*parts, host], ignore_index=True).sort_values("_issue_ns", kind="stable")
     out = with_seq(out.drop(columns="_issue_ns"))
     return out.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
 
 def with_seq(rows: pd.DataFrame) -> pd.DataFrame:
     """`seq`: the rows of each (pid, comm) counted in their present order."""
-    rows["seq"] = rows.groupby(["pid", "comm"], dropna=False, sort=False).cumcount().astype(
-        "Int64")
+    rows["seq"] = pd.array(group_counts(rows["pid"].array, rows["comm"].to_numpy(object)),
+                           dtype="Int64")
     return rows
+
+
+def group_counts(pid: Any, comm: np.ndarray) -> np.ndarray:
+    """Each row's count among the earlier rows of its (pid, comm), missing values a group
+    of their own (pandas' `groupby(dropna=False).cumcount()`, without building a frame)."""
+    pid_code, _ = pd.factorize(pid, use_na_sentinel=False)
+    comm_code, comms = pd.factorize(comm, use_na_sentinel=False)
+    group = pid_code.astype(np.int64) * max(len(comms), 1) + comm_code
+    order = np.argsort(group, kind="stable")
+    ordered = group[order]
+    first = np.r_[True, ordered[1:] != ordered[:-1]] if len(ordered) else np.zeros(0, bool)
+    position = np.arange(len(group))
+    counts = np.empty(len(group), dtype=np.int64)
+    counts[order] = position - np.maximum.accumulate(np.where(first, position, 0))
+    return counts
 
 
 def _nccl_rows(
     events: Events, kernels: pd.DataFrame, kernel_idx: np.ndarray, calls: Calls
-) -> pd.DataFrame | None:
-    """One row per NCCL kernel (no seq yet), with `_correlation` and `_issue_ns` (the launch
-    call's start, else the kernel's) for `collectives`."""
-    is_nccl = on_categories(kernels["name"], lambda cats: cats.str.contains("nccl", case=False))
+) -> dict[str, Any] | None:
+    """The NCCL kernels' collectives columns (no seq yet, in kernel order), with
+    `_correlation` and `_issue_ns` (the launch call's start, else the kernel's) for
+    `collectives`. A trace holds a few NCCL kernels per step: the columns are arrays, and
+    each distinct kernel name is read once, in plain Python."""
+    names = kernels["name"].array
+    categories = [str(name) for name in names.categories]
+    codes = np.asarray(names.codes)
+    is_nccl = np.array([_NCCL.search(name) is not None for name in categories] + [False])[codes]
     if not is_nccl.any():
         return None
-    nccl = kernels[is_nccl].reset_index(drop=True)
-    nccl["name"] = nccl["name"].cat.remove_unused_categories()
-    args = events.args(kernel_idx[is_nccl])
-    info = pd.DataFrame({
-        "collective": pd.Series(args.values("collective"), dtype=object),
-        "in_nelems": args.num("in_nelems"),
-        "out_nelems": args.num("out_nelems"),
-        "group_size": args.num("group_size"),
-        "dtype": pd.Series(args.values("dtype"), dtype=object),
-        "comm": pd.Series(args.values("pg_name"), dtype=object),
-    })
-    info = _fill_from_annotation(info, nccl, events, calls)
-    kernel_name = pd.Series(on_categories(
-        nccl["name"], lambda cats: cats.str.extract(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")[0]),
-        dtype=object)
-    ops = op_of(info["collective"].astype(object)).fillna(op_of(kernel_name.astype(object)))
-    dtype = info["dtype"].fillna(_dtype_from_kernel_name(nccl["name"]))
-    size = element_bytes(dtype)
-    nelems = info["in_nelems"].where(ops != "all_gather", info["out_nelems"])
-    comm = info["comm"].astype(object).fillna("stream " + nccl["stream"].astype("string"))
-    issue = calls.lookup(nccl["correlation"], "start_ns")
-    return pd.DataFrame({
-        "pid": nccl["pid"], "device": nccl["device"], "stream": nccl["stream"],
-        "start_ns": nccl["start_ns"], "end_ns": nccl["end_ns"],
-        "op": ops.fillna("other").to_numpy(),
-        "bytes": (nelems.astype("Float64") * size.astype("Float64")).round().astype("Int64"),
-        "dtype": dtype.to_numpy(),
-        "group_size": info["group_size"],
-        "comm": comm.to_numpy(),
-        "kernel_id": nccl["kernel_id"].astype("Int64"),
-        "name": nccl["name"].to_numpy(),
-        "_correlation": nccl["correlation"],
-        "_issue_ns": np.where(np.isfinite(issue), issue, nccl["start_ns"]).astype(np.int64),
-    })
+    rows = np.flatnonzero(is_nccl)
+    codes = codes[rows]
+    kernel_names = np.array(categories, dtype=object)[codes]
+    stream = kernels["stream"].array[rows]
+    correlation = kernels["correlation"].array[rows]
+    args = events.args(kernel_idx[rows])
+    info = {
+        "collective": _objects(args.values("collective")),
+        "in_nelems": whole(args.floats("in_nelems")),
+        "out_nelems": whole(args.floats("out_nelems")),
+        "dtype": _objects(args.values("dtype")),
+    }
+    _fill_from_annotation(info, correlation, events, calls)
+    per_name = {code: _kernel_name_fields(categories[code]) for code in np.unique(codes)}
+    ops = _ops(info["collective"])
+    missing = pd.isna(ops)
+    ops[missing] = np.array([per_name[code][0] for code in codes[missing]], dtype=object)
+    dtype = info["dtype"]
+    unknown = pd.isna(dtype)
+    dtype[unknown] = np.array([per_name[code][1] for code in codes[unknown]], dtype=object)
+    size = np.array([np.nan if _missing(name) else DTYPE_BYTES.get(normalize(name), np.nan)
+                     for name in dtype], dtype=np.float64)
+    nelems = np.where(ops != "all_gather", info["in_nelems"], info["out_nelems"])
+    comm = _objects(args.values("pg_name"))
+    unnamed = pd.isna(comm) & ~pd.isna(stream)
+    comm[unnamed] = ["stream " + str(value) for value in stream[unnamed]]
+    issue = calls.lookup(correlation, "start_ns")
+    start = kernels["start_ns"].to_numpy(np.int64)[rows]
+    ops[pd.isna(ops)] = "other"
+    return {
+        "pid": kernels["pid"].array[rows], "device": kernels["device"].array[rows],
+        "stream": stream, "start_ns": start,
+        "end_ns": kernels["end_ns"].to_numpy(np.int64)[rows],
+        "op": ops,
+        "bytes": integers(np.round(nelems * size)).array,
+        "dtype": dtype,
+        "group_size": args.num("group_size").array,
+        "comm": comm,
+        "kernel_id": kernels["kernel_id"].array[rows].astype("Int64"),
+        "name": kernel_names,
+        "_correlation": correlation,
+        "_issue_ns": np.where(np.isfinite(issue), issue, start).astype(np.int64),
+    }
 
 
-def on_categories(names: pd.Series, func: Callable[[pd.Series], pd.Series]) -> np.ndarray:
-    """Apply a string function to each distinct category once, then spread to the rows."""
-    cats = pd.Series(names.cat.categories, dtype=object)
-    result = func(cats).to_numpy(dtype=object)
-    out = take(result, names.cat.codes.to_numpy())
-    if all(isinstance(value, bool | np.bool_) for value in result):
-        return np.where(pd.isna(out), False, out).astype(bool)
+_NCCL = re.compile("nccl", re.IGNORECASE)
+_KERNEL_OP = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_KERNEL_DTYPE = re.compile(r"_(?:Sum|Prod|Min|Max|Avg|PreMulSum|SumPostDiv)_(\w+)$")
+
+
+def _kernel_name_fields(name: str) -> tuple[str | None, str | None]:
+    """The op and the element type an NCCL kernel's name spells:
+    'ncclKernel_AllReduce_RING_LL_Sum_float(...)' -> ('all_reduce', 'float')."""
+    op = _KERNEL_OP.search(name)
+    dtype = _KERNEL_DTYPE.search(name.split("(", 1)[0])
+    return (_op(normalize(op.group(1))) if op else None, dtype.group(1) if dtype else None)
+
+
+def _ops(names: np.ndarray) -> np.ndarray:
+    """`op_of` for an object array (None where unknown), each distinct name matched once."""
+    found: dict[str, str | None] = {}
+    out = np.empty(len(names), dtype=object)
+    for position, name in enumerate(names):
+        if _missing(name):
+            continue
+        text = str(name)  # what `normalize` reads (and hashable, whatever the JSON held)
+        if text not in found:
+            found[text] = _op(normalize(text))
+        out[position] = found[text]
     return out
 
 
-def _dtype_from_kernel_name(names: pd.Series) -> pd.Series:
-    """'ncclKernel_AllReduce_RING_LL_Sum_float(...)' -> 'float'."""
-    pattern = r"_(?:Sum|Prod|Min|Max|Avg|PreMulSum|SumPostDiv)_(\w+)$"
-    return pd.Series(on_categories(
-        names, lambda cats: cats.str.split("(", n=1).str[0].str.extract(pattern)[0]), dtype=object)
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
-def _fill_from_annotation(
-    info: pd.DataFrame, kernels: pd.DataFrame, events: Events, calls: Calls
-) -> pd.DataFrame:
+def _objects(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def whole(values: np.ndarray) -> np.ndarray:
+    """float64 values that are whole numbers a float holds exactly (NaN otherwise), as
+    `integers` reads them."""
+    exact = np.isfinite(values) & (values == np.floor(values)) & (np.abs(values) <= 2.0**53)
+    return np.where(exact, values, np.nan)
+
+
+def _fill_from_annotation(info: dict[str, np.ndarray], correlation: Any, events: Events,
+                          calls: Calls) -> None:
     """Fill missing args from the `nccl:*` annotation around each kernel's launch call: the
     last such annotation that started on the launching thread before the launch and had not
     ended yet."""
-    missing = (info["collective"].isna() & info["in_nelems"].isna()).to_numpy()
+    missing = pd.isna(info["collective"]) & np.isnan(info["in_nelems"])
+    if not missing.any():
+        return
     ann_idx = events.where("annotation")
-    names = pd.Series(events.name_values(ann_idx), dtype=object).astype(str)
-    nccl = names.str.startswith("nccl:").to_numpy()
-    if not missing.any() or not nccl.any():
-        return info
+    nccl = events.name_test(ann_idx, lambda name: name.startswith("nccl:"))
+    if not nccl.any():
+        return
     ann_idx = ann_idx[nccl]
-    ann_names = names[nccl].to_numpy()
-    args = events.args(ann_idx)
-    launch = {col: calls.lookup(kernels["correlation"], col) for col in ("pid", "tid", "start_ns")}
+    ann_names = np.array([str(name) for name in events.name_values(ann_idx)], dtype=object)
+    launch = {col: calls.lookup(correlation, col) for col in ("pid", "tid", "start_ns")}
     hit = Spans(events, ann_idx).enclosing(launch["pid"], launch["tid"], launch["start_ns"])
     fill = missing & (hit >= 0)
-    if fill.any():
-        rows = hit[fill]
-        elements = first_input_elements(args.values("input_dims"))
-        info.loc[fill, "collective"] = ann_names[rows]
-        info.loc[fill, "in_nelems"] = integers(
-            elements.to_numpy(dtype=np.float64, na_value=np.nan)[rows]).to_numpy()
-        # the annotation gives the input only: an all_gather's output (its nccl-tests size)
-        # is input x ranks, and the ranks are not recorded here, so it stays unknown
-        gather = (op_of(pd.Series(ann_names[rows])) == "all_gather").to_numpy()
-        info.loc[fill, "out_nelems"] = info.loc[fill, "in_nelems"].where(~gather)
-        info.loc[fill, "dtype"] = pd.Series(
-            args.values("input_type"), dtype=object).str[0].to_numpy()[rows]
-    return info
+    if not fill.any():
+        return
+    args = events.args(ann_idx[hit[fill]])
+    info["collective"][fill] = ann_names[hit[fill]]
+    elements = whole(np.array([_first_shape_elements(dims)
+                               for dims in args.values("input_dims")], dtype=np.float64))
+    info["in_nelems"][fill] = elements
+    # the annotation gives the input only: an all_gather's output (its nccl-tests size)
+    # is input x ranks, and the ranks are not recorded here, so it stays unknown
+    gather = _ops(ann_names[hit[fill]]) == "all_gather"
+    info["out_nelems"][fill] = np.where(gather, np.nan, elements)
+    info["dtype"][fill] = _objects([_first(types) for types in args.values("input_type")])
+
+
+def _first_shape_elements(dims: Any) -> float:
+    """Element count of an event's first input ('Input Dims': [[n, m], ...]); NaN if none."""
+    shape = _first(dims)
+    if isinstance(shape, list) and len(shape) > 0:
+        return float(np.prod(shape))
+    return math.nan
+
+
+def _first(values: Any) -> Any:
+    """The first item of a list (or the first character of a text: pandas' `.str[0]`)."""
+    if isinstance(values, dict):
+        return values.get(0)
+    if isinstance(values, list | tuple | str) and len(values) > 0:
+        return values[0]
+    return None
 
 
 class Spans:
@@ -232,14 +298,6 @@ class Spans:
 def thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
     """One float per (pid, tid): what `Spans` searches by."""
     return np.asarray(pid, dtype=np.float64) * 2.0**32 + np.asarray(tid, dtype=np.float64)
-
-
-def first_input_elements(dims: list[Any]) -> pd.Series:
-    """Element count of the first input of each event ('Input Dims': [[n, m], ...])."""
-    first = pd.Series(dims, dtype=object).str[0]
-    valid = first.map(lambda shape: isinstance(shape, list) and len(shape) > 0, na_action="ignore")
-    prod = first[valid.fillna(False).astype(bool)].map(lambda shape: float(np.prod(shape)))
-    return prod.reindex(first.index).astype("Float64")
 
 
 # -- calls that launch no kernel (gloo) --------------------------------------------------------
@@ -301,13 +359,13 @@ def host_collectives(ev: Events, nccl_launches: pd.DataFrame) -> pd.DataFrame | 
 def _events(events: Events, group: str, prefixes: tuple[str, ...]) -> np.ndarray:
     """Rows of `group` whose name starts with one of `prefixes`, in start order."""
     idx = events.where(group)
-    return idx[on_categories(events.names(idx), lambda cats: cats.str.startswith(prefixes))]
+    return idx[events.name_test(idx, lambda name: name.startswith(prefixes))]
 
 
 def _call_events(events: Events) -> np.ndarray:
     """The outermost collective op of each call (waits are not calls), in start order."""
     idx = _events(events, "op", CALL_PREFIXES)
-    waits = on_categories(events.names(idx), lambda cats: cats.str.contains("wait"))
+    waits = events.name_test(idx, lambda name: "wait" in name)
     idx = idx[~waits]
     end = events.start[idx] + events.dur[idx]
     return idx[nesting_depth(thread_key(events.pid[idx], events.tid[idx]),

@@ -11,6 +11,7 @@ Kineto's category names changed in 2022 (`Kernel` -> `kernel`, `Runtime` -> `cud
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
@@ -29,6 +30,7 @@ from gpudiag.readers.chrome.structs import (
     Event,
     Num,
     categorical,
+    category_index,
     column,
     floats,
     integers,
@@ -239,6 +241,7 @@ class Events:
         self.group_code = cols["group"][keep].astype(np.int8)
         self.name_codes = cols["name"][keep].astype(np.int64)
         self.name_uniques = self._names.values()
+        self._name_index: pd.Index | None = None
         base = int(self.header.baseTimeNanoseconds or 0)
         self.bad_base = not 0 <= base < MAX_US * 1000
         timestamps = cols["ts"][keep]
@@ -288,7 +291,18 @@ class Events:
         return take(self.name_uniques, self.name_codes[idx])
 
     def names(self, idx: np.ndarray) -> pd.Series:
-        return categorical(self.name_codes[idx], self.name_uniques)
+        if self._name_index is None:  # every table's names are picked from one index
+            self._name_index = category_index(self.name_uniques)
+        return categorical(self.name_codes[idx], self._name_index)
+
+    def name_test(self, idx: np.ndarray, test: Callable[[str], bool]) -> np.ndarray:
+        """`test(name)` of each row of `idx` (False without a name), called once per
+        distinct name: a pandas string method costs ~1 ms per call whatever the size."""
+        codes = self.name_codes[idx]
+        used, position = np.unique(codes, return_inverse=True)
+        hits = np.array([code >= 0 and bool(test(str(self.name_uniques[code])))
+                         for code in used], dtype=bool)
+        return hits[position.reshape(-1)] if len(codes) else np.zeros(0, dtype=bool)
 
     def times(self, idx: np.ndarray) -> dict[str, np.ndarray]:
         return {"start_ns": self.start[idx], "end_ns": self.start[idx] + self.dur[idx]}
@@ -311,6 +325,10 @@ class ArgColumns:
 
     def values(self, field: str) -> list[Any]:
         return list(self._gather(field, object))
+
+    def floats(self, field: str) -> np.ndarray:
+        """A numeric arg as float64 (NaN where absent)."""
+        return self._gather(field, float)
 
     def num(self, field: str) -> pd.Series:
         """A numeric arg as nullable Int64 (NA where absent or not an integer)."""
