@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ from gpudiag.readers.kineto.events import (
     external_id,
     stream_of,
 )
+from gpudiag.schema import TABLES
 from gpudiag.trace import Trace
 
 SYNC_KINDS = {
@@ -58,8 +60,11 @@ MEM_WORDS = {
     "Array": "array", "Host": "unknown", "Unknown": "unknown",
 }
 COPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
-COPY_PATTERN = r"Memcpy (?P<kind>\w+) \((?P<src>[\w ]+) -> (?P<dst>[\w ]+)\)"
-MEMSET_PATTERN = r"Memset \((?P<dst>[\w ]+)\)"
+_COPY = re.compile(r"Memcpy (?P<kind>\w+) \((?P<src>[\w ]+) -> (?P<dst>[\w ]+)\)")
+_MEMSET = re.compile(r"Memset \((?P<dst>[\w ]+)\)")
+#: the categories of the copies table's enumerated columns
+COPY_COLUMNS = {column: list(TABLES["copies"].column(column).values)
+                for column in ("kind", "src_mem", "dst_mem", "host_mem")}
 RANGE_SOURCES = {"op": "torch_op", "annotation": "annotation", "python": "python",
                  "gpu_annotation": "gpu_annotation"}
 KINETO_GROUPS = tuple(dict.fromkeys(GROUPS.values()))
@@ -211,20 +216,29 @@ def _copies(ev: Events) -> pd.DataFrame | None:
     if not len(idx):
         return None
     args = ev.args(idx)
-    names = ev.names(idx)
     is_set = ev.is_group(idx, "memset")
-    copy = _parse_names(names, COPY_PATTERN)
-    memset = _parse_names(names, MEMSET_PATTERN)
-    kind = copy["kind"].fillna(pd.Series(args.values("kind"), dtype=object))
-    kind = kind.where(kind.isin(COPY_KINDS), "other").mask(is_set, "memset")
+    codes = ev.name_codes[idx]
+    used, position = np.unique(codes, return_inverse=True)
+    position = position.reshape(-1)
+    # (kind, source, destination) each distinct name spells, as the schema's words
+    spelled = [_copy_name(str(ev.name_uniques[code])) if code >= 0 else (None, None, None)
+               for code in used]
+    kind, src, dst = (np.array([fields[n] for fields in spelled] + [None], dtype=object)
+                      for n in range(3))
+    kind, src, dst = kind[position], src[position], dst[position]
+    unnamed = pd.isna(kind)
+    kind[unnamed] = _objects(args.values("kind"))[unnamed]
+    kind = np.where(pd.Series(kind, dtype=object).isin(COPY_KINDS).to_numpy(), kind, "other")
+    kind[is_set] = "memset"
+    src[is_set] = None
     frame = pd.DataFrame({
         **ev.times(idx),
         "device": device_of(ev, idx, args),
         "stream": stream_of(ev, idx, args),
-        "kind": pd.Categorical(kind.to_numpy()),
+        "kind": _declared("kind", kind),
         "bytes": args.num("bytes"),
-        "src_mem": pd.Categorical(copy["src"].map(MEM_WORDS).mask(is_set).to_numpy()),
-        "dst_mem": pd.Categorical(copy["dst"].fillna(memset["dst"]).map(MEM_WORDS).to_numpy()),
+        "src_mem": _declared("src_mem", src),
+        "dst_mem": _declared("dst_mem", dst),
         "correlation": args.num("correlation"),
         "external_id": external_id(args),
     })
@@ -232,21 +246,34 @@ def _copies(ev: Events) -> pd.DataFrame | None:
     return frame
 
 
+@functools.lru_cache(maxsize=4096)
+def _copy_name(name: str) -> tuple[str | None, str | None, str | None]:
+    """'Memcpy HtoD (Pageable -> Device)' -> ('HtoD', 'pageable', 'device'); 'Memset
+    (Device)' -> (None, None, 'device'); words the schema does not know are None."""
+    copy = _COPY.search(name)
+    if copy is not None:
+        return copy["kind"], MEM_WORDS.get(copy["src"]), MEM_WORDS.get(copy["dst"])
+    memset = _MEMSET.search(name)
+    return None, None, MEM_WORDS.get(memset["dst"]) if memset is not None else None
+
+
+def _declared(column: str, values: np.ndarray) -> pd.Categorical:
+    """A copies column at its declared categories (values outside them never occur)."""
+    return pd.Categorical(values, categories=COPY_COLUMNS[column])
+
+
 def host_memory(copies: pd.DataFrame) -> pd.Series:
     """Pageable or pinned: the host side of each HtoD / DtoH copy (NA otherwise)."""
-    src = copies["src_mem"].astype(object)
-    dst = copies["dst_mem"].astype(object)
-    host = pd.Series(None, index=copies.index, dtype=object)
-    host = host.mask(copies["kind"] == "HtoD", src).mask(copies["kind"] == "DtoH", dst)
-    return pd.Series(pd.Categorical(host.where(host.isin(["pageable", "pinned"])).to_numpy()))
+    kind = copies["kind"].to_numpy(dtype=object)
+    host = np.where(kind == "HtoD", copies["src_mem"].to_numpy(dtype=object),
+                    np.where(kind == "DtoH", copies["dst_mem"].to_numpy(dtype=object), None))
+    return pd.Series(pd.Categorical(host, categories=COPY_COLUMNS["host_mem"]))
 
 
-def _parse_names(names: pd.Series, pattern: str) -> pd.DataFrame:
-    """Regex fields of each name, computed once per distinct name."""
-    cats = pd.Series(names.cat.categories, dtype=object)
-    fields = cats.str.extract(pattern).astype(object)
-    fields.loc[len(fields)] = None  # row for code -1 (no name)
-    return fields.iloc[names.cat.codes.to_numpy()].reset_index(drop=True)
+def _objects(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
 def _api(ev: Events) -> pd.DataFrame:
