@@ -267,6 +267,7 @@ def host_memory(copies: pd.DataFrame) -> pd.Series:
     kind = copies["kind"].to_numpy(dtype=object)
     host = np.where(kind == "HtoD", copies["src_mem"].to_numpy(dtype=object),
                     np.where(kind == "DtoH", copies["dst_mem"].to_numpy(dtype=object), None))
+    host[~np.isin(host, COPY_COLUMNS["host_mem"])] = None  # device-side words
     return pd.Series(pd.Categorical(host, categories=COPY_COLUMNS["host_mem"]))
 
 
