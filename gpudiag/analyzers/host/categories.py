@@ -36,6 +36,7 @@ import pandas as pd
 
 from gpudiag import intervals as iv
 from gpudiag.analyzers import keys
+from gpudiag.analyzers.host.columns import Columns
 from gpudiag.analyzers.steps.detection import BACKWARD_OP, STEP_NAME
 from gpudiag.intervals import nesting_depth
 
@@ -64,46 +65,51 @@ def name_flags(ranges: pd.DataFrame) -> dict[str, npt.NDArray[np.bool_]]:
     return {column: keys.matches(ranges["name"], test) for column, test in NAME_TESTS.items()}
 
 
-def flag(ranges: pd.DataFrame, column: str) -> npt.NDArray[np.bool_]:
-    """A name test (`NAME_TESTS`) of each row: its column when `name_flags` added it."""
-    if column in ranges.columns:
-        return ranges[column].to_numpy(bool)
-    return keys.matches(ranges["name"], NAME_TESTS[column])
+def host_columns(ranges: pd.DataFrame, **more: np.ndarray) -> Columns:
+    """What `category_spans` and `self_times` read of host ranges, as arrays computed once
+    for all the processes a caller cuts them into: times, `tid` (float, NaN: none), `name`
+    (text), the name tests (`NAME_TESTS`) and the source tests (`_op`: one of `OP_SOURCES`;
+    `_torch_op`, `_host`, `_python`, `_annotation`)."""
+    source = ranges["source"].to_numpy(dtype=object)
+    return Columns.of(
+        ranges, ["start_ns", "end_ns", "tid"], name=ranges["name"].astype(str).to_numpy(),
+        _op=np.logical_or.reduce([source == op_source for op_source in OP_SOURCES]),
+        _torch_op=source == "torch_op",
+        _host=source == "host", _python=source == "python",
+        _annotation=source == "annotation", **name_flags(ranges), **more)
 
 
-def category_spans(ranges: pd.DataFrame, lane_tid: int | None, step_start: npt.ArrayLike,
+def category_spans(ranges: Columns, lane_tid: int | None, step_start: npt.ArrayLike,
                    step_end: npt.ArrayLike) -> dict[str, iv.Spans]:
     """Disjoint spans per category (not `python`, the remainder) for one process's
-    `ranges` (host ranges of that process only), with `lane_tid` its training thread
+    host ranges (`host_columns` of that process only), with `lane_tid` its training thread
     (None: the thread with the most op time) and its steps' windows (sorted, disjoint:
     they decide forward vs other_ops)."""
-    ranges = ranges[~flag(ranges, "_is_step")]  # a step is not an op
-    if ranges.empty:
+    ranges = ranges.take(~ranges["_is_step"])  # a step is not an op
+    if not len(ranges):
         return {category: _empty() for category in CATEGORIES if category != "python"}
-    tid = ranges["tid"].to_numpy("float64", na_value=np.nan)
     if lane_tid is None:
         lane_tid = _busiest_thread(ranges)
-    main = ranges[tid == lane_tid]
+    main = ranges.take(ranges["tid"] == lane_tid) if lane_tid is not None else ranges.take(
+        np.zeros(len(ranges), dtype=bool))
     picked = {
-        "data_loading": flag(main, "_is_data"),
-        "optimizer": flag(main, "_is_optimizer"),
-        "compile": flag(main, "_is_compile") & (main["source"] == "host").to_numpy(bool),
+        "data_loading": main["_is_data"],
+        "optimizer": main["_is_optimizer"],
+        "compile": main["_is_compile"] & main["_host"],
     }
-    backward_all = ranges[flag(ranges, "_is_backward_op")
-                          & (ranges["source"] == "torch_op").to_numpy(bool)]
-    frames = main[flag(main, "_is_backward_frame")
-                  & (main["source"] == "python").to_numpy(bool)]
-    raw = {category: _spans(main[hit]) for category, hit in picked.items()}
+    backward_all = ranges.take(ranges["_is_backward_op"] & ranges["_torch_op"])
+    frames = main.take(main["_is_backward_frame"] & main["_python"])
+    raw = {category: _spans(main.take(hit)) for category, hit in picked.items()}
     raw["backward"] = iv.union(np.concatenate([backward_all["start_ns"], frames["start_ns"]]),
                                np.concatenate([backward_all["end_ns"], frames["end_ns"]]))
     ops = _outermost_ops(main)
-    torch = (ops["source"] == "torch_op").to_numpy(bool)
-    op_start = ops["start_ns"].to_numpy(np.int64)
+    torch = ops["_torch_op"]
+    op_start = ops["start_ns"]
     before = op_start < _first_backward(raw["backward"], iv.as_ns(step_start),
                                         iv.as_ns(step_end), op_start)
-    raw["forward"] = _spans(ops[torch & before])
-    raw["other_ops"] = _spans(ops[torch & ~before])
-    raw["ops"] = _spans(ops[~torch])
+    raw["forward"] = _spans(ops.take(torch & before))
+    raw["other_ops"] = _spans(ops.take(torch & ~before))
+    raw["ops"] = _spans(ops.take(~torch))
     out: dict[str, iv.Spans] = {}
     taken = _empty()
     for category in CATEGORIES[:-1]:
@@ -137,15 +143,15 @@ def amounts(spans: iv.Spans, start: npt.ArrayLike, end: npt.ArrayLike) -> IntArr
     return (iv.covered_before(spans, ends) - iv.covered_before(spans, starts)).astype(np.int64)
 
 
-def self_times(ops: pd.DataFrame) -> IntArray:
+def self_times(ops: Columns) -> IntArray:
     """Each op's duration minus its direct children's (ops of `OP_SOURCES` on one process,
-    any threads), int64 ns, aligned with `ops`' rows."""
+    any threads), int64 ns, aligned with `ops`' rows (`host_columns`)."""
     count = len(ops)
     if count == 0:
         return np.zeros(0, dtype=np.int64)
     lane = keys.codes(ops["tid"])
-    start = ops["start_ns"].to_numpy(np.int64)
-    end = np.maximum(ops["end_ns"].to_numpy(np.int64), start)
+    start = ops["start_ns"]
+    end = np.maximum(ops["end_ns"], start)
     level = nesting_depth(lane, start, end)
     (key,), _ = keys.time_keys([lane], [start])
     children = np.zeros(count, dtype=np.int64)
@@ -161,23 +167,27 @@ def self_times(ops: pd.DataFrame) -> IntArray:
     return np.maximum((end - start) - children, 0)
 
 
-def _outermost_ops(main: pd.DataFrame) -> pd.DataFrame:
-    ops = main[main["source"].isin(OP_SOURCES)]
-    if ops.empty:
+def _outermost_ops(main: Columns) -> Columns:
+    ops = main.take(main["_op"])
+    if not len(ops):
         return ops
     depth = nesting_depth(np.zeros(len(ops), dtype=np.int64), ops["start_ns"], ops["end_ns"])
-    return ops[depth == 0]
+    return ops.take(depth == 0)
 
 
-def _busiest_thread(ranges: pd.DataFrame) -> int | None:
-    ops = ranges[ranges["source"].isin(OP_SOURCES) & ranges["tid"].notna()]
-    if ops.empty:
+def _busiest_thread(ranges: Columns) -> int | None:
+    """The thread with the most op time (of equal ones, the lowest tid)."""
+    ops = ranges.take(ranges["_op"] & ~np.isnan(ranges["tid"]))
+    if not len(ops):
         return None
-    return int((ops["end_ns"] - ops["start_ns"]).groupby(ops["tid"]).sum().idxmax())
+    tids, thread = np.unique(ops["tid"], return_inverse=True)
+    time = np.zeros(len(tids), dtype=np.int64)
+    np.add.at(time, thread.reshape(-1), ops["end_ns"] - ops["start_ns"])
+    return int(tids[np.argmax(time)])
 
 
-def _spans(rows: pd.DataFrame) -> iv.Spans:
-    return iv.union(rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64))
+def _spans(rows: Columns) -> iv.Spans:
+    return iv.union(rows["start_ns"], rows["end_ns"])
 
 
 def _empty() -> iv.Spans:

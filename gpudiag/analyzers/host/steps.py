@@ -43,10 +43,10 @@ from gpudiag.analyzers.host.categories import (
     OPTIMIZER,
     amounts,
     category_spans,
-    flag,
-    name_flags,
+    host_columns,
     self_times,
 )
+from gpudiag.analyzers.host.columns import Columns, positions
 from gpudiag.analyzers.steps.training import training_steps
 from gpudiag.intervals import nesting_depth
 from gpudiag.trace import Trace
@@ -147,28 +147,31 @@ def _analysis(trace: Trace) -> dict[str, Any]:
 
 def _compute(trace: Trace) -> dict[str, Any]:
     ranges = trace.ranges
-    # only the columns read below: each process's many row selections copy fewer arrays
     host = ranges.loc[(ranges["tid"].notna() & (ranges["source"] != "step")).to_numpy(bool),
                       ["rank", "pid", "tid", "start_ns", "end_ns", "name", "source"]]
     # a process is (rank, pid), NA a value of its own: int64 keys (NA as keys.MISSING) to
-    # group and match by, NA again in host_by_step (host_memory keeps them, see below)
-    host = host.assign(_rank=keys.key_array(host["rank"]), _pid=keys.key_array(host["pid"]),
-                       **name_flags(host))
+    # group and match by, NA again in host_by_step (host_memory keeps them, see below);
+    # its rows are arrays (`Columns`): a process costs numpy selections, not pandas ones
+    rows = host_columns(host, _rank=keys.key_array(host["rank"]),
+                        _pid=keys.key_array(host["pid"]),
+                        rank=host["rank"].to_numpy(np.float64, na_value=np.nan),
+                        pid=host["pid"].to_numpy(np.float64, na_value=np.nan))
     steps = training_steps(trace)
-    steps = steps.assign(_rank=keys.key_array(steps["rank"]), _pid=keys.key_array(steps["pid"]))
+    step_rows = _by_process(steps)
     memory = _cpu_memory(trace)
+    memory_rows = _by_process(memory)
     by_step, top_ops, mem_rows, gaps, lanes = [], [], [], [], []
-    for (rank, pid), mine in host.groupby(["_rank", "_pid"], sort=True):
-        ops = mine[mine["source"].isin((*OP_SOURCES, "annotation"))]
-        if ops.empty:
+    for (rank, pid), mine in rows.groups(rows["_rank"], rows["_pid"]):
+        ops = mine.take(mine["_op"] | mine["_annotation"])
+        if not len(ops):
             continue
-        windows = _windows(steps[(steps["_rank"] == rank) & (steps["_pid"] == pid)], ops,
-                           int(rank), int(pid))
-        tid = int(windows["tid"].dropna().iloc[0]) if windows["tid"].notna().any() else None
+        windows = _windows(step_rows.get((rank, pid), steps.iloc[0:0]), ops, int(rank),
+                           int(pid))
+        known = windows["tid"][~pd.isna(windows["tid"])]
+        tid = int(known[0]) if len(known) else None
         spans = category_spans(mine, tid, windows["start_ns"], windows["end_ns"])
-        table = _per_step(windows, spans)
-        mem = memory[(memory["_rank"] == rank) & (memory["_pid"] == pid)]
-        table["cpu_peak_bytes"] = _peaks(mem, table)
+        mem = memory_rows.get((rank, pid), memory.iloc[0:0])
+        table = _per_step(windows, spans, mem)
         by_step.append(table)
         steady = table[table["profiled"] & ~table["warmup"]]
         top_ops.append(_self_time(mine, steady))
@@ -176,6 +179,12 @@ def _compute(trace: Trace) -> dict[str, Any]:
         gaps.append(_python_gaps(trace, mine, tid, spans, steady))
         lanes.append(Lane(int(rank), int(pid), tid, spans, steady))
     return {**_tables(by_step, top_ops, mem_rows, gaps), "lanes": lanes}
+
+
+def _by_process(frame: pd.DataFrame) -> dict[tuple[int, int], pd.DataFrame]:
+    """The rows of each process ((rank, pid) keys, `keys.MISSING` for NA), in their order."""
+    return {(int(rank), int(pid)): frame.iloc[rows] for (rank, pid), rows in
+            positions(keys.key_array(frame["rank"]), keys.key_array(frame["pid"]))}
 
 
 @dataclass(frozen=True)
@@ -223,31 +232,43 @@ def _tables(by_step: list[pd.DataFrame], top_ops: list[pd.DataFrame],
             "pieces": (by_step, top_ops, mem_rows, gaps)}
 
 
-def _windows(steps: pd.DataFrame, ops: pd.DataFrame, rank: int, pid: int) -> pd.DataFrame:
-    """The process's steps, with `profiled`; its profiled span as one step without any.
-    `rank` and `pid` are the process's int64 keys (`keys.MISSING` for NA)."""
+def _windows(steps: pd.DataFrame, ops: Columns, rank: int, pid: int) -> dict[str, Any]:
+    """The process's steps as columns, with `profiled`; its profiled span as one step
+    without any. `rank` and `pid` are the process's int64 keys (`keys.MISSING` for NA)."""
     first, last = int(ops["start_ns"].min()), int(ops["end_ns"].max())
     if steps.empty:
-        return pd.DataFrame({"rank": [rank], "pid": [pid], "tid": [pd.NA], "step": [WHOLE],
-                             "index": [0], "start_ns": [first], "end_ns": [last],
-                             "dur_ns": [last - first], "warmup": [False], "profiled": [True]})
-    inside = np.minimum(steps["end_ns"], last) - np.maximum(steps["start_ns"], first)
-    return steps.drop(columns=["_rank", "_pid", "method", "detail"]).assign(
-        rank=rank, pid=pid,
-        profiled=(2 * inside >= steps["dur_ns"]).to_numpy(bool)).reset_index(drop=True)
+        return {"rank": np.array([rank]), "pid": np.array([pid]),
+                "tid": pd.Series([pd.NA]).array, "step": np.array([WHOLE], dtype=object),
+                "index": np.array([0]), "start_ns": np.array([first]),
+                "end_ns": np.array([last]), "dur_ns": np.array([last - first]),
+                "warmup": np.array([False]), "profiled": np.array([True])}
+    start = steps["start_ns"].to_numpy(np.int64)
+    end = steps["end_ns"].to_numpy(np.int64)
+    inside = np.minimum(end, last) - np.maximum(start, first)
+    count = len(steps)
+    return {"rank": np.full(count, rank, dtype=np.int64),
+            "pid": np.full(count, pid, dtype=np.int64), "tid": steps["tid"].array,
+            "step": steps["step"].array, "index": steps["index"].to_numpy(),
+            "start_ns": start, "end_ns": end, "dur_ns": steps["dur_ns"].to_numpy(),
+            "warmup": steps["warmup"].to_numpy(),
+            "profiled": 2 * inside >= steps["dur_ns"].to_numpy()}
 
 
-def _per_step(windows: pd.DataFrame, spans: dict[str, iv.Spans]) -> pd.DataFrame:
-    out = windows.copy()
-    start, end = out["start_ns"].to_numpy(np.int64), out["end_ns"].to_numpy(np.int64)
-    profiled = out["profiled"].to_numpy(bool)
-    covered = np.zeros(len(out), dtype=np.int64)
+def _per_step(windows: dict[str, Any], spans: dict[str, iv.Spans], memory: pd.DataFrame
+              ) -> pd.DataFrame:
+    """The process's `host_by_step` rows: its windows, each category's time in them and
+    the CPU memory peak, one frame built once."""
+    out = dict(windows)
+    start, end = windows["start_ns"], windows["end_ns"]
+    profiled = windows["profiled"]
+    covered = np.zeros(len(start), dtype=np.int64)
     for category in CATEGORIES[:-1]:
         time = np.where(profiled, amounts(spans[category], start, end), 0)
         out[f"{category}_ns"] = time
         covered += time
     out["python_ns"] = np.where(profiled, np.maximum(end - start - covered, 0), 0)
-    return out
+    out["cpu_peak_bytes"] = _peaks(memory, start, end)
+    return pd.DataFrame(out)
 
 
 def _cpu_memory(trace: Trace) -> pd.DataFrame:
@@ -258,17 +279,17 @@ def _cpu_memory(trace: Trace) -> pd.DataFrame:
                       _pid=keys.key_array(mem["pid"])).sort_values("ts_ns")
 
 
-def _peaks(mem: pd.DataFrame, table: pd.DataFrame) -> pd.Series:
+def _peaks(mem: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> pd.arrays.IntegerArray:
     """The highest running total of CPU allocations inside each step (NA without any)."""
-    out = pd.Series(pd.NA, index=table.index, dtype="Int64")
+    out = pd.array([pd.NA] * len(start), dtype="Int64")
     if mem.empty:
         return out
     times = mem["ts_ns"].to_numpy(np.int64)
     total = mem["total_allocated_bytes"].to_numpy(np.int64)
-    step = np.searchsorted(table["start_ns"].to_numpy(np.int64), times, side="right") - 1
-    inside = (step >= 0) & (times < table["end_ns"].to_numpy(np.int64)[np.maximum(step, 0)])
+    step = np.searchsorted(start, times, side="right") - 1
+    inside = (step >= 0) & (times < end[np.maximum(step, 0)])
     peak = pd.Series(total[inside]).groupby(step[inside]).max()
-    out.iloc[peak.index.to_numpy()] = peak.to_numpy()
+    out[peak.index.to_numpy()] = peak.to_numpy()
     return out
 
 
@@ -286,23 +307,31 @@ def _memory_row(rank: int, pid: int, mem: pd.DataFrame, table: pd.DataFrame
             "steady_peak_bytes": int(steady.max()) if len(steady) else pd.NA}
 
 
-def _self_time(ranges: pd.DataFrame, steady: pd.DataFrame) -> pd.DataFrame:
+def _self_time(ranges: Columns, steady: pd.DataFrame) -> pd.DataFrame:
     """Self ns per op name, counting ops that start inside the steady steps."""
-    ops = ranges[ranges["source"].isin(OP_SOURCES).to_numpy(bool)
-                 & ~flag(ranges, "_is_step")]
-    if ops.empty or steady.empty:
+    ops = ranges.take(ranges["_op"] & ~ranges["_is_step"])
+    if not len(ops) or steady.empty:
         return pd.DataFrame({"name": [], "calls": [], "self_ns": []})
     own = self_times(ops)
-    start = ops["start_ns"].to_numpy(np.int64)
+    start = ops["start_ns"]
     step = np.searchsorted(steady["start_ns"].to_numpy(np.int64), start, side="right") - 1
     inside = (step >= 0) & (start < steady["end_ns"].to_numpy(np.int64)[np.maximum(step, 0)])
     # a call recorded twice (jax's nested PjitFunction) is one call
-    same = keys.codes(ops["tid"], ops["name"].astype(str))
-    call = nesting_depth(same, start, ops["end_ns"].to_numpy(np.int64)) == 0
-    kept = pd.DataFrame({"name": ops["name"].astype(str).to_numpy()[inside],
-                         "self_ns": own[inside], "call": call[inside].astype(np.int64)})
-    return kept.groupby("name").agg(calls=("call", "sum"), self_ns=("self_ns", "sum")
-                                    ).reset_index()
+    same = keys.codes(ops["tid"], ops["name"])
+    call = nesting_depth(same, start, ops["end_ns"]) == 0
+    names = ops["name"][inside]
+    named = ~pd.isna(names)  # pandas' groupby leaves missing names out
+    if not named.any():
+        return pd.DataFrame({"name": names[named], "self_ns": own[inside][named],
+                             "call": call[inside][named].astype(np.int64)}).groupby(
+            "name").agg(calls=("call", "sum"), self_ns=("self_ns", "sum")).reset_index()
+    distinct, which = np.unique(names[named], return_inverse=True)
+    which = which.reshape(-1)
+    calls = np.zeros(len(distinct), dtype=np.int64)
+    self_ns = np.zeros(len(distinct), dtype=np.int64)
+    np.add.at(calls, which, call[inside][named])
+    np.add.at(self_ns, which, own[inside][named])
+    return pd.DataFrame({"name": distinct, "calls": calls, "self_ns": self_ns})
 
 
 def _top(parts: list[pd.DataFrame], by_step: pd.DataFrame) -> pd.DataFrame:
@@ -319,13 +348,12 @@ def _top(parts: list[pd.DataFrame], by_step: pd.DataFrame) -> pd.DataFrame:
     return ops.astype({"calls": "int64", "self_ns": "int64"})
 
 
-def _python_gaps(trace: Trace, ranges: pd.DataFrame, tid: int | None,
+def _python_gaps(trace: Trace, ranges: Columns, tid: int | None,
                  spans: dict[str, iv.Spans], steady: pd.DataFrame, *,
                  limit: int = 2000) -> pd.DataFrame:
     """Python time by the innermost user frame open mid-gap (the `limit` longest gaps), when
     the trace has Python frames."""
-    python = ranges[ranges["source"] == "python"]
-    if python.empty or steady.empty or tid is None:
+    if not ranges["_python"].any() or steady.empty or tid is None:
         return pd.DataFrame({"where": [], "ns": []})
     taken = iv.union(np.concatenate([span[0] for span in spans.values()]),
                      np.concatenate([span[1] for span in spans.values()]))
@@ -333,8 +361,8 @@ def _python_gaps(trace: Trace, ranges: pd.DataFrame, tid: int | None,
     length = free[1] - free[0]
     keep = np.argsort(length, kind="stable")[::-1][:limit]
     mid = (free[0][keep] + free[1][keep]) // 2
-    pid = ranges["pid"].iloc[0]
-    rank = ranges["rank"].iloc[0]
+    pid, rank = (pd.NA if np.isnan(value) else int(value)
+                 for value in (ranges["pid"][0], ranges["rank"][0]))
     where = callsites.where_at(trace, [pid] * len(mid), [tid] * len(mid), mid,
                                [rank] * len(mid))
     found = pd.DataFrame({"where": where, "ns": length[keep]}).dropna()
