@@ -16,8 +16,10 @@ the sentinel lives only inside those arrays and never reaches a result. (The mem
 
 from __future__ import annotations
 
+import itertools
 import re
-from typing import Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -133,3 +135,21 @@ def time_keys(group: list[IntArray], times: list[IntArray]) -> tuple[list[IntArr
     n = np.int64(len(uniq))
     split = np.split(inverse.astype(np.int64), np.cumsum([len(t) for t in times])[:-1])
     return [g.astype(np.int64) * n + r for g, r in zip(group, split, strict=True)], uniq
+
+
+def positions(*keys: np.ndarray) -> Iterator[tuple[tuple[Any, ...], np.ndarray]]:
+    """(key values, their row positions) for each distinct combination of the equal-length
+    `keys`, in ascending order, each group's positions ascending (the groups of a sorted
+    pandas groupby, without building one)."""
+    count = len(keys[0])
+    if not count:
+        return
+    order = np.lexsort(keys[::-1])  # stable: ties keep their order
+    change = np.zeros(count, dtype=bool)
+    change[0] = True
+    for key in keys:
+        ordered = key[order]
+        change[1:] |= ordered[1:] != ordered[:-1]
+    for first, end in itertools.pairwise(np.r_[np.flatnonzero(change), count]):
+        rows = order[first:end]
+        yield tuple(key[rows[0]] for key in keys), rows

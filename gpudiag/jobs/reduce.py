@@ -19,6 +19,7 @@ import pandas as pd
 from gpudiag import diagnosis_schema as declared
 from gpudiag.analyzers import diagnosis
 from gpudiag.analyzers.losses.waterfall import (
+    by_device,
     clip_window,
     device_rows,
     loss_rows,
@@ -108,11 +109,12 @@ def losses(ranks: list[Placed], waits: pd.DataFrame | None,
     """The waterfall of every device, comm_wait carved from its comm-only time."""
     rows: list[dict[str, object]] = []
     devices = {key: part for _, part in ranks for key in part.windows}
+    waiting = {} if waits is None else by_device(waits)
     for key in sorted(devices):
         part = devices[key]
         start, end = clip_window(part.windows[key], bounds)
-        comm = 0 if waits is None else comm_wait_ns(part.comm_only[key],
-                                                    device_rows(waits, key), start, end)
+        comm = 0 if waits is None else comm_wait_ns(
+            part.comm_only[key], waiting.get(key, waits.iloc[0:0]), start, end)
         rows += loss_rows(key, max(end - start, 0), {**part.lost[key], "comm_wait": comm})
     return losses_frame(rows)
 

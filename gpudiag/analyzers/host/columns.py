@@ -12,12 +12,13 @@ microseconds: the frame is converted once, and each process gets a slice.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from gpudiag.analyzers.keys import positions as key_positions
 
 
 class Columns:
@@ -46,27 +47,10 @@ class Columns:
         return Columns({name: values[rows] for name, values in self.arrays.items()})
 
     def groups(self, *keys: np.ndarray) -> Iterator[tuple[tuple[Any, ...], Columns]]:
-        """(key values, their rows) for each distinct combination of `keys` (`positions`)."""
-        for values, rows in positions(*keys):
+        """(key values, their rows) for each distinct combination of `keys`
+        (`keys.positions`)."""
+        for values, rows in key_positions(*keys):
             yield values, self.take(rows)
-
-
-def positions(*keys: np.ndarray) -> Iterator[tuple[tuple[Any, ...], np.ndarray]]:
-    """(key values, their row positions) for each distinct combination of the equal-length
-    `keys`, in ascending order, each group's positions ascending (the groups of a sorted
-    pandas groupby, without building one)."""
-    count = len(keys[0])
-    if not count:
-        return
-    order = np.lexsort(keys[::-1])  # stable: ties keep their order
-    change = np.zeros(count, dtype=bool)
-    change[0] = True
-    for key in keys:
-        ordered = key[order]
-        change[1:] |= ordered[1:] != ordered[:-1]
-    for first, end in itertools.pairwise(np.r_[np.flatnonzero(change), count]):
-        rows = order[first:end]
-        yield tuple(key[rows[0]] for key in keys), rows
 
 
 def _array(column: pd.Series) -> np.ndarray:

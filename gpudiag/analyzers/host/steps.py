@@ -46,7 +46,7 @@ from gpudiag.analyzers.host.categories import (
     host_columns,
     self_times,
 )
-from gpudiag.analyzers.host.columns import Columns, positions
+from gpudiag.analyzers.host.columns import Columns
 from gpudiag.analyzers.steps.training import training_steps
 from gpudiag.intervals import nesting_depth
 from gpudiag.trace import Trace
@@ -184,7 +184,7 @@ def _compute(trace: Trace) -> dict[str, Any]:
 def _by_process(frame: pd.DataFrame) -> dict[tuple[int, int], pd.DataFrame]:
     """The rows of each process ((rank, pid) keys, `keys.MISSING` for NA), in their order."""
     return {(int(rank), int(pid)): frame.iloc[rows] for (rank, pid), rows in
-            positions(keys.key_array(frame["rank"]), keys.key_array(frame["pid"]))}
+            keys.positions(keys.key_array(frame["rank"]), keys.key_array(frame["pid"]))}
 
 
 @dataclass(frozen=True)

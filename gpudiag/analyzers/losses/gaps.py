@@ -120,9 +120,10 @@ def idle_gaps(trace: Trace, *, launch_gap_ns: int = 50_000, sync_tolerance_ns: i
 def _idle_gaps(trace: Trace, launch_gap_ns: int, sync_tolerance_ns: int,
                window: tuple[int, int] | None) -> pd.DataFrame:
     events = device_events(trace)
-    frames = [_device_gaps(trace, events, key, idx, window)
-              for key, idx in events.by_device.items()]
-    gaps = pd.concat(frames, ignore_index=True) if frames else empty_gaps()
+    found = [_device_gaps(events, key, idx, window) for key, idx in events.by_device.items()]
+    gaps = _gap_frame(trace, events, [piece for piece in found if piece is not None])
+    if any(piece is None for piece in found):  # as a concat with an empty device's frame
+        gaps = pd.concat([gaps, empty_gaps()], ignore_index=True)
     if gaps.empty:
         return empty_gaps()
     gaps["rank"] = keys.key_column(gaps["rank"])  # NA again while joined (launch_calls)
@@ -135,31 +136,52 @@ def _idle_gaps(trace: Trace, launch_gap_ns: int, sync_tolerance_ns: int,
     return _pieces(gaps, launch_gap_ns)
 
 
-def _device_gaps(trace: Trace, events: DeviceEvents, key: tuple[int, int], idx: IntArray,
-                 window: tuple[int, int] | None) -> pd.DataFrame:
+#: one device's gaps: its key, each gap's start and end, the position (in `DeviceEvents`)
+#: of the event that follows it, and whether one starts right at the gap's end
+DeviceGaps = tuple[tuple[int, int], IntArray, IntArray, IntArray, npt.NDArray[np.bool_]]
+
+
+def _device_gaps(events: DeviceEvents, key: tuple[int, int], idx: IntArray,
+                 window: tuple[int, int] | None) -> DeviceGaps | None:
+    """The idle intervals of one device's window (None: the window is empty)."""
     start, end = events.start[idx], events.end[idx]
     first, last = int(start.min()), int(end.max())
     if window is not None:
         first, last = max(first, window[0]), min(last, window[1])
     if last <= first:
-        return empty_gaps()
+        return None
     busy = intervals.union(start, end)
     gap_start, gap_end = intervals.complement(busy, first, last)
     order = np.argsort(start, kind="stable")
     following = order[np.minimum(np.searchsorted(start[order], gap_end, side="left"),
                                  len(order) - 1)]
-    has_next = start[following] == gap_end
-    table, row = events.table[idx][following], events.row[idx][following]
+    return key, gap_start, gap_end, idx[following], start[following] == gap_end
+
+
+def _gap_frame(trace: Trace, events: DeviceEvents, found: list[DeviceGaps]) -> pd.DataFrame:
+    """Every device's gaps in one frame, each joined to its next event's pid and
+    correlation (one lookup per table for all devices)."""
+    counts = [len(piece[1]) for piece in found]
+    following = np.concatenate([piece[3] for piece in found]) if found else np.zeros(0, int)
+    has_next = (np.concatenate([piece[4] for piece in found]) if found
+                else np.zeros(0, dtype=bool))
+    table, row = events.table[following], events.row[following]
     pid = pd.array(np.full(len(following), pd.NA), dtype="Int64")
     correlation = pid.copy()
     for code, name in enumerate(TABLE_CODES):  # join each next event to its own table
         mine = table == code
         if mine.any():
-            frame = getattr(trace, name).loc[row[mine], ["pid", "correlation"]]
-            pid[mine] = frame["pid"].array
-            correlation[mine] = frame["correlation"].array
+            frame = getattr(trace, name)
+            at = frame.index.get_indexer(row[mine])
+            pid[mine] = frame["pid"].array[at]
+            correlation[mine] = frame["correlation"].array[at]
     return pd.DataFrame({
-        "rank": key[0], "device": key[1], "gap_start_ns": gap_start, "gap_end_ns": gap_end,
+        "rank": np.repeat([piece[0][0] for piece in found], counts).astype(np.int64),
+        "device": np.repeat([piece[0][1] for piece in found], counts).astype(np.int64),
+        "gap_start_ns": np.concatenate([piece[1] for piece in found]) if found
+        else np.zeros(0, np.int64),
+        "gap_end_ns": np.concatenate([piece[2] for piece in found]) if found
+        else np.zeros(0, np.int64),
         "pid": pid, "correlation": correlation,
         "next_table": _table_names(table, has_next),
         "next_row": keys.key_column(np.where(has_next, row, keys.MISSING)).array,

@@ -138,6 +138,8 @@ def loss_timeline(trace: Trace, *, efficiency: pd.Series | None = None,
                      window=window)
     waits = comm_waits if comm_waits is not None else pd.DataFrame(
         columns=["rank", "device", "start_ns", "end_ns"])
+    wait_rows, idle = by_device(waits), _idle_layers(gaps)
+    no_waits = waits.iloc[0:0]
     for key, idx in events.by_device.items():
         first, last = int(events.start[idx].min()), int(events.end[idx].max())
         if window is not None:
@@ -153,8 +155,8 @@ def loss_timeline(trace: Trace, *, efficiency: pd.Series | None = None,
         is_comm[is_kernel] = comm.reindex(rows[is_kernel]).to_numpy(bool)
         layers, timeline.comm_only[key] = _busy_layers(
             events.start[idx], events.end[idx], weights=weights, is_comm=is_comm,
-            waits=device_rows(waits, key), first=first, last=last)
-        for cause, layer in _idle_layers(device_rows(gaps, key)).items():
+            waits=wait_rows.get(key, no_waits), first=first, last=last)
+        for cause, layer in idle.get(key, _NO_IDLE).items():
             old = layers.get(cause)
             layers[cause] = layer if old is None else (  # disjoint: busy vs idle copy time
                 np.concatenate([old[0], layer[0]]), np.concatenate([old[1], layer[1]]),
@@ -218,19 +220,36 @@ def comm_wait_layer(comm_only: intervals.Spans, waits: pd.DataFrame) -> Layer:
     return (*spans, np.ones(len(spans[0])))
 
 
-def _idle_layers(gaps: pd.DataFrame) -> dict[str, Layer]:
-    layers: dict[str, Layer] = {}
-    for cause in ("sync_stall", "launch_bound", "host_bound", "copy"):
-        part = gaps[gaps["cause"] == cause]
-        layers[cause] = (part["start_ns"].to_numpy(np.int64), part["end_ns"].to_numpy(np.int64),
-                         np.ones(len(part)))
-    return layers
+IDLE_CAUSES = ("sync_stall", "launch_bound", "host_bound", "copy")
+_NO_IDLE: dict[str, Layer] = {cause: (np.zeros(0, np.int64), np.zeros(0, np.int64),
+                                      np.ones(0)) for cause in IDLE_CAUSES}
+
+
+def _idle_layers(gaps: pd.DataFrame) -> dict[DeviceKey, dict[str, Layer]]:
+    """Each device's idle pieces as one layer per cause (weight 1)."""
+    rank, device = keys.key_array(gaps["rank"]), keys.key_array(gaps["device"])
+    cause = gaps["cause"].to_numpy(dtype=object, na_value=None)
+    start, end = gaps["start_ns"].to_numpy(np.int64), gaps["end_ns"].to_numpy(np.int64)
+    out: dict[DeviceKey, dict[str, Layer]] = {}
+    for (rank_key, device_key), rows in keys.positions(rank, device):
+        mine = cause[rows]
+        out[(int(rank_key), int(device_key))] = {
+            name: (start[rows][mine == name], end[rows][mine == name],
+                   np.ones(int((mine == name).sum()))) for name in IDLE_CAUSES}
+    return out
 
 
 def device_rows(frame: pd.DataFrame, key: DeviceKey) -> pd.DataFrame:
     """The rows of `frame` (rank and device NA where unknown) on the device `key`."""
     rank, device = keys.key_array(frame["rank"]), keys.key_array(frame["device"])
     return frame[(rank == key[0]) & (device == key[1])]
+
+
+def by_device(frame: pd.DataFrame) -> dict[DeviceKey, pd.DataFrame]:
+    """`device_rows` of every device of `frame` at once (one pass, not one per device)."""
+    rank, device = keys.key_array(frame["rank"]), keys.key_array(frame["device"])
+    return {(int(rank_key), int(device_key)): frame.iloc[rows]
+            for (rank_key, device_key), rows in keys.positions(rank, device)}
 
 
 def _weighted_before(layer: Layer, times: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
