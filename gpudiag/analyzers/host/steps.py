@@ -101,22 +101,33 @@ def host_breakdown(trace: Trace) -> pd.DataFrame:
 
 
 def _breakdown(by_step: pd.DataFrame) -> pd.DataFrame:
-    """`host_breakdown` of a `host_by_step` table."""
-    rows: list[dict[str, object]] = []
-    for (rank, pid), mine in by_step[by_step["profiled"]].groupby(["rank", "pid"],
-                                                                  dropna=False, sort=True):
-        steady, warm = mine[~mine["warmup"]], mine[mine["warmup"]]
-        total = int(steady["dur_ns"].sum())
-        for category in CATEGORIES:
-            time = int(steady[f"{category}_ns"].sum())
-            rows.append({"rank": rank, "pid": pid, "category": category, "time_ns": time,
-                         "share": time / total if total else np.nan,
-                         "per_step_ns": time / len(steady) if len(steady) else np.nan,
-                         "warmup_ns": int(warm[f"{category}_ns"].sum()),
-                         "steps": len(steady)})
-    if not rows:  # no steps, or none of them profiled (a window between two steps' work)
+    """`host_breakdown` of a `host_by_step` table: per process (in (rank, pid) order, NA
+    last) and category, from arrays (a job has a process per rank)."""
+    profiled = by_step[by_step["profiled"].to_numpy(bool)]
+    if profiled.empty:  # no steps, or none of them profiled (a window between two steps' work)
         return pd.DataFrame({col: pd.Series(dtype=dtype) for col, dtype in BREAKDOWN_DTYPES})
-    return pd.DataFrame(rows).astype({"rank": "Int64", "pid": "Int64"})
+    rank, pid = profiled["rank"].astype("Int64"), profiled["pid"].astype("Int64")
+    last = np.iinfo(np.int64).max  # NA sorts after every rank and pid, as in a groupby
+    steady = ~profiled["warmup"].to_numpy(bool)
+    duration = profiled["dur_ns"].to_numpy(np.int64)
+    times = {category: profiled[f"{category}_ns"].to_numpy(np.int64)
+             for category in CATEGORIES}
+    columns: dict[str, list[Any]] = {name: [] for name, _ in BREAKDOWN_DTYPES}
+    for _, rows in keys.positions(rank.to_numpy(np.int64, na_value=last),
+                                  pid.to_numpy(np.int64, na_value=last)):
+        mine, warm = rows[steady[rows]], rows[~steady[rows]]
+        total, count = int(duration[mine].sum()), len(mine)
+        for category in CATEGORIES:
+            time = int(times[category][mine].sum())
+            columns["rank"].append(rank.array[rows[0]])
+            columns["pid"].append(pid.array[rows[0]])
+            columns["category"].append(category)
+            columns["time_ns"].append(time)
+            columns["share"].append(time / total if total else np.nan)
+            columns["per_step_ns"].append(time / count if count else np.nan)
+            columns["warmup_ns"].append(int(times[category][warm].sum()))
+            columns["steps"].append(count)
+    return pd.DataFrame(columns).astype({"rank": "Int64", "pid": "Int64"})
 
 
 #: `host_breakdown` columns and dtypes
