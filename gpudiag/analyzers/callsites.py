@@ -97,7 +97,7 @@ def where_at(trace: Trace, pid: npt.ArrayLike, tid: npt.ArrayLike, t: npt.ArrayL
         found = innermost(layer, query[missing], times[missing],
                           ("rank", "pid", "tid") if rank is not None else ("pid", "tid"))
         hit = np.unique(found[found >= 0])
-        names = layer["name"].astype(str).to_numpy()
+        names = keys.texts(layer["name"])
         labels = np.full(len(names), None, dtype=object)
         labels[hit] = [label(names[row]) for row in hit]  # one per distinct range hit
         picked = labels[np.maximum(found, 0)]

@@ -153,3 +153,15 @@ def positions(*keys: np.ndarray) -> Iterator[tuple[tuple[Any, ...], np.ndarray]]
     for first, end in itertools.pairwise(np.r_[np.flatnonzero(change), count]):
         rows = order[first:end]
         yield tuple(key[rows[0]] for key in keys), rows
+
+
+def texts(column: pd.Series) -> npt.NDArray[np.object_]:
+    """Each value as its text in an object array (NaN where missing): what
+    `column.astype(str).to_numpy()` gives, but a categorical's categories are converted
+    once, not every row (pandas builds a string array of all the rows first)."""
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        return column.astype(str).to_numpy(dtype=object)
+    names = np.empty(len(column.cat.categories) + 1, dtype=object)
+    names[:-1] = [str(name) for name in column.cat.categories]
+    names[-1] = np.nan  # code -1
+    return names[column.cat.codes.to_numpy()]

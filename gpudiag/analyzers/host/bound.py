@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from gpudiag.analyzers import callsites
+from gpudiag.analyzers import callsites, keys
 from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
 from gpudiag.analyzers.losses.gaps import idle_gaps
 from gpudiag.names import job_short_names, short_names
@@ -128,7 +128,7 @@ def part(trace: Trace, gaps: pd.DataFrame | None = None, **gap_options: Any) -> 
     if len(pieces):
         named = (~pieces["site_known"] & (pieces["next_table"] == "kernels")).to_numpy(bool)
         rows = pieces["next_row"].to_numpy()[named].astype(np.int64)
-        names[named] = trace.kernels["name"].astype(str).loc[rows].to_numpy(dtype=object)
+        names[named] = keys.texts(trace.kernels["name"].loc[rows])
     categories = trace.kernels["name"].astype("category").cat.categories
     return Part(pieces, names, tuple(str(name) for name in categories))
 

@@ -72,7 +72,7 @@ def host_columns(ranges: pd.DataFrame, **more: np.ndarray) -> Columns:
     `_torch_op`, `_host`, `_python`, `_annotation`)."""
     source = ranges["source"].to_numpy(dtype=object)
     return Columns.of(
-        ranges, ["start_ns", "end_ns", "tid"], name=ranges["name"].astype(str).to_numpy(),
+        ranges, ["start_ns", "end_ns", "tid"], name=keys.texts(ranges["name"]),
         _op=np.logical_or.reduce([source == op_source for op_source in OP_SOURCES]),
         _torch_op=source == "torch_op",
         _host=source == "host", _python=source == "python",
