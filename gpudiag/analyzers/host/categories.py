@@ -68,11 +68,14 @@ def name_flags(ranges: pd.DataFrame) -> dict[str, npt.NDArray[np.bool_]]:
 def host_columns(ranges: pd.DataFrame, **more: np.ndarray) -> Columns:
     """What `category_spans` and `self_times` read of host ranges, as arrays computed once
     for all the processes a caller cuts them into: times, `tid` (float, NaN: none), `name`
-    (text), the name tests (`NAME_TESTS`) and the source tests (`_op`: one of `OP_SOURCES`;
-    `_torch_op`, `_host`, `_python`, `_annotation`)."""
+    (text) and `name_code` (its number, -1 for none), the name tests (`NAME_TESTS`) and
+    the source tests (`_op`: one of `OP_SOURCES`; `_torch_op`, `_host`, `_python`,
+    `_annotation`)."""
     source = ranges["source"].to_numpy(dtype=object)
+    names = keys.texts(ranges["name"])
     return Columns.of(
-        ranges, ["start_ns", "end_ns", "tid"], name=keys.texts(ranges["name"]),
+        ranges, ["start_ns", "end_ns", "tid"], name=names,
+        name_code=pd.factorize(names)[0].astype(np.int64),
         _op=np.logical_or.reduce([source == op_source for op_source in OP_SOURCES]),
         _torch_op=source == "torch_op",
         _host=source == "host", _python=source == "python",

@@ -328,21 +328,23 @@ def _self_time(ranges: Columns, steady: pd.DataFrame) -> pd.DataFrame:
     step = np.searchsorted(steady["start_ns"].to_numpy(np.int64), start, side="right") - 1
     inside = (step >= 0) & (start < steady["end_ns"].to_numpy(np.int64)[np.maximum(step, 0)])
     # a call recorded twice (jax's nested PjitFunction) is one call
-    same = keys.codes(ops["tid"], ops["name"])
+    same = keys.codes(ops["tid"], ops["name_code"])
     call = nesting_depth(same, start, ops["end_ns"]) == 0
-    names = ops["name"][inside]
-    named = ~pd.isna(names)  # pandas' groupby leaves missing names out
+    codes = ops["name_code"][inside]
+    named = codes >= 0  # pandas' groupby leaves missing names out
     if not named.any():
-        return pd.DataFrame({"name": names[named], "self_ns": own[inside][named],
+        return pd.DataFrame({"name": ops["name"][inside][named], "self_ns": own[inside][named],
                              "call": call[inside][named].astype(np.int64)}).groupby(
             "name").agg(calls=("call", "sum"), self_ns=("self_ns", "sum")).reset_index()
-    distinct, which = np.unique(names[named], return_inverse=True)
-    which = which.reshape(-1)
+    distinct, first, which = np.unique(codes[named], return_index=True, return_inverse=True)
     calls = np.zeros(len(distinct), dtype=np.int64)
     self_ns = np.zeros(len(distinct), dtype=np.int64)
-    np.add.at(calls, which, call[inside][named])
-    np.add.at(self_ns, which, own[inside][named])
-    return pd.DataFrame({"name": distinct, "calls": calls, "self_ns": self_ns})
+    np.add.at(calls, which.reshape(-1), call[inside][named])
+    np.add.at(self_ns, which.reshape(-1), own[inside][named])
+    names = ops["name"][inside][named][first]
+    order = np.argsort(names)  # by name, as a groupby sorts (names are distinct)
+    return pd.DataFrame({"name": names[order], "calls": calls[order],
+                         "self_ns": self_ns[order]})
 
 
 def _top(parts: list[pd.DataFrame], by_step: pd.DataFrame) -> pd.DataFrame:
