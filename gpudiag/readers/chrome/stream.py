@@ -49,6 +49,7 @@ _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 _PIECE = msgspec.json.Decoder(list[Event])
 _HEADER = msgspec.json.Decoder(Document)
+_TAIL = msgspec.json.Decoder(dict)
 
 
 class ChromeTraceStream:
@@ -158,11 +159,20 @@ class ChromeTraceStream:
     def _last_piece(self, array_form: bool) -> Iterator[list[Event]]:
         """The events after the last boundary, up to the `]` that closes the array.
 
-        Decoding "[" + rest stops at that `]` and reports the offset of what trails it
-        (the header keys after the array), which is where the array ends.
+        Usually the text after the array's `]` is the rest of the header (`}`, or
+        `, "key": ...}`): `_closing_bracket` finds it from the end and the events are
+        decoded once. Otherwise decoding "[" + rest stops at that `]` and reports the offset
+        of what trails it, which is where the array ends (a second decode, cut there).
         """
         text = self._text
         data = b"[" + bytes(text.buf)
+        end = None if array_form else _closing_bracket(data)
+        if end is not None:  # the array's end found from the header after it: one decode
+            events = self._try(memoryview(data)[:end + 1])
+            if events is not None:
+                text.consume(end)
+                yield events
+                return
         events: list[Event] | None
         try:
             events = _PIECE.decode(data)
@@ -196,6 +206,28 @@ class ChromeTraceStream:
             raise not_a_trace(self.path, exc) from exc
         except msgspec.DecodeError as exc:
             raise invalid_json(self.path, exc) from exc
+
+
+def _closing_bracket(data: bytes, tries: int = 8) -> int | None:
+    """The position of the `]` that most likely closes the events array: the last one
+    after which the text is the rest of the header object (`}`, or `, "key": ...}`, checked
+    by decoding it, a few bytes). None when none of the last `tries` `]` is (a header with
+    lists after the array): the caller then lets the decoder find the end."""
+    position = len(data)
+    for _ in range(tries):
+        position = data.rfind(b"]", 0, position)
+        if position <= 0:
+            return None
+        tail = data[position + 1:].strip()
+        if tail == b"}":
+            return position
+        if tail.startswith(b","):
+            try:
+                _TAIL.decode(b"{" + tail[1:])
+            except msgspec.DecodeError:
+                continue
+            return position
+    return None
 
 
 class _Text:
