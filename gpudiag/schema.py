@@ -74,6 +74,8 @@ class Table:
         """
         if data is None or (isinstance(data, pd.DataFrame) and data.empty and not len(data.columns)):
             return self.empty()
+        if isinstance(data, pd.DataFrame) and self._conformed(data):
+            return data.copy(deep=False)  # a new frame on the same columns (copy-on-write)
         frame = data if isinstance(data, pd.DataFrame) else pd.DataFrame(dict(data))
         unknown = [c for c in frame.columns if c not in self._index]
         if unknown:
@@ -91,6 +93,17 @@ class Table:
             else:
                 out[col.name] = _missing_series(col, n).array
         return pd.DataFrame(out, index=pd.RangeIndex(n), copy=False)
+
+    def _conformed(self, frame: pd.DataFrame) -> bool:
+        """Already this table: declared columns in order, each at its dtype, a RangeIndex
+        from 0 (what a table of a Trace, or a concatenation of them, usually is)."""
+        index = frame.index
+        if not (isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1):
+            return False
+        if list(frame.columns) != self.names:
+            return False
+        return all(_dtype_conforms(dtype, col)
+                   for dtype, col in zip(frame.dtypes, self.columns, strict=True))
 
     @property
     def _index(self) -> frozenset[str]:
@@ -150,11 +163,16 @@ NS_PER_UNIT: dict[str, float] = {
 
 def _conforms(series: pd.Series, col: Column) -> bool:
     """True when `series` already has the column's dtype (and declared categories)."""
-    if str(series.dtype) != dtype_name(col.dtype):
+    return _dtype_conforms(series.dtype, col)
+
+
+def _dtype_conforms(dtype: Any, col: Column) -> bool:
+    """True when a column of `dtype` needs no cast to be `col` (`_conforms`)."""
+    if str(dtype) != dtype_name(col.dtype):
         return False
     if col.dtype != "category":
         return True
-    cats = series.cat.categories
+    cats = dtype.categories
     if col.values:
         return list(cats) == list(col.values)
     if len(cats) == 0:
