@@ -108,3 +108,32 @@ def test_any_names_and_piece_size_give_the_same_events(
                "args": {"nested": [{"k": n}, {"k": [n]}]}} for i, n in enumerate(names)]
     path = write(tmp_path / "h.json", {"traceEvents": events, "tail": names})
     assert [e[2] for e in streamed(path, piece_bytes)[0]] == names
+
+
+def test_the_array_end_is_found_from_the_header_after_it() -> None:
+    from gpudiag.readers.chrome.stream import _closing_bracket
+
+    events = b'[{"name": "a]"}, {"args": {"d": [1, 2]}}]'
+    assert _closing_bracket(events + b"}") == len(events) - 1
+    assert _closing_bracket(events + b', "traceName": "x", "n": 1}\n') == len(events) - 1
+    # lists after the array: the last `]` that passes is the header's, whose cut fails to
+    # decode as events, and the reader falls back to the decoder's trailing offset
+    tail = b', "deviceProperties": [{"id": 0}], "x": "y"}'
+    assert _closing_bracket(events + tail) == len(events) + tail.index(b"]")
+    assert _closing_bracket(events + b', "x": "' + b"]" * 9 + b'", "y": 1}') is None
+
+
+@pytest.mark.parametrize("tail", [{}, {"traceName": "t"},
+                                  {"deviceProperties": [{"id": 0}], "x": [[1], [2]]}])
+def test_a_header_after_the_events_keeps_every_event(tail: dict[str, Any],
+                                                     tmp_path: Path) -> None:
+    events = [{"ph": "X", "name": f"e{n}]", "ts": n, "dur": 1, "args": {"l": [n]}}
+              for n in range(50)]
+    path = tmp_path / "t.json"
+    path.write_bytes(b'{"traceEvents": ' + json.dumps(events).encode() + b"".join(
+        b", " + json.dumps(key).encode() + b": " + json.dumps(value).encode()
+        for key, value in tail.items()) + b"}")
+    got, header = streamed(path, 1 << 20)
+    assert [event[2] for event in got] == [event["name"] for event in events]
+    if "traceName" in tail:
+        assert header.traceName == "t"

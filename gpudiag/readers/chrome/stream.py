@@ -166,6 +166,7 @@ class ChromeTraceStream:
         """
         text = self._text
         data = b"[" + bytes(text.buf)
+        events: list[Event] | None
         end = None if array_form else _closing_bracket(data)
         if end is not None:  # the array's end found from the header after it: one decode
             events = self._try(memoryview(data)[:end + 1])
@@ -173,7 +174,6 @@ class ChromeTraceStream:
                 text.consume(end)
                 yield events
                 return
-        events: list[Event] | None
         try:
             events = _PIECE.decode(data)
             trail = len(data)
@@ -190,7 +190,7 @@ class ChromeTraceStream:
         text.consume(trail - 1)
         yield events
 
-    def _try(self, piece: bytes | bytearray) -> list[Event] | None:
+    def _try(self, piece: bytes | bytearray | memoryview) -> list[Event] | None:
         """The events of `piece` (a JSON array), or None when it is not valid JSON."""
         try:
             return _PIECE.decode(piece)

@@ -188,6 +188,13 @@ def codes_of(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     return codes, uniques
 
 
+def objects(values: list[Any]) -> np.ndarray:
+    """A 1-d object array of `values` as they are (np.array would nest lists into 2-d)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
 def take(table: Any, codes: np.ndarray, missing: Any = None) -> np.ndarray:
     """`table[codes]`, where code -1 (pandas' "missing" code) gives `missing`."""
     values = np.asarray(table)

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.intervals import nesting_depth
-from gpudiag.readers.chrome.structs import integers
+from gpudiag.readers.chrome.structs import integers, objects
 
 if TYPE_CHECKING:
     from gpudiag.readers.kineto.events import Events
@@ -139,10 +139,10 @@ def _nccl_rows(
     correlation = kernels["correlation"].array[rows]
     args = events.args(kernel_idx[rows])
     info = {
-        "collective": _objects(args.values("collective")),
+        "collective": objects(args.values("collective")),
         "in_nelems": whole(args.floats("in_nelems")),
         "out_nelems": whole(args.floats("out_nelems")),
-        "dtype": _objects(args.values("dtype")),
+        "dtype": objects(args.values("dtype")),
     }
     _fill_from_annotation(info, correlation, events, calls)
     per_name = {code: _kernel_name_fields(categories[code]) for code in np.unique(codes)}
@@ -155,7 +155,7 @@ def _nccl_rows(
     size = np.array([np.nan if _missing(name) else DTYPE_BYTES.get(normalize(name), np.nan)
                      for name in dtype], dtype=np.float64)
     nelems = np.where(ops != "all_gather", info["in_nelems"], info["out_nelems"])
-    comm = _objects(args.values("pg_name"))
+    comm = objects(args.values("pg_name"))
     unnamed = pd.isna(comm) & ~pd.isna(stream)
     comm[unnamed] = ["stream " + str(value) for value in stream[unnamed]]
     issue = calls.lookup(correlation, "start_ns")
@@ -208,12 +208,6 @@ def _missing(value: Any) -> bool:
     return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
-def _objects(values: list[Any]) -> np.ndarray:
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
-
-
 def whole(values: np.ndarray) -> np.ndarray:
     """float64 values that are whole numbers a float holds exactly (NaN otherwise), as
     `integers` reads them."""
@@ -249,7 +243,7 @@ def _fill_from_annotation(info: dict[str, np.ndarray], correlation: Any, events:
     # is input x ranks, and the ranks are not recorded here, so it stays unknown
     gather = _ops(ann_names[hit[fill]]) == "all_gather"
     info["out_nelems"][fill] = np.where(gather, np.nan, elements)
-    info["dtype"][fill] = _objects([_first(types) for types in args.values("input_type")])
+    info["dtype"][fill] = objects([_first(types) for types in args.values("input_type")])
 
 
 def _first_shape_elements(dims: Any) -> float:

@@ -34,6 +34,7 @@ from gpudiag.readers.chrome.structs import (
     column,
     floats,
     integers,
+    objects,
     take,
 )
 from gpudiag.readers.files import budget
@@ -234,7 +235,7 @@ class Events:
             values = column(decoded, field)
             default = getattr(struct(), field)
             fields.setdefault(field, []).append(
-                floats(values) if isinstance(default, float) else _objects(values))
+                floats(values) if isinstance(default, float) else objects(values))
 
     def _finish(self, cols: dict[str, np.ndarray]) -> None:
         keep = cols["group"] > 0
@@ -357,12 +358,6 @@ def _arg_table(parts: dict[str, dict[str, list[Any]]], kept_groups: np.ndarray,
         row_all[mask] = np.arange(int(mask.sum()))
     table["_row"] = row_all[keep]
     return table
-
-
-def _objects(values: list[Any]) -> np.ndarray:
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
 
 
 def _float_column(events: list[Any], field: str) -> np.ndarray:

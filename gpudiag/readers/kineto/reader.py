@@ -32,6 +32,7 @@ from gpudiag.readers.chrome.structs import (
     Document,
     InvalidJSONError,
     integers,
+    objects,
     take,
     too_deep,
     triple,
@@ -227,7 +228,7 @@ def _copies(ev: Events) -> pd.DataFrame | None:
                       for n in range(3))
     kind, src, dst = kind[position], src[position], dst[position]
     unnamed = pd.isna(kind)
-    kind[unnamed] = _objects(args.values("kind"))[unnamed]
+    kind[unnamed] = objects(args.values("kind"))[unnamed]
     kind = np.where(pd.Series(kind, dtype=object).isin(COPY_KINDS).to_numpy(), kind, "other")
     kind[is_set] = "memset"
     src[is_set] = None
@@ -269,12 +270,6 @@ def host_memory(copies: pd.DataFrame) -> pd.Series:
                     np.where(kind == "DtoH", copies["dst_mem"].to_numpy(dtype=object), None))
     host[~np.isin(host, COPY_COLUMNS["host_mem"])] = None  # device-side words
     return pd.Series(pd.Categorical(host, categories=COPY_COLUMNS["host_mem"]))
-
-
-def _objects(values: list[Any]) -> np.ndarray:
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
 
 
 def _api(ev: Events) -> pd.DataFrame:
