@@ -140,8 +140,8 @@ def _nccl_rows(
     args = events.args(kernel_idx[rows])
     info = {
         "collective": objects(args.values("collective")),
-        "in_nelems": whole(args.floats("in_nelems")),
-        "out_nelems": whole(args.floats("out_nelems")),
+        "in_nelems": _whole(args.floats("in_nelems")),
+        "out_nelems": _whole(args.floats("out_nelems")),
         "dtype": objects(args.values("dtype")),
     }
     _fill_from_annotation(info, correlation, events, calls)
@@ -208,7 +208,7 @@ def _missing(value: Any) -> bool:
     return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
-def whole(values: np.ndarray) -> np.ndarray:
+def _whole(values: np.ndarray) -> np.ndarray:
     """float64 values that are whole numbers a float holds exactly (NaN otherwise), as
     `integers` reads them."""
     exact = np.isfinite(values) & (values == np.floor(values)) & (np.abs(values) <= 2.0**53)
@@ -236,7 +236,7 @@ def _fill_from_annotation(info: dict[str, np.ndarray], correlation: Any, events:
         return
     args = events.args(ann_idx[hit[fill]])
     info["collective"][fill] = ann_names[hit[fill]]
-    elements = whole(np.array([_first_shape_elements(dims)
+    elements = _whole(np.array([_first_shape_elements(dims)
                                for dims in args.values("input_dims")], dtype=np.float64))
     info["in_nelems"][fill] = elements
     # the annotation gives the input only: an all_gather's output (its nccl-tests size)
