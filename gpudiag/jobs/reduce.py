@@ -21,7 +21,6 @@ from gpudiag.analyzers import diagnosis
 from gpudiag.analyzers.losses.waterfall import (
     by_device,
     clip_window,
-    device_rows,
     loss_rows,
     losses_frame,
 )
@@ -248,12 +247,13 @@ def steps(ranks: list[Placed]) -> pd.DataFrame:
 def by_step(ranks: list[Placed], waits: pd.DataFrame | None) -> pd.DataFrame:
     """The per-step waterfall of every device, comm_wait carved as in `losses`."""
     frames = []
+    waiting = None if waits is None else by_device(waits)
     for _, part in ranks:
         table = part.by_step
         if table is None or table.empty:
             continue
-        if waits is not None:
-            table = _carve_steps(table, part, waits)
+        if waits is not None and waiting is not None:
+            table = _carve_steps(table, part, waiting, waits.iloc[0:0])
         frames.append(table)
     if not frames:
         return declared.conform_frame("by_step", steps_mod.losses_by_step(Trace(), _empty()))
@@ -262,7 +262,9 @@ def by_step(ranks: list[Placed], waits: pd.DataFrame | None) -> pd.DataFrame:
     return declared.conform_frame("by_step", out)
 
 
-def _carve_steps(table: pd.DataFrame, part: GroupPart, waits: pd.DataFrame) -> pd.DataFrame:
+def _carve_steps(table: pd.DataFrame, part: GroupPart,
+                 waiting: dict[tuple[int, int], pd.DataFrame], no_waits: pd.DataFrame
+                 ) -> pd.DataFrame:
     """The comm_wait of each step, taken from its `useful` (rows of one cause list the
     device's steps in the same order, `losses_by_step`)."""
     lost = table["lost_ns"].to_numpy(np.int64).copy()
@@ -271,7 +273,7 @@ def _carve_steps(table: pd.DataFrame, part: GroupPart, waits: pd.DataFrame) -> p
     rank, device = _keyed(table["rank"]), _keyed(table["device"])
     for key, (first, last) in part.windows.items():
         mine = (rank == key[0]) & (device == key[1])
-        wait = device_rows(waits, key)
+        wait = waiting.get(key, no_waits)
         for comm_row, useful_row in zip(np.flatnonzero(mine & (cause == "comm_wait")),
                                         np.flatnonzero(mine & (cause == "useful")), strict=True):
             start = int(np.clip(table["start_ns"].to_numpy()[comm_row], first, last))

@@ -93,8 +93,8 @@ def category_spans(ranges: Columns, lane_tid: int | None, step_start: npt.ArrayL
         return {category: _empty() for category in CATEGORIES if category != "python"}
     if lane_tid is None:
         lane_tid = _busiest_thread(ranges)
-    main = ranges.take(ranges["tid"] == lane_tid) if lane_tid is not None else ranges.take(
-        np.zeros(len(ranges), dtype=bool))
+    # no training thread: NaN equals no tid, so the thread has no rows
+    main = ranges.take(ranges["tid"] == (np.nan if lane_tid is None else lane_tid))
     picked = {
         "data_loading": main["_is_data"],
         "optimizer": main["_is_optimizer"],

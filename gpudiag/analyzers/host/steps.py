@@ -286,8 +286,7 @@ def _cpu_memory(trace: Trace) -> pd.DataFrame:
     mem = trace.memory
     mem = mem[(mem["device"] == -1).fillna(False).to_numpy(bool)  # -1: host memory (schema)
               & mem["total_allocated_bytes"].notna().to_numpy(bool)]
-    return mem.assign(_rank=keys.key_array(mem["rank"]),
-                      _pid=keys.key_array(mem["pid"])).sort_values("ts_ns")
+    return mem.sort_values("ts_ns")
 
 
 def _peaks(mem: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> pd.arrays.IntegerArray:

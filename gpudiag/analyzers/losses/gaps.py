@@ -121,8 +121,11 @@ def _idle_gaps(trace: Trace, launch_gap_ns: int, sync_tolerance_ns: int,
                window: tuple[int, int] | None) -> pd.DataFrame:
     events = device_events(trace)
     found = [_device_gaps(events, key, idx, window) for key, idx in events.by_device.items()]
-    gaps = _gap_frame(trace, events, [piece for piece in found if piece is not None])
-    if any(piece is None for piece in found):  # as a concat with an empty device's frame
+    windowed = [piece for piece in found if piece is not None]
+    if not windowed:
+        return empty_gaps()
+    gaps = _gap_frame(trace, events, windowed)
+    if len(windowed) < len(found):  # dtypes as a concat with an empty device's frame gave
         gaps = pd.concat([gaps, empty_gaps()], ignore_index=True)
     if gaps.empty:
         return empty_gaps()
@@ -159,12 +162,11 @@ def _device_gaps(events: DeviceEvents, key: tuple[int, int], idx: IntArray,
 
 
 def _gap_frame(trace: Trace, events: DeviceEvents, found: list[DeviceGaps]) -> pd.DataFrame:
-    """Every device's gaps in one frame, each joined to its next event's pid and
-    correlation (one lookup per table for all devices)."""
+    """Every device's gaps in one frame (`found`: at least one device), each joined to its
+    next event's pid and correlation (one lookup per table for all devices)."""
     counts = [len(piece[1]) for piece in found]
-    following = np.concatenate([piece[3] for piece in found]) if found else np.zeros(0, int)
-    has_next = (np.concatenate([piece[4] for piece in found]) if found
-                else np.zeros(0, dtype=bool))
+    following = np.concatenate([piece[3] for piece in found])
+    has_next = np.concatenate([piece[4] for piece in found])
     table, row = events.table[following], events.row[following]
     pid = pd.array(np.full(len(following), pd.NA), dtype="Int64")
     correlation = pid.copy()
@@ -178,10 +180,8 @@ def _gap_frame(trace: Trace, events: DeviceEvents, found: list[DeviceGaps]) -> p
     return pd.DataFrame({
         "rank": np.repeat([piece[0][0] for piece in found], counts).astype(np.int64),
         "device": np.repeat([piece[0][1] for piece in found], counts).astype(np.int64),
-        "gap_start_ns": np.concatenate([piece[1] for piece in found]) if found
-        else np.zeros(0, np.int64),
-        "gap_end_ns": np.concatenate([piece[2] for piece in found]) if found
-        else np.zeros(0, np.int64),
+        "gap_start_ns": np.concatenate([piece[1] for piece in found]),
+        "gap_end_ns": np.concatenate([piece[2] for piece in found]),
         "pid": pid, "correlation": correlation,
         "next_table": _table_names(table, has_next),
         "next_row": keys.key_column(np.where(has_next, row, keys.MISSING)).array,

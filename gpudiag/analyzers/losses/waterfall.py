@@ -232,21 +232,17 @@ def _idle_layers(gaps: pd.DataFrame) -> dict[DeviceKey, dict[str, Layer]]:
     start, end = gaps["start_ns"].to_numpy(np.int64), gaps["end_ns"].to_numpy(np.int64)
     out: dict[DeviceKey, dict[str, Layer]] = {}
     for (rank_key, device_key), rows in keys.positions(rank, device):
-        mine = cause[rows]
-        out[(int(rank_key), int(device_key))] = {
-            name: (start[rows][mine == name], end[rows][mine == name],
-                   np.ones(int((mine == name).sum()))) for name in IDLE_CAUSES}
+        layers: dict[str, Layer] = {}
+        for name in IDLE_CAUSES:
+            hit = rows[cause[rows] == name]
+            layers[name] = (start[hit], end[hit], np.ones(len(hit)))
+        out[(int(rank_key), int(device_key))] = layers
     return out
 
 
-def device_rows(frame: pd.DataFrame, key: DeviceKey) -> pd.DataFrame:
-    """The rows of `frame` (rank and device NA where unknown) on the device `key`."""
-    rank, device = keys.key_array(frame["rank"]), keys.key_array(frame["device"])
-    return frame[(rank == key[0]) & (device == key[1])]
-
-
 def by_device(frame: pd.DataFrame) -> dict[DeviceKey, pd.DataFrame]:
-    """`device_rows` of every device of `frame` at once (one pass, not one per device)."""
+    """The rows of `frame` (rank and device NA where unknown) on each of its devices, keyed
+    by `DeviceKey`: one pass, where a selection per device costs devices x rows."""
     rank, device = keys.key_array(frame["rank"]), keys.key_array(frame["device"])
     return {(int(rank_key), int(device_key)): frame.iloc[rows]
             for (rank_key, device_key), rows in keys.positions(rank, device)}
