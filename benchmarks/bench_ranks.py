@@ -24,20 +24,25 @@ Each measurement runs in a fresh process (the user's cold start, imports include
   ranks with a process pool), in HTA's own environment (benchmarks/.venv-hta).
 Reported: wall time, CPU time of the process and its children (CPU utilization = CPU /
 wall), the measured process's peak RSS ("coordinator") and the peak of the RSS summed over
-it and all its descendants, sampled every 20 ms ("total").
+it and all its descendants, sampled every 20 ms by this script ("total": from outside, so
+the sampling takes no time from the measured process's threads).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parents[1] / "shared" / "fixtures" / "kineto"
@@ -54,24 +59,8 @@ DISTRIBUTED = re.compile(rb'"distributedInfo": ?\{[^}]*\}')
 JOBS = ("dlrm:8", "dlrm:16", "dlrm:32", "dlrm:64", "a100:16")
 
 MEASURE = r"""
-import json, os, resource, sys, threading, time
-import psutil
+import json, resource, sys, time
 folder, tool = sys.argv[1], sys.argv[2]
-me = psutil.Process()
-peak = [0]
-done = threading.Event()
-
-def sample():
-    while not done.wait(0.02):
-        total = 0
-        for proc in [me, *me.children(recursive=True)]:
-            try:
-                total += proc.memory_info().rss
-            except psutil.Error:
-                pass
-        peak[0] = max(peak[0], total)
-
-threading.Thread(target=sample, daemon=True).start()
 started = time.perf_counter()
 if tool == "merged":
     import gpudiag
@@ -94,12 +83,10 @@ else:
     analysis = TraceAnalysis(trace_dir=folder)
     detail = {"temporal_rows": len(analysis.get_temporal_breakdown(visualize=False))}
 wall = time.perf_counter() - started
-done.set()
 own = resource.getrusage(resource.RUSAGE_SELF)
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall_s": wall, "cpu_s": own.ru_utime + own.ru_stime + kids.ru_utime
-                  + kids.ru_stime, "peak_mb": own.ru_maxrss / 1024,
-                  "total_peak_mb": max(peak[0] / 2**20, own.ru_maxrss / 1024), **detail}))
+                  + kids.ru_stime, "peak_mb": own.ru_maxrss / 1024, **detail}))
 """
 
 
@@ -125,12 +112,40 @@ def build_job(kind: str, ranks: int, folder: Path) -> Path:
 
 
 def measure(python: str, job: Path, tool: str) -> dict[str, Any]:
-    run = subprocess.run([python, "-c", MEASURE, str(job), tool], check=False,
-                         capture_output=True, text=True, cwd=HERE.parent)
-    if run.returncode != 0:
-        return {"error": (run.stderr.strip().splitlines() or ["failed"])[-1][:200]}
-    result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    """One fresh run of `tool` on `job`: its own numbers, and the peak of the RSS summed
+    over it and its descendants, sampled from here (a sampling thread inside the measured
+    process took ~1 s of 7 from it: every /proc read it made handed the GIL back and forth)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([python, "-c", MEASURE, str(job), tool], stdout=out,
+                                stderr=err, text=True, cwd=HERE.parent)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, tree_rss(proc.pid))
+            time.sleep(SAMPLE_S)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            return {"error": (err.read().strip().splitlines() or ["failed"])[-1][:200]}
+        result: dict[str, Any] = json.loads(out.read().strip().splitlines()[-1])
+    result["total_peak_mb"] = max(peak / 2**20, result["peak_mb"])
     return result
+
+
+#: how often the total RSS is sampled
+SAMPLE_S = 0.02
+
+
+def tree_rss(pid: int) -> int:
+    """The RSS of a process and all its descendants, in bytes (0 once it is gone)."""
+    total = 0
+    try:
+        root = psutil.Process(pid)
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+    except psutil.Error:
+        return 0
+    return total
 
 
 def best(python: str, job: Path, tool: str, repeat: int) -> dict[str, Any]:

@@ -240,7 +240,7 @@ def _as_category(series: pd.Series, col: Column, table: str) -> pd.Series:
     if col.values:
         unknown = set(cat.cat.categories) - set(col.values)
         if unknown:
-            raise SchemaError(f"{table}.{col.name}: values {sorted(unknown)} are not declared")
+            raise SchemaError(f"{table}.{col.name}: values {sorted(map(str, unknown))} are not declared")
         cat = cat.cat.set_categories(list(col.values))
     return cat
 

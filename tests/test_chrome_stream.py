@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpudiag.errors import InputError
+from gpudiag.readers.chrome import stream as stream_module
 from gpudiag.readers.chrome.stream import ChromeTraceStream
 from gpudiag.readers.chrome.structs import decode
 from tests.conftest import fixture
@@ -137,3 +138,25 @@ def test_a_header_after_the_events_keeps_every_event(tail: dict[str, Any],
     assert [event[2] for event in got] == [event["name"] for event in events]
     if "traceName" in tail:
         assert header.traceName == "t"
+
+
+@pytest.mark.parametrize("thread_bytes", [0, 1 << 40], ids=["thread", "inline"])
+def test_a_file_read_by_a_thread_or_inline_gives_the_same_events_and_errors(
+    thread_bytes: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files under THREAD_BYTES are read in the caller's thread, larger ones by a thread of
+    their own: the events, a truncated gzip's error and giving up early are the same."""
+    monkeypatch.setattr(stream_module, "THREAD_BYTES", thread_bytes)
+    path = fixture("kineto/world128_sampled_rank0.json.gz")
+    assert streamed(path, 65536)[0] == whole(path)
+    data = gzip.compress(json.dumps({"traceEvents": TRICKY, "traceName": "x"}).encode())
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match="truncated or damaged gzip"):
+        streamed(cut, 16)
+    stream = ChromeTraceStream(path, piece_bytes=4096)
+    pieces = stream.pieces()
+    assert next(pieces)
+    pieces.close()  # the caller gives up after one piece: the reader stops, the file closes
+    text = stream._text
+    assert text._thread is None or not text._thread.is_alive()

@@ -22,7 +22,7 @@ import queue
 import re
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -40,6 +40,8 @@ from gpudiag.readers.files import (
 )
 
 PIECE_BYTES = 1 << 20
+#: files this large on disk or larger are read and inflated by a thread of their own
+THREAD_BYTES = 2 << 20
 #: the longest event (or header before the events) read; GPUDIAG_MAX_EVENT_BYTES raises it
 MAX_EVENT_BYTES = 64 << 20
 #: the most events one trace may hold; GPUDIAG_MAX_EVENTS raises it
@@ -233,9 +235,12 @@ def _closing_bracket(data: bytes, tries: int = 8) -> int | None:
 class _Text:
     """The decompressed text of a file, as a sliding buffer filled a block at a time.
 
-    A background thread reads and inflates the file while the caller decodes the previous
-    block: zlib releases the GIL while it inflates, so on two cores gunzip costs almost no
-    wall time. A bounded queue keeps at most a few blocks ahead.
+    A large file is read and inflated by a background thread while the caller decodes the
+    previous block: zlib releases the GIL while it inflates, so on two cores gunzip costs
+    almost no wall time. A bounded queue keeps at most a few blocks ahead. A small file
+    (under `THREAD_BYTES` on disk) is read in the caller's thread: its inflation takes a
+    few ms, less than starting a thread and handing it every block (and in a job's
+    workers, one per core, there is no idle core for the thread anyway).
     """
 
     def __init__(self, path: Path) -> None:
@@ -243,42 +248,49 @@ class _Text:
         self.buf = bytearray()
         try:
             file = path.open("rb")
+            size = os.fstat(file.fileno()).st_size
         except OSError as exc:
             raise InputError(path, f"cannot be read ({exc.strerror or exc})") from exc
-        self._blocks: queue.Queue[bytes | InputError | None] = queue.Queue(maxsize=2)
-        self._stop = threading.Event()
+        self._file = file
+        self._source = self._texts(file, size)
         self._done = False
-        self._thread = threading.Thread(target=self._produce, args=(file,), daemon=True)
-        self._thread.start()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if size >= THREAD_BYTES:
+            self._blocks: queue.Queue[bytes | InputError | None] = queue.Queue(maxsize=2)
+            self._thread = threading.Thread(target=self._produce, daemon=True)
+            self._thread.start()
 
-    def _produce(self, file: BinaryIO) -> None:
+    def _texts(self, file: BinaryIO, size: int) -> Generator[bytes, None, None]:
+        """The file's text a block at a time; a read or gzip error as an InputError."""
         try:
             with file:
-                self._put_all(file)
+                block = file.read(2)
+                inflater = Inflater(self.path, size) if block == GZIP_MAGIC else None
+                while block:
+                    if inflater is None:
+                        yield block
+                    else:
+                        yield from inflater.feed(block)
+                    block = file.read(READ_BYTES)
+                if inflater is not None:
+                    inflater.finish()
+        except zlib.error as exc:
+            raise damaged(self.path, exc) from None
+        except OSError as exc:
+            raise InputError(self.path, f"cannot be read ({exc.strerror or exc})") from None
+
+    def _produce(self) -> None:
+        """The reader thread: every block into the queue, then None (or the error)."""
+        try:
+            for text in self._source:
+                self._put(text)
+                if self._stop.is_set():
+                    self._source.close()
+                    return
         except InputError as exc:
             self._put(exc)
-        except zlib.error as exc:
-            self._put(damaged(self.path, exc))
-        except OSError as exc:
-            self._put(InputError(self.path, f"cannot be read ({exc.strerror or exc})"))
         self._put(None)
-
-    def _put_all(self, file: BinaryIO) -> None:
-        block = file.read(2)
-        inflater = None
-        if block == GZIP_MAGIC:
-            inflater = Inflater(self.path, os.fstat(file.fileno()).st_size)
-        while block and not self._stop.is_set():
-            if inflater is None:
-                self._put(block)
-            else:
-                for text in inflater.feed(block):
-                    self._put(text)
-                    if self._stop.is_set():
-                        return
-            block = file.read(READ_BYTES)
-        if inflater is not None and not self._stop.is_set():
-            inflater.finish()
 
     def _put(self, item: bytes | InputError | None) -> None:
         while not self._stop.is_set():
@@ -291,7 +303,7 @@ class _Text:
     def more(self) -> bool:
         """Append the next block; False at the end of the file."""
         while not self._done:
-            item = self._blocks.get()
+            item = self._next()
             if item is None:
                 self._done = True
             elif isinstance(item, InputError):
@@ -302,10 +314,24 @@ class _Text:
                 return True
         return False
 
+    def _next(self) -> bytes | InputError | None:
+        if self._thread is not None:
+            return self._blocks.get()
+        try:
+            return next(self._source)
+        except StopIteration:
+            return None
+        except InputError as exc:
+            return exc
+
     def close(self) -> None:
-        """Stop the reader thread (when the caller gives up before the end)."""
+        """Stop the reader (when the caller gives up before the end)."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        else:
+            self._source.close()
+            self._file.close()  # also when the generator never started
 
     def consume(self, count: int) -> None:
         del self.buf[:count]

@@ -33,7 +33,6 @@ from gpudiag.readers.chrome.structs import (
     InvalidJSONError,
     integers,
     objects,
-    take,
     too_deep,
     triple,
 )
@@ -73,6 +72,7 @@ KINETO_GROUPS = tuple(dict.fromkeys(GROUPS.values()))
 MAX_RANK = 2**31 - 1
 RANGE_SOURCE_BY_ID = np.array(
     [RANGE_SOURCES.get(g) for g in GROUP_IDS], dtype=object)
+RANGE_SOURCE_CATEGORIES = TABLES["ranges"].column("source").values
 
 
 def read(path: Path) -> Trace:
@@ -159,12 +159,14 @@ class Calls:
     """The API calls of a trace, looked up by CUPTI correlation id (one sort, then searches)."""
 
     def __init__(self, api: pd.DataFrame) -> None:
-        calls = api.dropna(subset=["correlation"]).drop_duplicates("correlation")
-        keys = calls["correlation"].to_numpy(dtype=np.int64)
-        order = np.argsort(keys, kind="stable")
-        self.keys = keys[order]
+        correlation = api["correlation"].array
+        known = np.flatnonzero(~np.asarray(correlation.isna()))
+        # each correlation id once, its first call (in time order), sorted by id
+        self.keys, first = np.unique(np.asarray(correlation[known], dtype=np.int64),
+                                     return_index=True)
+        rows = known[first]
         self.columns = {
-            col: calls[col].to_numpy(dtype=np.float64, na_value=np.nan)[order]
+            col: api[col].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
             for col in ("pid", "tid", "start_ns")
         }
 
@@ -318,21 +320,22 @@ def _ranges(ev: Events) -> pd.DataFrame | None:
     on_gpu = ev.is_group(idx, "gpu_annotation")
     args = ev.args(idx)
     names = ev.names(idx)
-    source = pd.Series(RANGE_SOURCE_BY_ID[ev.group_code[idx]], dtype=object)
-    step_names = pd.Series(names.cat.categories, dtype=object).str.startswith("ProfilerStep#")
-    is_step = take(step_names.to_numpy(dtype=bool), names.cat.codes.to_numpy(), False)
-    source = source.mask(ev.is_group(idx, "annotation") & is_step, "step")
+    source = RANGE_SOURCE_BY_ID[ev.group_code[idx]]
+    is_step = ev.name_test(idx, lambda name: name.startswith("ProfilerStep#"))
+    source[ev.is_group(idx, "annotation") & is_step] = "step"
     pid, tid = ev.pids(idx), ev.tids(idx)
-    frame = pd.DataFrame({
+    times = ev.times(idx)
+    depth = nesting_depth(_lanes(ev.pid[idx], ev.tid[idx], on_gpu), times["start_ns"],
+                          times["end_ns"])
+    return pd.DataFrame({  # declared order and dtypes: the Trace takes it as it is
         "pid": pid.mask(on_gpu), "tid": tid.mask(on_gpu),
         "device": device_of(ev, idx, args).where(on_gpu), "stream": tid.where(on_gpu),
-        **ev.times(idx),
-        "name": names, "source": pd.Categorical(source.to_numpy()),
+        **times, "name": names,
+        "depth": pd.arrays.IntegerArray(np.asarray(depth, dtype=np.int64),
+                                        np.zeros(len(idx), dtype=bool)),
+        "source": pd.Categorical(source, categories=RANGE_SOURCE_CATEGORIES),
         "external_id": external_id(args),
     })
-    frame["depth"] = nesting_depth(_lanes(ev.pid[idx], ev.tid[idx], on_gpu),
-                                   frame["start_ns"], frame["end_ns"])
-    return frame
 
 
 def _lanes(pid: np.ndarray, tid: np.ndarray, on_gpu: np.ndarray) -> np.ndarray:
