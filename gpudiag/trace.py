@@ -20,6 +20,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import pandas as pd
 
+from gpudiag import concat
 from gpudiag.errors import InputError, SchemaError
 from gpudiag.schema import GPU_TABLES, TABLE_NAMES, TABLES
 
@@ -318,6 +319,12 @@ def merge(traces: Iterable[Trace], offsets: Sequence[int] | None = None) -> Trac
 def concat_tables(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """Concatenate keeping categories (pandas turns differing categories into object)."""
     nonempty = [frame for frame in frames if len(frame)] or frames[:1]
+    joined = concat.same_columns(nonempty)  # one table's frames: column by column
+    return joined if joined is not None else pandas_concat(nonempty)
+
+
+def pandas_concat(nonempty: list[pd.DataFrame]) -> pd.DataFrame:
+    """`concat_tables` by `pd.concat` (frames that differ in columns or dtypes)."""
     out = pd.concat(nonempty, ignore_index=True)
     for col in out.columns:
         if isinstance(nonempty[0][col].dtype, pd.CategoricalDtype) and not isinstance(
