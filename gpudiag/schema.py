@@ -245,6 +245,20 @@ def _as_category(series: pd.Series, col: Column, table: str) -> pd.Series:
     return cat
 
 
+def text_category(values: np.ndarray, col: Column) -> Any:
+    """Object `values` as `col`'s category column, built at once when they are text (None
+    or NaN where missing) that `conform` would keep: what conforming them gives, without
+    its ~0.4 ms of pandas steps, paid per table of every file read. Other values are
+    returned as they are, for `conform` to cast (or refuse)."""
+    if pd.api.types.infer_dtype(values, skipna=True) != "string":
+        return values
+    if not col.values:
+        return pd.Categorical(values)
+    if not set(pd.unique(values[pd.notna(values)])) <= set(col.values):
+        return values
+    return pd.Categorical(values, categories=list(col.values))
+
+
 def _c(name: str, dtype: str, unit: str, meaning: str, values: tuple[str, ...] = ()) -> Column:
     return Column(name, dtype, unit, meaning, values)
 

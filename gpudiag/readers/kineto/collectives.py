@@ -22,11 +22,14 @@ import pandas as pd
 
 from gpudiag.intervals import nesting_depth
 from gpudiag.readers.chrome.structs import integers, objects
+from gpudiag.schema import TABLES, text_category
 
 if TYPE_CHECKING:
     from gpudiag.readers.kineto.events import Events
     from gpudiag.readers.kineto.reader import Calls
 
+#: the collectives table's columns, by name
+COLUMNS = {col.name: col for col in TABLES["collectives"].columns}
 #: normalized collective name fragment -> op, tried in this order
 OPS = (
     ("allreduce", "all_reduce"), ("allgather", "all_gather"),
@@ -90,6 +93,8 @@ def collectives(
         order = np.argsort(nccl["start_ns"], kind="stable")
         rows = {name: values[order] for name, values in nccl.items()}
         rows["seq"] = pd.array(group_counts(rows["pid"], rows["comm"]), dtype="Int64")
+        for column in ("op", "dtype", "comm", "name"):
+            rows[column] = text_category(rows[column], COLUMNS[column])
         return pd.DataFrame(rows)
     parts = [pd.DataFrame(nccl)] if nccl is not None else []
     out = pd.concat([*parts, host], ignore_index=True).sort_values("_issue_ns", kind="stable")
