@@ -137,7 +137,10 @@ class LocalPool(_Closing):
                 yield Outcome(index, listed[index], error=failure(exc))
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Tell the workers to stop and return: their interpreters' exit (~0.1 s with
+        pandas loaded) overlaps the reduce's last steps and the caller's report instead of
+        being waited for (the interpreter's own exit still joins them)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 @contextmanager

@@ -31,7 +31,7 @@ from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.analyzers.losses.waterfall import DeviceKey, LossTimeline, clip_window
 from gpudiag.analyzers.steps import training as steps_mod
 from gpudiag.jobs.executors import failure
-from gpudiag.readers.sources import read_file
+from gpudiag.readers.sources import read_file, read_together
 from gpudiag.trace import Trace, merge
 
 
@@ -100,18 +100,23 @@ class BatchPart:
 def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
     """Read a batch of the job's files, merged in order, and compute its ranks' part."""
     files, options = job
-    traces, read, failed = [], [], []
-    for file in files:
-        try:
-            traces.append(read_file(Path(file)))
-        except Exception as exc:  # one unreadable file (or a reader's bug) keeps its own
-            failed.append((file, failure(exc)))
-            continue
-        read.append(file)
-    if not traces:
-        return BatchPart((), failed, [], 0, None)
-    metas = [dict(trace.meta) for trace in traces]
-    trace = merge(traces)
+    together = read_together([Path(file) for file in files])
+    if together is not None:  # Kineto files: their tables built once for the batch
+        trace, metas = together
+        read, failed = list(files), list[tuple[str, str]]()
+    else:
+        traces, read, failed = [], [], []
+        for file in files:
+            try:
+                traces.append(read_file(Path(file)))
+            except Exception as exc:  # one unreadable file (or a reader's bug) keeps its own
+                failed.append((file, failure(exc)))
+                continue
+            read.append(file)
+        if not traces:
+            return BatchPart((), failed, [], 0, None)
+        metas = [dict(trace.meta) for trace in traces]
+        trace = merge(traces)
     trace.fill_rank()
     span = int(trace.kernels["kernel_id"].max()) + 1 if len(trace.kernels) else 0
     return BatchPart(tuple(read), failed, metas, span, group_part(trace, options),

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.errors import InputError
 from gpudiag.readers.files import read_head
@@ -158,12 +158,17 @@ def read_path(path: Path, reader: Reader | None = None) -> Trace:
         reader = detect(path)
     trace = reader.read(path)
     trace.fill_rank()
-    fmt = trace.meta.get("format") or reader.name
-    trace.meta["sources"] = [
-        {"path": str(path), "format": fmt, "bytes": path.stat().st_size},
-        *[s for s in trace.meta.get("sources", []) if s.get("path") != str(path)],
-    ]
+    note_source(trace.meta, path, reader.name)
     return trace
+
+
+def note_source(meta: dict[str, Any], path: Path, reader_name: str) -> None:
+    """Name `path` first among the meta's sources (its format, its size on disk)."""
+    fmt = meta.get("format") or reader_name
+    meta["sources"] = [
+        {"path": str(path), "format": fmt, "bytes": path.stat().st_size},
+        *[s for s in meta.get("sources", []) if s.get("path") != str(path)],
+    ]
 
 
 def readable_files(paths: list[Path], skipped: list[str]) -> list[tuple[Path, Reader | None]]:

@@ -10,15 +10,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from gpudiag.errors import InputError
 from gpudiag.readers.files import at_most_files
-from gpudiag.readers.registry import Reader, read_path, readable_files, supported
+from gpudiag.readers.registry import Reader, detect, read_path, readable_files, supported
 from gpudiag.readers.run_dir import is_run_dir, load_run, read_part, run_units
 from gpudiag.trace import Trace, is_trace_dir, merge
 
 PathLike = str | os.PathLike[str]
 Progress = Callable[[str], None]
+#: the reader `read_together` joins files of
+KINETO = "gpudiag.readers.kineto.reader:read"
 
 def load(paths: PathLike | Sequence[PathLike], *, progress: Progress | None = None) -> Trace:
     """Read one or more profiles into a Trace (several are merged, keeping pid and rank).
@@ -73,6 +76,25 @@ def read_file(path: Path, reader: Reader | None = None) -> Trace:
         part = read_part(path)  # a process directory or the samples of a run
         return part if part is not None else Trace.load_dir(path)
     return read_path(path, reader)
+
+
+def read_together(paths: list[Path]) -> tuple[Trace, list[dict[str, Any]]] | None:
+    """Several Kineto traces merged, each table built once for all of them
+    (`readers.kineto.joined`), and each file's meta; None when they are not two or more
+    Kineto traces that read cleanly: the caller then reads them one by one, which says
+    what is wrong with which (or repairs it)."""
+    if len(paths) < 2:
+        return None
+    try:
+        if any(path.is_dir() or detect(path).target != KINETO for path in paths):
+            return None
+        from gpudiag.readers.kineto.joined import read_joined
+        from gpudiag.readers.kineto.reader import gc_paused
+
+        with gc_paused():
+            return read_joined(paths)
+    except Exception:  # an unreadable file, or one the reader repairs: read one by one
+        return None
 
 
 def _expand(path: Path, skipped: list[str]) -> list[tuple[Path, Reader | None]]:

@@ -21,6 +21,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from gpudiag.concat import categories_joined
 from gpudiag.intervals import us_to_ns
 from gpudiag.readers.chrome.stream import ChromeTraceStream
 from gpudiag.readers.chrome.structs import (
@@ -187,8 +188,38 @@ class Events:
             for key, values in self._piece(events).items():
                 parts[key].append(values)
         self.header: Document = stream.header
+        #: the file of each row, for events joined from several files (`joined`)
+        self.file: np.ndarray | None = None
+        self.parts: list[Events] = []
         self._finish({name: np.concatenate(chunks) if chunks else np.zeros(0)
                       for name, chunks in parts.items()})
+
+    @classmethod
+    def joined(cls, parts: list[Events]) -> Events:
+        """The events of several files, one after another, as one set of columns: each
+        row keeps its file (`file`), names are coded over all files (with their raw
+        values: 1 and "1" stay apart), args rows are offset per group. `where` orders rows
+        by file, then time; `names` builds each file's categories as reading it alone
+        does and joins them as a merge of the files' tables does."""
+        out = cls.__new__(cls)
+        out.parts = parts
+        out.header = parts[0].header
+        out.file = np.repeat(np.arange(len(parts)), [len(part.group_code) for part in parts])
+        index: dict[tuple[type, Any], int] = {}
+        codes = []
+        for part in parts:
+            remap = np.array([index.setdefault((type(value), value), len(index))
+                              for value in part.name_uniques] + [-1], dtype=np.int64)
+            codes.append(remap[part.name_codes])
+        out.name_codes = np.concatenate(codes)
+        out.name_uniques = objects([value for _, value in index])
+        out._name_index = None
+        for name in ("group_code", "start", "dur", "pid", "tid", "valid_ts", "bad_dur",
+                     "usable"):
+            setattr(out, name, np.concatenate([getattr(part, name) for part in parts]))
+        out._args = _joined_args([part._args for part in parts], [part.group_code
+                                                                  for part in parts])
+        return out
 
     def _piece(self, events: list[Event]) -> dict[str, np.ndarray]:
         """Columns of the events that matter in one piece; their args go to `_arg_parts`."""
@@ -275,7 +306,13 @@ class Events:
         """Rows of the given groups (with a usable timestamp and duration), in time order."""
         wanted = [GROUP_IDS[group] for group in groups]
         idx = np.flatnonzero(np.isin(self.group_code, wanted) & self.usable)
+        if self.file is not None:  # joined files: each file's rows together, in file order
+            return idx[np.lexsort((self.start[idx], self.file[idx]))]
         return idx[np.argsort(self.start[idx], kind="stable")]
+
+    def file_of(self, idx: np.ndarray) -> np.ndarray | None:
+        """The file of each row (None: the events of one file)."""
+        return None if self.file is None else self.file[idx]
 
     def args(self, idx: np.ndarray) -> ArgColumns:
         return ArgColumns(self._args, self.group_code[idx], self._arg_row[idx])
@@ -292,9 +329,25 @@ class Events:
         return take(self.name_uniques, self.name_codes[idx])
 
     def names(self, idx: np.ndarray) -> pd.Series:
+        if self.file is not None:
+            return self._joined_names(idx)
         if self._name_index is None:  # every table's names are picked from one index
             self._name_index = category_index(self.name_uniques)
         return categorical(self.name_codes[idx], self._name_index)
+
+    def _joined_names(self, idx: np.ndarray) -> pd.Series:
+        """Each file's names as reading it alone makes them (its categories in its own
+        code order), joined as concatenating the files' tables joins them."""
+        assert self.file is not None
+        files = self.file[idx]
+        offsets = np.r_[0, np.cumsum([len(part.group_code) for part in self.parts])]
+        pieces = []
+        for file in np.unique(files):
+            part = self.parts[file]
+            pieces.append(part.names(idx[files == file] - offsets[file]).array)
+        if not pieces:
+            return self.parts[0].names(idx)
+        return pd.Series(categories_joined(pieces), copy=False)
 
     def name_test(self, idx: np.ndarray, test: Callable[[str], bool]) -> np.ndarray:
         """`test(name)` of each row of `idx` (False without a name), called once per
@@ -343,6 +396,27 @@ class ArgColumns:
                 mask = self._groups == group_id
                 out[mask] = column[self._rows[mask]]
         return out
+
+
+def _joined_args(tables: list[dict[str, Any]], groups: list[np.ndarray]) -> dict[str, Any]:
+    """The arg columns of several files, each group's rows one file after another, with
+    each event's `_row` offset by the rows of its group in the files before it."""
+    out: dict[str, Any] = {}
+    for group in ARGS:
+        names = dict.fromkeys(field for table in tables for field in table.get(group, {}))
+        out[group] = {field: np.concatenate([table[group][field] for table in tables
+                                             if field in table.get(group, {})])
+                      for field in names}
+    rows = []
+    seen = np.zeros(len(GROUP_IDS), dtype=np.int64)  # arg rows of each group so far
+    for table, codes in zip(tables, groups, strict=True):
+        rows.append(table["_row"] + seen[codes])
+        for group, group_id in GROUP_IDS.items():
+            columns = table.get(group) or {}
+            if columns:
+                seen[group_id] += len(next(iter(columns.values())))
+    out["_row"] = np.concatenate(rows)
+    return out
 
 
 def _arg_table(parts: dict[str, dict[str, list[Any]]], kept_groups: np.ndarray,

@@ -49,7 +49,7 @@ from gpudiag.readers.kineto.events import (
     stream_of,
 )
 from gpudiag.schema import TABLES
-from gpudiag.trace import Trace
+from gpudiag.trace import Trace, warn_meta
 
 SYNC_KINDS = {
     "Event Sync": "event", "Stream Sync": "stream", "Context Sync": "context",
@@ -121,34 +121,45 @@ def gc_paused() -> Iterator[None]:
 def _read(path: Path) -> Trace:
     ev = Events(path)
     doc = ev.header
-    api = _api(ev)
+    api = api_table(ev)
     calls = Calls(api)
-    host_pid = _host_pid_fallback(ev)
+    host_pid = host_pid_fallback(ev)
     trace = Trace(
-        meta=_meta(doc, ev),
-        devices=_devices(doc),
-        copies=_join_host(_copies(ev), calls, host_pid),
+        meta=read_meta(ev),
+        devices=devices_table(doc),
+        copies=join_host(copies_table(ev), calls, host_pid),
         api=api,
-        syncs=_join_host(_syncs(ev), calls, host_pid),
-        ranges=_ranges(ev),
-        memory=_memory(ev),
+        syncs=join_host(syncs_table(ev), calls, host_pid),
+        ranges=ranges_table(ev),
+        memory=memory_table(ev),
     )
     kernel_idx = ev.where("kernel")
-    trace.kernels = _join_host(_kernels(ev, kernel_idx, ev.args(kernel_idx)), calls, host_pid)
+    trace.kernels = join_host(kernels_table(ev, kernel_idx, ev.args(kernel_idx)), calls, host_pid)
     trace.collectives = kineto_collectives.collectives(ev, trace.kernels, kernel_idx, calls)
-    trace.warn("events with negative duration clipped to 0", ev.negative_dur)
-    trace.warn("events without a timestamp skipped", int((~ev.valid_ts).sum()))
-    trace.warn("implausible baseTimeNanoseconds ignored", int(ev.bad_base))
-    trace.warn("events with an implausible duration (not a number, or over "
-               "GPUDIAG_MAX_EVENT_SECONDS, 1 day) dropped", int(ev.bad_dur.sum()))
-    trace.warn("pid or tid values too large for an id (over 2**53) ignored", ev.huge_ids)
-    dist = doc.distributedInfo or {}
-    trace.warn("implausible distributedInfo rank or world_size ignored", sum(
-        dist.get(k) is not None and trace.meta[k] is None for k in ("rank", "world_size")))
     return trace
 
 
-def _host_pid_fallback(ev: Events) -> int | None:
+def read_meta(ev: Events) -> dict[str, Any]:
+    """The meta of a trace read alone: its header's facts, then the repairs counted (its
+    keys in the order a Trace's meta keeps them)."""
+    meta = meta_of(ev.header, ev)
+    meta.setdefault("sources", [])
+    meta.setdefault("warnings", {})
+    meta.setdefault("timeline", True)
+    warn_meta(meta, "events with negative duration clipped to 0", ev.negative_dur)
+    warn_meta(meta, "events without a timestamp skipped", int((~ev.valid_ts).sum()))
+    warn_meta(meta, "implausible baseTimeNanoseconds ignored", int(ev.bad_base))
+    warn_meta(meta, "events with an implausible duration (not a number, or over "
+              "GPUDIAG_MAX_EVENT_SECONDS, 1 day) dropped", int(ev.bad_dur.sum()))
+    warn_meta(meta, "pid or tid values too large for an id (over 2**53) ignored",
+              ev.huge_ids)
+    dist = ev.header.distributedInfo or {}
+    warn_meta(meta, "implausible distributedInfo rank or world_size ignored", sum(
+        dist.get(k) is not None and meta[k] is None for k in ("rank", "world_size")))
+    return meta
+
+
+def host_pid_fallback(ev: Events) -> int | None:
     """The host pid, when the trace has exactly one process with host (CPU) events."""
     host = ev.where("runtime", "driver", "op", "annotation", "python")
     pids = np.unique(ev.pid[host][np.isfinite(ev.pid[host])])
@@ -158,43 +169,60 @@ def _host_pid_fallback(ev: Events) -> int | None:
 class Calls:
     """The API calls of a trace, looked up by CUPTI correlation id (one sort, then searches)."""
 
-    def __init__(self, api: pd.DataFrame) -> None:
+    def __init__(self, api: pd.DataFrame, files: np.ndarray | None = None) -> None:
         correlation = api["correlation"].array
         known = np.flatnonzero(~np.asarray(correlation.isna()))
+        ids = np.asarray(correlation[known], dtype=np.int64)
+        #: joined files (`files`: each call's): an id is looked up among its file's calls,
+        #: keyed by (file, position of the id among all ids)
+        self._ids: np.ndarray | None = None
+        if files is not None:
+            self._ids = np.unique(ids)
+            ids = files[known] * len(self._ids) + np.searchsorted(self._ids, ids)
         # each correlation id once, its first call (in time order), sorted by id
-        self.keys, first = np.unique(np.asarray(correlation[known], dtype=np.int64),
-                                     return_index=True)
+        self.keys, first = np.unique(ids, return_index=True)
         rows = known[first]
         self.columns = {
             col: api[col].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
             for col in ("pid", "tid", "start_ns")
         }
 
-    def lookup(self, correlation: pd.Series, col: str) -> np.ndarray:
-        """`col` (pid, tid or start_ns) of the call with each correlation id; NaN if none."""
+    def lookup(self, correlation: pd.Series, col: str, files: np.ndarray | None = None
+               ) -> np.ndarray:
+        """`col` (pid, tid or start_ns) of the call with each correlation id; NaN if none.
+        `files`: each row's file, for the calls of joined files."""
         wanted = correlation.to_numpy(dtype=np.float64, na_value=np.nan)
         if not len(self.keys):
             return np.full(len(wanted), np.nan)
         known = np.isfinite(wanted)
+        if self._ids is not None:
+            assert files is not None
+            ids = np.where(known, wanted, 0).astype(np.int64)
+            at = np.minimum(np.searchsorted(self._ids, ids), len(self._ids) - 1)
+            known &= self._ids[at] == wanted
+            wanted = (files * len(self._ids) + at).astype(np.float64)
         pos = np.minimum(np.searchsorted(self.keys, np.where(known, wanted, 0).astype(np.int64)),
                          len(self.keys) - 1)
         found = known & (self.keys[pos] == wanted)
         return np.where(found, self.columns[col][pos], np.nan)
 
 
-def _join_host(frame: pd.DataFrame | None, calls: Calls,
-               fallback: int | None) -> pd.DataFrame | None:
-    """Fill `pid` (and `tid` when present) from the API call with the same correlation id."""
+def join_host(frame: pd.DataFrame | None, calls: Calls, fallback: int | np.ndarray | None,
+              files: np.ndarray | None = None) -> pd.DataFrame | None:
+    """Fill `pid` (and `tid` when present) from the API call with the same correlation id.
+    Joined files: `files` holds each row's file, `fallback` each row's (NaN: none)."""
     if frame is None:
         return None
     for col in ("pid", "tid") if "tid" in frame.columns else ("pid",):
-        frame[col] = integers(calls.lookup(frame["correlation"], col))
-    if fallback is not None:
+        frame[col] = integers(calls.lookup(frame["correlation"], col, files))
+    if isinstance(fallback, np.ndarray):
+        frame["pid"] = frame["pid"].fillna(integers(fallback))
+    elif fallback is not None:
         frame["pid"] = frame["pid"].fillna(fallback)
     return frame
 
 
-def _kernels(ev: Events, idx: np.ndarray, args: ArgColumns) -> pd.DataFrame | None:
+def kernels_table(ev: Events, idx: np.ndarray, args: ArgColumns) -> pd.DataFrame | None:
     if not len(idx):
         return None
     grid = triple(args.values("grid"))
@@ -214,7 +242,7 @@ def _kernels(ev: Events, idx: np.ndarray, args: ArgColumns) -> pd.DataFrame | No
     })
 
 
-def _copies(ev: Events) -> pd.DataFrame | None:
+def copies_table(ev: Events) -> pd.DataFrame | None:
     idx = ev.where("memcpy", "memset")
     if not len(idx):
         return None
@@ -274,7 +302,7 @@ def host_memory(copies: pd.DataFrame) -> pd.Series:
     return pd.Series(pd.Categorical(host, categories=COPY_COLUMNS["host_mem"]))
 
 
-def _api(ev: Events) -> pd.DataFrame:
+def api_table(ev: Events) -> pd.DataFrame:
     idx = ev.where("runtime", "driver")
     args = ev.args(idx)
     return pd.DataFrame({
@@ -288,7 +316,7 @@ def _api(ev: Events) -> pd.DataFrame:
     })
 
 
-def _syncs(ev: Events) -> pd.DataFrame | None:
+def syncs_table(ev: Events) -> pd.DataFrame | None:
     idx = ev.where("sync")
     if not len(idx):
         return None
@@ -313,7 +341,7 @@ def _syncs(ev: Events) -> pd.DataFrame | None:
     })
 
 
-def _ranges(ev: Events) -> pd.DataFrame | None:
+def ranges_table(ev: Events) -> pd.DataFrame | None:
     idx = ev.where(*RANGE_SOURCES)
     if not len(idx):
         return None
@@ -325,8 +353,8 @@ def _ranges(ev: Events) -> pd.DataFrame | None:
     source[ev.is_group(idx, "annotation") & is_step] = "step"
     pid, tid = ev.pids(idx), ev.tids(idx)
     times = ev.times(idx)
-    depth = nesting_depth(_lanes(ev.pid[idx], ev.tid[idx], on_gpu), times["start_ns"],
-                          times["end_ns"])
+    depth = nesting_depth(_lanes(ev.pid[idx], ev.tid[idx], on_gpu, ev.file_of(idx)),
+                          times["start_ns"], times["end_ns"])
     return pd.DataFrame({  # declared order and dtypes: the Trace takes it as it is
         "pid": pid.mask(on_gpu), "tid": tid.mask(on_gpu),
         "device": device_of(ev, idx, args).where(on_gpu), "stream": tid.where(on_gpu),
@@ -338,15 +366,18 @@ def _ranges(ev: Events) -> pd.DataFrame | None:
     })
 
 
-def _lanes(pid: np.ndarray, tid: np.ndarray, on_gpu: np.ndarray) -> np.ndarray:
-    """One int64 id per (pid, tid, on GPU) lane (a thread or a stream), NaN ids equal; from two
-    hash factorizations (a DataFrame groupby cost 2 ms even on one row)."""
+def _lanes(pid: np.ndarray, tid: np.ndarray, on_gpu: np.ndarray,
+           files: np.ndarray | None = None) -> np.ndarray:
+    """One int64 id per (pid, tid, on GPU) lane (a thread or a stream), NaN ids equal, of
+    each file (`files`: joined files' rows); from hash factorizations (a DataFrame groupby
+    cost 2 ms even on one row)."""
     pid_code, _ = pd.factorize(pid, use_na_sentinel=False)
     tid_code, tids = pd.factorize(tid, use_na_sentinel=False)
-    return (pid_code.astype(np.int64) * len(tids) + tid_code) * 2 + np.asarray(on_gpu, bool)
+    lane = (pid_code.astype(np.int64) * len(tids) + tid_code) * 2 + np.asarray(on_gpu, bool)
+    return lane if files is None else lane * (int(files.max()) + 1) + files
 
 
-def _memory(ev: Events) -> pd.DataFrame | None:
+def memory_table(ev: Events) -> pd.DataFrame | None:
     idx = ev.where("memory")
     if not len(idx):
         return None
@@ -378,7 +409,7 @@ _DEVICE_KEYS = {
 }
 
 
-def _devices(doc: Document) -> pd.DataFrame | None:
+def devices_table(doc: Document) -> pd.DataFrame | None:
     """The devices table; the ranks of one job share their deviceProperties, so a folder of
     them builds it once (building it cost 12 ms, a quarter of reading a tiny trace)."""
     props = [p for p in (doc.deviceProperties or []) if isinstance(p, dict)]
@@ -412,7 +443,7 @@ def _build_devices(props: list[dict[str, Any]]) -> pd.DataFrame:
     return fill_from_compute_capability(frame)
 
 
-def _meta(doc: Document, ev: Events) -> dict[str, Any]:
+def meta_of(doc: Document, ev: Events) -> dict[str, Any]:
     dist = doc.distributedInfo or {}
     versions = {
         "kineto_schema": doc.schemaVersion, "cupti": doc.cupti_version,
