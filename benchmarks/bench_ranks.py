@@ -83,6 +83,9 @@ else:
     analysis = TraceAnalysis(trace_dir=folder)
     detail = {"temporal_rows": len(analysis.get_temporal_breakdown(visualize=False))}
 wall = time.perf_counter() - started
+import multiprocessing  # the CPU of child processes counts once they are reaped
+while multiprocessing.active_children():
+    time.sleep(0.005)
 own = resource.getrusage(resource.RUSAGE_SELF)
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall_s": wall, "cpu_s": own.ru_utime + own.ru_stime + kids.ru_utime

@@ -173,6 +173,23 @@ def test_allocator_events_of_two_ranks_give_the_merged_fragmentation(tmp_path: P
     assert_same(diagnose_job(job, workers=1), merged)
 
 
+def test_ranks_that_lack_an_analyzers_rows_give_the_merged_diagnosis(tmp_path: Path) -> None:
+    """Batches of one rank each, of three real jobs: the V100 rank's allocator events, the
+    others' none. The batches without them send no allocator part, and the job still
+    equals the merge."""
+    names = ["world128_sampled_rank0.json.gz", "v100_rank1of2_nccl_profile_memory.json.gz",
+             "world128_sampled_rank1.json.gz"]
+    for index, name in enumerate(names):  # each its own rank of one job
+        text = gzip.decompress((KINETO / name).read_bytes())
+        info = b'"distributedInfo": ' + json.dumps(
+            {"backend": "nccl", "rank": index, "world_size": len(names)}).encode()
+        (tmp_path / f"r{index}.json.gz").write_bytes(
+            gzip.compress(DISTRIBUTED.sub(info, text, count=1), 1))
+    merged = diagnose(gpudiag.load(tmp_path))
+    assert len(merged.tables["fragmentation"]) > 1000
+    assert_same(diagnose_job(tmp_path, workers=2), merged)
+
+
 def test_a_window_gives_the_merged_windowed_diagnosis(job4: Path) -> None:
     trace = gpudiag.load(job4)
     start = int(trace.kernels["start_ns"].min())
@@ -211,8 +228,10 @@ def test_what_crosses_the_boundary_is_compact_for_analyzers_with_parts(job4: Pat
     without = sorted(name for name, value in part.parts.items() if value is None)
     assert without == ["kernel_metrics"]  # Nsight Compute data: one process, a few kernels
     assert part.fallback is None  # this rank has no allocator or ncu data: no trace travels
-    for name in ("sync", "host_gaps", "launch", "timeline", "copies", "gpu_samples",
-                 "collectives", "host_steps", "memory"):
+    # nothing for an analyzer this rank has no rows for (no allocator events, no samples)
+    assert "memory" not in part.parts and "gpu_samples" not in part.parts
+    for name in ("sync", "host_gaps", "launch", "timeline", "copies", "collectives",
+                 "host_steps"):
         value = part.parts[name]
         assert value is not None
         fields = vars(value).values() if hasattr(value, "__dict__") else [value]

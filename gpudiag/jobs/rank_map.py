@@ -261,11 +261,14 @@ def _analyzer_parts(part: GroupPart, trace: Trace, whole: Trace, gaps: pd.DataFr
         if not analyzer.needs_gaps and not _could_apply(trace, analyzer):
             continue
         module = diagnosis.module_of(analyzer)
+        has_rows = any(len(getattr(trace, name)) for name in analyzer.requires)
         if not hasattr(module, "part"):
-            if any(len(getattr(trace, name)) for name in analyzer.requires):
+            if has_rows:
                 part.fallback, part.fallback_whole = trace, whole
             out[analyzer.name] = None
             continue
+        if not has_rows and not analyzer.needs_gaps:
+            continue  # nothing of this batch to combine (an allocator pass costs ~25 ms)
         target, kwargs = diagnosis.analyzer_inputs(analyzer, trace, whole, empty_gaps,
                                                    options.gap_options)
         out[analyzer.name] = module.part(target, **kwargs)
