@@ -105,13 +105,15 @@ def _per_file_collectives(ev: Events, kernels: pd.DataFrame, api: pd.DataFrame,
     kernel_files = ev.file_of(kernel_idx)
     api_files = ev.file_of(ev.where(*ROWS["api"]))
     assert kernel_files is not None and api_files is not None
+    files = np.arange(len(ev.parts) + 1)
+    kernel_at = np.searchsorted(kernel_files, files)  # each file's rows are one run
+    api_at = np.searchsorted(api_files, files)
     frames = []
     for file, part in enumerate(ev.parts):
-        mine = kernel_files == file
-        rows = kernels.iloc[np.flatnonzero(mine)].reset_index(drop=True)
-        calls = Calls(api.iloc[np.flatnonzero(api_files == file)].reset_index(drop=True))
-        made = kineto_collectives.collectives(part, rows, kernel_idx[mine] - offsets[file],
-                                              calls)
+        mine = slice(kernel_at[file], kernel_at[file + 1])
+        calls = Calls(api.iloc[api_at[file]:api_at[file + 1]].reset_index(drop=True))
+        made = kineto_collectives.collectives(part, kernels.iloc[mine].reset_index(drop=True),
+                                              kernel_idx[mine] - offsets[file], calls)
         frames.append(_ranked(TABLES["collectives"].conform(made), ranks[file]))
     return concat_tables(frames)
 
