@@ -41,8 +41,9 @@ def tables(losses: pd.DataFrame, steps: pd.DataFrame | None,
         dx.tables.update(stragglers.tables(dx.losses, dx.steps, dx.tables.get("arrival_skew")))
     """
     calls = _matched(skew)
-    out = {"late_arrivals": late_arrivals(calls),
-           "step_stragglers": step_stragglers(steps, calls),
+    per = _per_call(calls) if len(calls) else None  # one row per call: both tables read it
+    out = {"late_arrivals": late_arrivals(calls, per),
+           "step_stragglers": step_stragglers(steps, calls, per),
            "rank_losses": rank_losses(losses)}
     return {name: frame for name, frame in out.items() if len(frame)}
 
@@ -71,14 +72,15 @@ def _per_call(calls: pd.DataFrame) -> pd.DataFrame:
     return per.reset_index()
 
 
-def late_arrivals(calls: pd.DataFrame) -> pd.DataFrame:
+def late_arrivals(calls: pd.DataFrame, per: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (op, rank that arrived last): the counts, skew, margin and waiting it caused,
     the costliest first. `share` is of the op's matched calls: 1 / ranks is what chance
-    gives when no rank is slower than the others."""
+    gives when no rank is slower than the others. `per`: `_per_call(calls)`, when the
+    caller has it."""
     if calls.empty:
         return _typed(None, LATE_COLUMNS)
-    per = _per_call(calls)
-    per["op"] = per["op"].astype(str)
+    per = (_per_call(calls) if per is None else per).assign(op=lambda rows:
+                                                             rows["op"].astype(str))
     out = per.groupby(["op", "last_rank"], sort=True).agg(
         last_calls=("match_id", "size"), ranks=("ranks", "median"),
         skew_median_ns=("skew_ns", "median"), skew_max_ns=("skew_ns", "max"),
@@ -91,7 +93,8 @@ def late_arrivals(calls: pd.DataFrame) -> pd.DataFrame:
     return _typed(out, LATE_COLUMNS)
 
 
-def step_stragglers(steps: pd.DataFrame | None, calls: pd.DataFrame) -> pd.DataFrame:
+def step_stragglers(steps: pd.DataFrame | None, calls: pd.DataFrame,
+                    per: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per training step that two or more ranks ran (see the module docstring).
 
     Steps line up across ranks by name when every process names its steps uniquely (step
@@ -119,19 +122,21 @@ def step_stragglers(steps: pd.DataFrame | None, calls: pd.DataFrame) -> pd.DataF
     if out.empty:
         return _typed(None, STEP_COLUMNS)
     out["excess_ns"] = out["slowest_ns"] - out["median_ns"]
-    out = out.merge(_late_by_step(ranked, calls), how="left", on="step")
+    out = out.merge(_late_by_step(ranked, calls, per), how="left", on="step")
     out = out.sort_values(["index", "step"], kind="stable")
     return _typed(out, STEP_COLUMNS)
 
 
-def _late_by_step(steps: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+def _late_by_step(steps: pd.DataFrame, calls: pd.DataFrame, per: pd.DataFrame | None
+                  ) -> pd.DataFrame:
     """Per step key: the rank whose late arrivals cost the others most, with its calls and
     that cost, and all the waiting in the step's collectives."""
     empty = pd.DataFrame(columns=["step", "last_rank", "last_calls", "caused_wait_ns",
                                   "wait_ns"])
     if calls.empty:
         return empty
-    per = _per_call(calls).astype({"last_rank": "int64", "start_ns": "int64"})
+    per = (_per_call(calls) if per is None else per).astype({"last_rank": "int64",
+                                                               "start_ns": "int64"})
     windows = steps.assign(rank=steps["rank"].astype("int64"))[
         ["rank", "start_ns", "end_ns", "key"]].sort_values("start_ns", kind="stable")
     found = pd.merge_asof(per.sort_values("start_ns", kind="stable"), windows,

@@ -44,7 +44,14 @@ def blocking_waits(trace: Trace) -> pd.DataFrame:
         waits = blocking_waits(trace)
         waits.groupby("kind")["end_ns"].count()
         (waits.end_ns - waits.start_ns).sum()   # host time blocked, ns
+
+    Computed once per trace (the idle gaps and the sync analyzer both read it); do not
+    modify the frame you get back.
     """
+    return trace.derived("blocking_waits", lambda: _blocking_waits(trace))
+
+
+def _blocking_waits(trace: Trace) -> pd.DataFrame:
     api = trace.api
     kind_of_name = {name: ("copy" if SYNC_COPY_APIS.search(name) else _kind_of_api(name))
                     for name in api["name"].cat.categories
