@@ -14,6 +14,8 @@ found with one `searchsorted` per depth level, never a loop per event.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
@@ -85,25 +87,33 @@ def where_at(trace: Trace, pid: npt.ArrayLike, tid: npt.ArrayLike, t: npt.ArrayL
              else pd.array([pd.NA] * len(times), dtype="Int64"))
     query = pd.DataFrame({"pid": pd.array(pid, dtype="Int64"), "tid": pd.array(tid, dtype="Int64"),
                           "rank": ranks})
-    host = ranges[ranges["tid"].notna() & ranges["pid"].notna()]
-    python = host[host["source"] == "python"]
-    user = python[keys.matches(python["name"], USER_FRAME)] if len(python) else python
-    ops = host[host["source"] == "torch_op"]
-    marks = host[host["source"].isin(["nvtx", "annotation"])]  # not steps: one per step
-    for layer, label in ((user, frame_label), (ops, str), (marks, str)):
+    for layer, label, names in trace.derived("call_site_layers", lambda: _layers(ranges)):
         missing = pd.isna(out)
         if not missing.any() or layer.empty:
             continue
         found = innermost(layer, query[missing], times[missing],
                           ("rank", "pid", "tid") if rank is not None else ("pid", "tid"))
         hit = np.unique(found[found >= 0])
-        names = keys.texts(layer["name"])
         labels = np.full(len(names), None, dtype=object)
         labels[hit] = [label(names[row]) for row in hit]  # one per distinct range hit
         picked = labels[np.maximum(found, 0)]
         picked[found < 0] = None
         out[missing] = picked
     return out
+
+
+def _layers(ranges: pd.DataFrame) -> list[tuple[pd.DataFrame, Any, np.ndarray]]:
+    """The host ranges `where_at` searches, in the order it tries them, each with its label
+    function and its names as text: user Python frames, torch ops, NVTX ranges and
+    annotations (not steps: one per step). Built once per trace (analyzers ask it for
+    gaps, copies and collectives in turn)."""
+    host = ranges[ranges["tid"].notna() & ranges["pid"].notna()]
+    python = host[host["source"] == "python"]
+    user = python[keys.matches(python["name"], USER_FRAME)] if len(python) else python
+    ops = host[host["source"] == "torch_op"]
+    marks = host[host["source"].isin(["nvtx", "annotation"])]
+    return [(layer, label, keys.texts(layer["name"]))
+            for layer, label in ((user, frame_label), (ops, str), (marks, str))]
 
 
 def innermost(ranges: pd.DataFrame, query: pd.DataFrame, t: npt.NDArray[np.int64],
