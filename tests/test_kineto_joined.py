@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import gpudiag
 from gpudiag.jobs import rank_map
 from gpudiag.readers import sources
 from gpudiag.readers.kineto.joined import read_joined
@@ -90,3 +91,23 @@ def test_a_job_batch_of_kineto_ranks_is_read_together(monkeypatch: pytest.Monkey
     part = rank_map.read_batch((files, rank_map.Options(rows=False)))
     assert len(calls) == 1 and part.files == files and not part.failed
     assert sources.read_together(calls[0]) is not None
+
+
+@pytest.mark.parametrize("together_bytes", [48 << 20, 3 << 20], ids=["one run", "short runs"])
+def test_load_reads_runs_of_kineto_files_together_as_one_by_one(
+    together_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gpudiag.load` of Kineto files beside another format: the same Trace as reading
+    every file alone, however the files are grouped."""
+    paths = [fixture("kineto/world128_sampled_rank0.json.gz"),
+             fixture("kineto/world128_sampled_rank1.json.gz"),
+             DATA / "jax_cpu_train_perfetto.trace.json.gz",
+             DATA / "gloo_rank0.pt.trace.json.gz", DATA / "gloo_rank1.pt.trace.json.gz"]
+    monkeypatch.setattr(sources, "TOGETHER_BYTES", together_bytes)
+    together = gpudiag.load(paths)
+    monkeypatch.setattr(sources, "read_together", lambda paths: None)
+    alone = gpudiag.load(paths)
+    for name, frame in alone.tables().items():
+        pd.testing.assert_frame_equal(getattr(together, name), frame, check_exact=True,
+                                      obj=name)
+    assert repr(together.meta) == repr(alone.meta)

@@ -14,10 +14,10 @@ enough batches to keep every worker busy to the end.
 from __future__ import annotations
 
 import math
-import os
-import struct
 from collections.abc import Sequence
 from pathlib import Path
+
+from gpudiag.readers.files import decoded_size
 
 #: a batch holds files of at most this many bytes read (uncompressed), unless one file is
 #: larger alone: a worker's peak memory is about 8x what it reads
@@ -52,19 +52,11 @@ def plan(files: Sequence[str], workers: int, *, batch_bytes: int = BATCH_BYTES
 
 
 def read_bytes(path: Path) -> int:
-    """About how many bytes reading `path` decodes: a gzip file's uncompressed size (its
-    trailer holds it, modulo 4 GiB), else its size; a directory is a batch of its own."""
+    """About how many bytes reading `path` decodes (`files.decoded_size`); a directory is a
+    batch of its own."""
     try:
         if path.is_dir():
             return DIRECTORY_BYTES
-        size = path.stat().st_size
-        if size < 18:
-            return size
-        with path.open("rb") as stream:
-            if stream.read(2) != b"\x1f\x8b":
-                return size
-            stream.seek(-4, os.SEEK_END)
-            (inflated,) = struct.unpack("<I", stream.read(4))
-    except (OSError, struct.error):
+    except OSError:
         return 0  # the reader will say what is wrong with it
-    return max(int(inflated), size)  # past 4 GiB the trailer wraps: at least the file
+    return decoded_size(path)

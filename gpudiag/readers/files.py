@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import stat
+import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -203,3 +204,21 @@ def read_bytes(path: Path) -> bytes:
         raise damaged(path, exc) from exc
     inflater.finish()
     return bytes(out)
+
+
+def decoded_size(path: Path) -> int:
+    """About how many bytes reading the file `path` decodes: a gzip file's uncompressed
+    size (its trailer holds it, modulo 4 GiB), else its size; 0 when it cannot be read
+    (its reader will say why)."""
+    try:
+        size = path.stat().st_size
+        if size < 18:
+            return size
+        with path.open("rb") as stream:
+            if stream.read(2) != b"\x1f\x8b":
+                return size
+            stream.seek(-4, os.SEEK_END)
+            (inflated,) = struct.unpack("<I", stream.read(4))
+    except (OSError, struct.error):
+        return 0
+    return max(int(inflated), size)  # past 4 GiB the trailer wraps: at least the file

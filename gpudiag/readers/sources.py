@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from gpudiag.errors import InputError
-from gpudiag.readers.files import at_most_files
+from gpudiag.readers.files import at_most_files, decoded_size
 from gpudiag.readers.registry import Reader, detect, read_path, readable_files, supported
 from gpudiag.readers.run_dir import is_run_dir, load_run, read_part, run_units
-from gpudiag.trace import Trace, is_trace_dir, merge
+from gpudiag.trace import Trace, is_trace_dir, merge, merge_meta
 
 PathLike = str | os.PathLike[str]
 Progress = Callable[[str], None]
@@ -39,12 +39,23 @@ def load(paths: PathLike | Sequence[PathLike], *, progress: Progress | None = No
     skipped: list[str] = []
     for item in items:
         jobs += _expand(Path(item), skipped)
-    traces = []
-    for path, reader in jobs:
+    pieces, metas = [], []
+    for group in _groups(jobs):
         if progress is not None:
-            progress(f"reading {path.name}" + (f" ({reader.name})" if reader else ""))
-        traces.append(read_file(path, reader))
-    trace = merge(traces)
+            for path, reader in group:
+                progress(f"reading {path.name}" + (f" ({reader.name})" if reader else ""))
+        together = read_together([path for path, _ in group])
+        if together is not None:
+            pieces.append(together[0])
+            metas += together[1]
+            continue
+        for path, reader in group:
+            pieces.append(read_file(path, reader))
+            metas.append(pieces[-1].meta)
+    trace = merge(pieces)
+    if len(pieces) < len(metas):  # read together: the job's meta from every file's own
+        rules = trace.meta.get("ncu_rules")
+        trace.meta = merge_meta(metas) | ({"ncu_rules": rules} if rules else {})
     if skipped:  # files in a folder that no reader accepts: said, never silently dropped
         trace.meta["skipped"] = skipped
         trace.warn("files in the folder that are not a profile gpudiag reads (meta skipped)",
@@ -76,6 +87,24 @@ def read_file(path: Path, reader: Reader | None = None) -> Trace:
         part = read_part(path)  # a process directory or the samples of a run
         return part if part is not None else Trace.load_dir(path)
     return read_path(path, reader)
+
+
+#: consecutive files read together (`read_together`) decode at most this many bytes
+TOGETHER_BYTES = 48 << 20
+
+
+def _groups(jobs: list[tuple[Path, Reader | None]]) -> list[list[tuple[Path, Reader | None]]]:
+    """The files in order, in runs of at most TOGETHER_BYTES decoded (a larger file alone)."""
+    groups: list[list[tuple[Path, Reader | None]]] = []
+    size = 0
+    for job in jobs:
+        weight = 0 if job[0].is_dir() else decoded_size(job[0])
+        if not groups or size + weight > TOGETHER_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(job)
+        size += weight
+    return groups
 
 
 def read_together(paths: list[Path]) -> tuple[Trace, list[dict[str, Any]]] | None:
