@@ -11,7 +11,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -19,7 +19,9 @@ from rich.console import Console
 from gpudiag import __version__
 from gpudiag.errors import GpudiagError, InputError
 from gpudiag.reports.safe_text import printable, terminal
-from gpudiag.trace import Trace
+
+if TYPE_CHECKING:  # imported where used: `--workers` starts its pool before pandas loads
+    from gpudiag.trace import Trace
 
 _DEBUG = {"on": False}
 
@@ -132,7 +134,7 @@ def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
     row-level results (what is printed or drawn needs none; an export lists them)."""
     from rich.progress import Progress
 
-    from gpudiag.jobs.job import diagnose_job
+    from gpudiag.jobs import diagnose_job
 
     console = Console(stderr=True)
     if not console.is_terminal:
@@ -373,6 +375,8 @@ def _export_job(paths: tuple[Path, ...], fmt: str, output: Path | None, *,
                          "export the events without --workers")
     job = _job(paths, workers=workers, scheduler=scheduler, window=None, steps=False,
                rows=True)
+    from gpudiag.trace import Trace
+
     folder = output or Path("gpudiag-tables")
     files = write_tables(Trace(meta=job.meta), folder, fmt, tables=names, dx=job,
                          events=False)
@@ -480,6 +484,7 @@ def _show_profile(gathered: Any, generated_for: str, *, report: bool) -> None:
     printed and report.html written, from the merged trace or the run's job."""
     from gpudiag.reports.collected import describe, describe_job
     from gpudiag.reports.terminal import print_diagnosis
+    from gpudiag.trace import Trace
 
     result, trace, job = gathered.result, gathered.trace, gathered.job
     for note in gathered.notes:

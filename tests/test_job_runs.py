@@ -13,7 +13,7 @@ import pytest
 
 import gpudiag
 from gpudiag.analyzers.summary import summarize
-from gpudiag.jobs.job import diagnose_job
+from gpudiag.jobs import diagnose_job
 from gpudiag.readers.run_dir import merge_run, process_trace, run_units
 from gpudiag.reports.collected import describe, describe_job
 from gpudiag.trace import merge

@@ -18,7 +18,8 @@ import pytest
 
 import gpudiag
 from gpudiag.analyzers.diagnosis import Diagnosis
-from gpudiag.jobs.job import NO_SAVINGS, diagnose_job
+from gpudiag.jobs import diagnose_job
+from gpudiag.jobs.job import NO_SAVINGS
 from gpudiag.jobs.rank_map import Options, read_batch
 from tests.conftest import fixtures_dir
 

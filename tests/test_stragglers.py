@@ -12,7 +12,7 @@ import pytest
 
 import gpudiag
 from gpudiag.analyzers import stragglers
-from gpudiag.jobs.job import diagnose_job
+from gpudiag.jobs import diagnose_job
 from tests.builders import kernel, trace
 from tests.test_jobs import KINETO, PAIR, shifted_job
 

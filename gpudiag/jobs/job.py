@@ -1,8 +1,5 @@
-"""`diagnose_job`: a job of many ranks diagnosed rank by rank, in parallel, then reduced.
-
-    dx = gpudiag.diagnose_job("traces/")              # one worker per core
-    dx = gpudiag.diagnose_job(paths, workers=1)       # in this process
-    dx = gpudiag.diagnose_job(paths, client=client)   # on a Dask cluster
+"""A job of many ranks diagnosed rank by rank, in parallel, then reduced (`run`, on the
+executor `gpudiag.jobs.diagnose_job` opened).
 
 The files (a rank's trace each, or run directories) are read in batches of consecutive
 files where the map runs (`batches.plan`, `rank_map.read_batch`) and only each batch's
@@ -31,7 +28,7 @@ from gpudiag.analyzers.steps import training as steps_mod
 from gpudiag.diagnosis_schema import conform_frame
 from gpudiag.errors import InputError
 from gpudiag.jobs import batches, reduce, window_pass
-from gpudiag.jobs.executors import Outcome, executor
+from gpudiag.jobs.executors import Outcome
 from gpudiag.jobs.rank_map import BatchPart, Options, read_batch
 from gpudiag.readers.run_dir import finish_meta, is_run_dir
 from gpudiag.readers.sources import PathLike, units_of
@@ -61,43 +58,32 @@ class JobDiagnosis(Diagnosis):
                                window_spec=window_spec)
 
 
-def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = None,
-                 scheduler: str | None = None, client: Any = None, steps: bool = False,
-                 window: str | tuple[int, int] | None = None, launch_gap_ns: int = 50_000,
-                 sync_tolerance_ns: int = 2_000, progress: Progress | None = None,
-                 rows: bool = True) -> JobDiagnosis:
-    """The diagnosis of the job whose rank files are `paths` (files, or folders of them).
-
-    `workers`, `scheduler`, `client`: where the ranks are read (`executors.executor`);
-    `steps`, `window`, `launch_gap_ns`, `sync_tolerance_ns`: as for `diagnose`; a window
-    spec (`START:END`, a range name) is resolved from the files first (`window_pass`: one
-    more read of each), absolute (start_ns, end_ns) bounds are used as they are.
-    `progress(outcome, files, total)` is called as each batch of `files` files finishes.
-    `rows=False`: the Diagnosis leaves out the row-level results (`gaps`, the `host_gaps`
-    table), so the coordinator holds only what the findings and waterfall need.
-    """
+def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
+        window: str | tuple[int, int] | None = None, launch_gap_ns: int = 50_000,
+        sync_tolerance_ns: int = 2_000, progress: Progress | None = None,
+        rows: bool = True) -> JobDiagnosis:
+    """`gpudiag.jobs.diagnose_job` on an open executor `pool` (its options, its answer)."""
     files = units = [str(path) for path in units_of(paths, split_runs=True)]
-    run = _run_dir(paths)
-    with executor(workers=workers, scheduler=scheduler, client=client) as pool:
-        failed: list[tuple[str, str]] = []
-        if isinstance(window, str):
-            units, failed, window = _resolve_window(pool, units, window)
-        options = Options(bounds=window, steps=steps, gap_options={
-            "launch_gap_ns": launch_gap_ns, "sync_tolerance_ns": sync_tolerance_ns},
-            rows=rows)
-        planned = batches.plan(units, pool.workers)
-        parts, more = _run(pool, planned, options, progress, len(units))
+    run_dir = _run_dir(paths)
+    failed: list[tuple[str, str]] = []
+    if isinstance(window, str):
+        units, failed, window = _resolve_window(pool, units, window)
+    options = Options(bounds=window, steps=steps, gap_options={
+        "launch_gap_ns": launch_gap_ns, "sync_tolerance_ns": sync_tolerance_ns},
+        rows=rows)
+    planned = batches.plan(units, pool.workers)
+    parts, more = _run(pool, planned, options, progress, len(units))
+    failed += more
+    if not any(part.group is not None for part in parts):
+        raise _none_read(files, failed)
+    dx, found, host = _reduce(parts, options, run_dir)
+    warm = _warm_window(dx, found, window)
+    if warm is not None:
+        warm_parts, more = _run(pool, [part.files for part in parts if part.files],
+                                Options(bounds=window, gap_options=options.gap_options,
+                                        warm=warm, rows=rows), None, len(units))
         failed += more
-        if not any(part.group is not None for part in parts):
-            raise _none_read(files, failed)
-        dx, found, host = _reduce(parts, options, run)
-        warm = _warm_window(dx, found, window)
-        if warm is not None:
-            warm_parts, more = _run(pool, [part.files for part in parts if part.files],
-                                    Options(bounds=window, gap_options=options.gap_options,
-                                            warm=warm, rows=rows), None, len(units))
-            failed += more
-            found = _flag(found, dx, warm_parts, options)
+        found = _flag(found, dx, warm_parts, options)
     dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host,
                                                                     rank_by="lost"))
     dx.notes.append(NO_SAVINGS)

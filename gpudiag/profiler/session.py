@@ -262,7 +262,7 @@ def _analyze_by_process(result: SessionResult, plan: Plan, options: ProfileOptio
                         workers: int | None) -> Gathered:
     """A run of many processes: each read and analyzed apart, then reduced, as `gpudiag
     analyze RUN --workers N` does (no `<run>/trace/` is written: no process holds the run)."""
-    from gpudiag.jobs.job import diagnose_job
+    from gpudiag.jobs import diagnose_job
 
     if progress is not None:
         progress(f"analyzing what {_processes(result.run_dir)} processes collected, process "
