@@ -31,6 +31,7 @@ import pandas as pd
 from gpudiag.readers.kineto import collectives as kineto_collectives
 from gpudiag.readers.kineto.events import Events
 from gpudiag.readers.kineto.reader import (
+    RANGE_SOURCES,
     Calls,
     api_table,
     copies_table,
@@ -70,7 +71,7 @@ def read_joined(paths: list[Path]) -> tuple[Trace, list[dict[str, Any]]]:
 
 #: the event groups each table's rows come from (in `where` order: file, then time)
 ROWS = {"api": ("runtime", "driver"), "copies": ("memcpy", "memset"), "syncs": ("sync",),
-        "ranges": ("op", "annotation", "python", "gpu_annotation"), "memory": ("memory",),
+        "ranges": tuple(RANGE_SOURCES), "memory": ("memory",),
         "kernels": ("kernel",)}
 
 
