@@ -84,19 +84,20 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
     With --workers or --scheduler each file is analyzed where it is read and only its
     results are combined: the same diagnosis, for jobs of many ranks.
     """
-    from gpudiag.analyzers import budgets as budget_mod
-    from gpudiag.analyzers.diagnosis import diagnose
-    from gpudiag.analyzers.summary import summarize
-    from gpudiag.reports.terminal import print_diagnosis, print_summary
+    budgets: list[Any] = []
+    if fail_on:  # a bad --fail-on is said before the analysis
+        from gpudiag.analyzers.budgets import parse
 
-    budgets = budget_mod.parse(fail_on) if fail_on else []
-
+        budgets = parse(fail_on)
     failed: list[tuple[str, str]] = []
-    if workers is not None or scheduler is not None:
+    if workers is not None or scheduler is not None:  # the pool starts before pandas loads
         job = _job(paths, workers=workers, scheduler=scheduler, window=window, steps=steps)
         dx, failed = job, job.failed
         info = job.summary(top=top, window_spec=window)
     else:
+        from gpudiag.analyzers.diagnosis import diagnose
+        from gpudiag.analyzers.summary import summarize
+
         trace = _load(list(paths))
         _require_events(trace, paths)
         dx = diagnose(trace, window=window, steps=steps, rank_by=rank_by, savings=savings)
@@ -105,15 +106,22 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
     else:
+        from gpudiag.reports.terminal import print_diagnosis, print_summary
+
         console = Console(highlight=False)
         print_summary(info, console)
         print_diagnosis(info["diagnosis"], console, top=top)
-    if budgets and dx.losses.empty:
+    if not budgets:
+        _exit_if_failed(failed)
+        return
+    from gpudiag.analyzers.budgets import exceeded
+
+    if dx.losses.empty:
         raise InputError(", ".join(str(p) for p in paths),
                          "has no GPU timeline, so the --fail-on budgets cannot be checked",
                          "gate on a profile with kernels on a timeline (PyTorch profiler, "
                          "Nsight Systems, JAX), not an Nsight Compute report or a snapshot")
-    broken = budget_mod.exceeded(budgets, dx.losses)
+    broken = exceeded(budgets, dx.losses)
     for line in broken:
         click.echo(f"gpudiag: {line}", err=True)
     if broken:

@@ -257,7 +257,8 @@ def test_a_folder_over_the_file_count_budget_is_refused_before_reading(
 def test_a_folder_of_tiny_traces_builds_no_table_twice(tmp_path: Path) -> None:
     """Each tiny trace was 60-90 ms, mostly empty tables built column by column and the
     devices table built again from the same deviceProperties. Tables without events are now
-    the schema's shared empty table, and a job's ranks share one devices table: counted here
+    the schema's shared empty table, a job's ranks share one devices table, and a folder
+    of Kineto traces is read together, each table built once for all of them: counted here
     (the cost per file is measured by hand, docs/formats.md, never timed in a test)."""
     from gpudiag import schema
     from gpudiag.readers.kineto import reader as kineto_reader
@@ -275,8 +276,9 @@ def test_a_folder_of_tiny_traces_builds_no_table_twice(tmp_path: Path) -> None:
         trace = gpudiag.load(tmp_path)
     assert len(trace.kernels) == 40
     assert kineto_reader._devices_of.cache_info().misses == built  # no rank built it again
-    # the tables these traces have no events for are the schema's empty one, in every file
-    assert all(conforms.count(name) >= 40 for name in ("syncs", "memory", "metrics"))
+    # the tables these traces have no events for are the schema's empty one, built once
+    # for the folder (read together), not once per file
+    assert all(1 <= conforms.count(name) < 40 for name in ("syncs", "memory", "metrics"))
 
 
 def test_a_trace_of_more_events_than_the_budget_is_refused(
