@@ -282,13 +282,15 @@ def is_trace_dir(path: Path) -> bool:
     return isinstance(meta, dict) and meta.get("gpudiag_format") == FORMAT_NAME
 
 
-def merge(traces: Iterable[Trace], offsets: Sequence[int] | None = None) -> Trace:
+def merge(traces: Iterable[Trace], offsets: Sequence[int] | None = None, *,
+          metas: list[dict[str, Any]] | None = None) -> Trace:
     """One Trace from several processes or ranks.
 
     Rows keep their `pid` and `rank`; a trace whose meta names a rank fills it into rows that
     have none. `kernel_id` is offset so it stays unique (metrics and collectives follow):
     each trace's by the kernels of the traces before it, or by `offsets` (the pieces of a
-    job whose files were numbered apart, `jobs`).
+    job whose files were numbered apart, `jobs`). `metas`: every file's own meta, when
+    some of `traces` hold several files read together (the merged meta is theirs).
     """
     traces = list(traces)
     if len(traces) == 1 and not offsets:
@@ -310,7 +312,7 @@ def merge(traces: Iterable[Trace], offsets: Sequence[int] | None = None) -> Trac
         if len(trace.kernels):
             offset += int(trace.kernels["kernel_id"].max()) + 1
     tables = {name: concat_tables(frames) for name, frames in parts.items()}
-    meta = merge_meta([member.meta for member in traces])
+    meta = merge_meta(metas if metas is not None else [member.meta for member in traces])
     if rules:
         meta["ncu_rules"] = rules
     return Trace(meta=meta, **tables)

@@ -16,7 +16,7 @@ from gpudiag.errors import InputError
 from gpudiag.readers.files import at_most_files, decoded_size
 from gpudiag.readers.registry import Reader, detect, read_path, readable_files, supported
 from gpudiag.readers.run_dir import is_run_dir, load_run, read_part, run_units
-from gpudiag.trace import Trace, is_trace_dir, merge, merge_meta
+from gpudiag.trace import Trace, is_trace_dir, merge
 
 PathLike = str | os.PathLike[str]
 Progress = Callable[[str], None]
@@ -52,10 +52,7 @@ def load(paths: PathLike | Sequence[PathLike], *, progress: Progress | None = No
         for path, reader in group:
             pieces.append(read_file(path, reader))
             metas.append(pieces[-1].meta)
-    trace = merge(pieces)
-    if len(pieces) < len(metas):  # read together: the job's meta from every file's own
-        rules = trace.meta.get("ncu_rules")
-        trace.meta = merge_meta(metas) | ({"ncu_rules": rules} if rules else {})
+    trace = merge(pieces, metas=metas)  # every file's own meta, also those read together
     if skipped:  # files in a folder that no reader accepts: said, never silently dropped
         trace.meta["skipped"] = skipped
         trace.warn("files in the folder that are not a profile gpudiag reads (meta skipped)",
