@@ -12,11 +12,15 @@ their collectives do not line up exactly:
   a tool's fixed cost per file decides;
 - `a100:N`: N ranks from rank 0 of a 16-rank A100 job (1.4 MB gzipped, 25.8 MB of JSON,
   6,080 kernels): fewer, larger files.
-Each measurement runs in a fresh process (the user's cold start, imports included):
+Each measurement runs in a fresh process (the user's cold start, imports included), with
+every tool's bytecode compiled as an installed package has it (this checkout's gpudiag is
+compiled first: where PYTHONDONTWRITEBYTECODE is set, as on our VMs, an editable checkout
+would compile its 150 modules in every process, ~0.1 s each time, and HTA's
+site-packages were compiled when pip installed them):
 - gpudiag `merged`: `gpudiag.diagnose(gpudiag.load(folder))` (one process reads every rank
   and merges them);
 - gpudiag `workers1` / `workers2`: `gpudiag.diagnose_job(folder, workers=N, rows=False)`
-  (files read and analyzed in batches, in this process or on N spawned processes, then
+  (files read and analyzed in batches, in this process or on N local worker processes, then
   reduced; without the gap rows, as `gpudiag analyze --workers N` runs it);
 - gpudiag `dask2`: the same on a `distributed.LocalCluster` of 2 worker processes, started
   inside the measured process (its start-up is counted);
@@ -31,6 +35,7 @@ the sampling takes no time from the measured process's threads).
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import gzip
 import json
@@ -86,6 +91,13 @@ wall = time.perf_counter() - started
 import multiprocessing  # the CPU of child processes counts once they are reaped
 while multiprocessing.active_children():
     time.sleep(0.005)
+from multiprocessing import forkserver  # a local pool's workers are the fork server's children:
+server = forkserver._forkserver._forkserver_pid  # wait until it has reaped them, then stop it
+if server is not None:
+    children = f"/proc/{server}/task/{server}/children"
+    while open(children).read().strip():
+        time.sleep(0.005)
+    forkserver._forkserver._stop()
 own = resource.getrusage(resource.RUSAGE_SELF)
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall_s": wall, "cpu_s": own.ru_utime + own.ru_stime + kids.ru_utime
@@ -180,6 +192,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
     args = parser.parse_args()
+    compileall.compile_dir(HERE.parent / "gpudiag", quiet=1)  # as pip leaves an install
     results = []
     lines = ["| job | run | wall s | CPU / wall | coordinator peak MB | total peak MB "
              "| HTA / this |", "|--|--|--:|--:|--:|--:|--:|"]

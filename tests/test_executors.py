@@ -165,3 +165,42 @@ def test_a_script_without_a_main_guard_runs_its_job_on_a_local_pool(tmp_path: Pa
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("ran on") == 1 and "bootstrapping" not in done.stderr
+
+
+def test_a_local_pool_forks_its_workers_from_a_server_that_imported_the_analysis(
+        tmp_path: Path) -> None:
+    """Workers are forked from a fork server (never from the caller, which may hold threads)
+    that imported the map, the readers and the analyzers once: a worker's first task finds
+    them loaded instead of importing them again (half a second each)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "probe.py").write_text(textwrap.dedent("""
+        import os, sys
+
+        def loaded(_):
+            return (os.getppid(), all(name in sys.modules for name in (
+                "pandas", "msgspec", "gpudiag.jobs.rank_map", "gpudiag.readers.kineto.joined",
+                "gpudiag.analyzers.kernels.launch", "gpudiag.analyzers.host.steps")))
+    """))
+    (tmp_path / "job.py").write_text(textwrap.dedent(f"""
+        import os, sys
+        sys.path[:0] = [{str(tmp_path)!r}, {str(Path(__file__).parents[1])!r}]
+        from gpudiag.jobs import WORKER_IMPORTS
+        from gpudiag.jobs.executors import LocalPool
+        from probe import loaded
+        with LocalPool(2) as pool:
+            pool.start(WORKER_IMPORTS)
+            assert "pandas" not in sys.modules  # the caller did not wait for the imports
+            seen = {{outcome.value for outcome in pool.map(loaded, range(6))}}
+        print(pool.method, sorted({{ok for _, ok in seen}}),
+              sorted({{parent == os.getpid() for parent, _ in seen}}))
+    """))
+    done = subprocess.run([sys.executable, str(tmp_path / "job.py")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if sys.platform == "win32":  # no fork server: spawned workers, each importing
+        assert done.stdout.split()[0] == "spawn"
+        return
+    assert done.stdout.split() == ["forkserver", "[True]", "[False]"]

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from gpudiag.jobs.job import JobDiagnosis
     from gpudiag.readers.sources import PathLike
 
-#: what a worker imports to run the job's map (`rank_map.read_batch`)
-RANK_MAP = "gpudiag.jobs.rank_map"
+#: what a worker imports before its first batch: the map (`rank_map.read_batch`), the
+#: readers and analyzers it loads (`jobs/worker.py`)
+WORKER_IMPORTS = "gpudiag.jobs.worker"
 
 
 def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = None,
@@ -42,7 +43,7 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
     from gpudiag.jobs.executors import executor
 
     with executor(workers=workers, scheduler=scheduler, client=client) as pool:
-        pool.start(RANK_MAP)  # a local pool's workers import while this process does
+        pool.start(WORKER_IMPORTS)  # a local pool's workers import while this process does
         from gpudiag.jobs.job import run
 
         return run(pool, paths, steps=steps, window=window, launch_gap_ns=launch_gap_ns,

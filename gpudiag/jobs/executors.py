@@ -13,8 +13,11 @@ with an error instead of a hang.
 
 - `InProcess`: the items one after another, here (1 worker, or nothing to parallelize).
 - `LocalPool`: a `concurrent.futures` process pool, one worker per core by default. Workers
-  are spawned, not forked: the parent may hold threads (gzip inflaters, a Dask client)
-  whose locks a forked child would inherit held.
+  are never forked from this process, which may hold threads (gzip inflaters, a Dask
+  client, a notebook's) whose locks a forked child would inherit held: they are forked from
+  a fork server, a single-threaded process started for them that imports the analysis
+  once (half a second with pandas), so N workers start in milliseconds instead of each
+  importing it again (`start`). Where there is no fork server (Windows) they are spawned.
 - `DaskCluster`: a `distributed.Client` (given, or connected to `scheduler`: an address or a
   scheduler file, or `DASK_SCHEDULER_ADDRESS`, as Nsight Systems' recipes do). Workers read
   the files themselves, so they must see the same paths (a shared file system).
@@ -31,7 +34,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
-from multiprocessing import get_context
+from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -43,6 +46,8 @@ from gpudiag.optional import require
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 #: how long connecting to a Dask scheduler may take before the job says none answered
 CONNECT_TIMEOUT = "20s"
+#: the start method of a local pool's workers where the platform has it (Linux, macOS)
+FORK_SERVER = "forkserver"
 WORKER_DIED = ("a worker process died while running it (killed, or out of memory); the "
                "items after it on that worker were not run")
 
@@ -121,18 +126,29 @@ class InProcess(_Closing):
 
 
 class LocalPool(_Closing):
-    """A pool of `workers` spawned processes on this machine (None: one per core)."""
+    """A pool of `workers` processes on this machine (None: one per core), forked from a
+    fork server (spawned where there is none)."""
 
     name = "local pool"
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers or os.cpu_count() or 1
-        self._pool = ProcessPoolExecutor(max_workers=self.workers,
-                                         mp_context=get_context("spawn"))
+        self.method = FORK_SERVER if FORK_SERVER in get_all_start_methods() else "spawn"
+        self._context = get_context(self.method)
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context)
 
     def start(self, module: str) -> None:
-        """Start every worker now, each importing `module` (half a second with pandas):
-        they import while the caller does, instead of after it asks for the first map."""
+        """Have `module` imported where the workers start, while the caller imports too.
+
+        With a fork server: start the server (if this process has none running yet)
+        importing `module`, without waiting for it; the first `map` forks every worker from
+        it, warm. Spawned workers: start them now, each importing `module`."""
+        if self.method == FORK_SERVER:
+            from multiprocessing import forkserver
+
+            forkserver.set_forkserver_preload([module])  # a running server keeps its own
+            forkserver.ensure_running()
+            return
         with _main_script_hidden():  # a worker starts in submit
             for _ in range(self.workers):
                 self._pool.submit(imported, module)
