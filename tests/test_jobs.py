@@ -334,3 +334,41 @@ def test_two_nsight_compute_reports_keep_both_reports_rule_results(tmp_path: Pat
     assert len(rules) == sum(alone) and alone[0] > 0 and alone[1] > 0
     assert set(rules["kernel_id"]) == {0, 1}  # each report's kernel, renumbered
     assert_same(diagnose_job(files, workers=1), merged)
+
+
+class TwoWorkersHere:
+    """An executor with two workers that runs everything in this process and records what
+    it was given; `lose` names a function whose every item comes back as a dead worker's."""
+
+    name = "two workers, here"
+    workers = 2
+
+    def __init__(self, lose: str | None = None) -> None:
+        self.lose = lose
+        self.calls: list[tuple[str, list[Any]]] = []
+
+    def map(self, function: Any, items: Any) -> Any:
+        from gpudiag.jobs.executors import WORKER_DIED, InProcess, Outcome
+
+        listed = list(items)
+        self.calls.append((function.__name__, listed))
+        if function.__name__ == self.lose:
+            return iter([Outcome(index, item, error=WORKER_DIED)
+                         for index, item in enumerate(listed)])
+        return InProcess().map(function, listed)
+
+
+@pytest.mark.parametrize("lose", [None, "combine_part"])
+def test_the_reduce_combines_some_analyzers_on_the_workers_and_any_they_lose_here(
+        job4: Path, lose: str | None) -> None:
+    """Workers idle once the map is done: the slow combines (`reduce.ELSEWHERE`) run there
+    while this process combines the rest; one whose worker died is combined here."""
+    from gpudiag.jobs.job import run
+    from gpudiag.jobs.reduce import ELSEWHERE
+
+    pool = TwoWorkersHere(lose)
+    job = run(pool, job4, steps=True)
+    assert_same(job, diagnose(gpudiag.load(job4), steps=True))
+    sent = [[name for name, _ in items] for function, items in pool.calls
+            if function == "combine_part"]
+    assert sent == [list(ELSEWHERE)]

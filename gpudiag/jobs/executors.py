@@ -74,7 +74,9 @@ class Executor(Protocol):
     workers: int
 
     def map(self, function: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
-        """One Outcome per item, in the order they finish."""
+        """One Outcome per item, in the order they finish. Workers of their own start the
+        items when `map` is called, so the caller can work while they run; in this
+        process they run as the outcomes are asked for."""
         ...
 
     def close(self) -> None:
@@ -154,10 +156,16 @@ class LocalPool(_Closing):
                 self._pool.submit(imported, module)
 
     def map(self, function: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
+        """Every item submitted now (the caller may work while they run), outcomes as they
+        finish."""
         listed = list(items)
         with _main_script_hidden():  # the workers start in submit
             futures = {self._pool.submit(function, item): index
                        for index, item in enumerate(listed)}
+        return self._outcomes(futures, listed)
+
+    @staticmethod
+    def _outcomes(futures: dict[Any, int], listed: list[Any]) -> Iterator[Outcome]:
         for future in as_completed(futures):
             index = futures[future]
             try:
@@ -234,9 +242,15 @@ class DaskCluster(_Closing):
         return cluster
 
     def map(self, function: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
+        """Every item submitted now, outcomes as they finish."""
         distributed = require("distributed", "Running gpudiag on a Dask cluster")
         listed = list(items)
         futures = self.client.map(function, listed, pure=False)
+        return self._outcomes(distributed, futures, listed)
+
+    @staticmethod
+    def _outcomes(distributed: Any, futures: list[Any], listed: list[Any]
+                  ) -> Iterator[Outcome]:
         positions = {future.key: index for index, future in enumerate(futures)}
         for future in distributed.as_completed(futures):
             index = positions[future.key]

@@ -76,14 +76,14 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
     failed += more
     if not any(part.group is not None for part in parts):
         raise _none_read(files, failed)
-    dx, found, host = _reduce(parts, options, run_dir)
+    dx, found, host = _reduce(parts, options, run_dir, pool)
     warm = _warm_window(dx, found, window)
     if warm is not None:
         warm_parts, more = _run(pool, [part.files for part in parts if part.files],
                                 Options(bounds=window, gap_options=options.gap_options,
                                         warm=warm, rows=rows), None, len(units))
         failed += more
-        found = _flag(found, dx, warm_parts, options)
+        found = _flag(found, dx, warm_parts, options, pool)
     dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host,
                                                                     rank_by="lost"))
     dx.notes.append(NO_SAVINGS)
@@ -150,11 +150,12 @@ def _run_dir(paths: PathLike | Sequence[PathLike]) -> Path | None:
     return None
 
 
-def _reduce(units: list[BatchPart], options: Options, run: Path | None = None
-            ) -> tuple[JobDiagnosis, pd.DataFrame, list[pd.DataFrame]]:
+def _reduce(units: list[BatchPart], options: Options, run: Path | None = None,
+            pool: Any = None) -> tuple[JobDiagnosis, pd.DataFrame, list[pd.DataFrame]]:
     """The job's Diagnosis, and its GPU findings and host findings before they are ranked
     (the warm-up flags, from a second pass, come first). `run`: the job is that run
-    directory, whose meta (session, processes) completes the parts' (`finish_meta`)."""
+    directory, whose meta (session, processes) completes the parts' (`finish_meta`);
+    `pool`: the job's executor, whose workers combine some analyzers (`reduce.findings`)."""
     ranks = reduce.placed(units)
     meta = reduce.job_meta(units)
     if run is not None:
@@ -165,7 +166,7 @@ def _reduce(units: list[BatchPart], options: Options, run: Path | None = None
     gaps = reduce.gaps(ranks) if made and options.rows else None
     tables: dict[str, Any] = {}
     gpu, host = reduce.findings(ranks, gaps, meta, notes, tables,
-                                gap_options=options.gap_options, waterfall=made)
+                                gap_options=options.gap_options, waterfall=made, pool=pool)
     loss = reduce.losses(ranks, waits, options.bounds) if made else reduce.losses([], None, None)
     total = int(loss["lost_ns"].sum())
     found = findings_mod.combine(gpu, total)
@@ -193,14 +194,15 @@ def _warm_window(dx: JobDiagnosis, found: pd.DataFrame, bounds: tuple[int, int] 
     return warm if warm[1] > warm[0] else None
 
 
-def _flag(found: pd.DataFrame, dx: JobDiagnosis, units: list[BatchPart], options: Options
-          ) -> pd.DataFrame:
+def _flag(found: pd.DataFrame, dx: JobDiagnosis, units: list[BatchPart], options: Options,
+          pool: Any = None) -> pd.DataFrame:
     """Flag the findings whose time lies mostly in the warm-up steps (second pass)."""
     ranks = reduce.placed(units)
     meta = reduce.job_meta(units)
     warm_gaps = reduce.gaps(ranks) if options.rows else None
     parts, _ = reduce.findings(ranks, warm_gaps, meta, [], None, waterfall=True,
-                               gap_options=options.gap_options, skip=diagnosis.WARM_SKIPPED)
+                               gap_options=options.gap_options, skip=diagnosis.WARM_SKIPPED,
+                               pool=pool)
     early = findings_mod.combine(parts, 0)
     assert dx.steps is not None
     return diagnosis.flag_warmup(found, early, dx.steps)

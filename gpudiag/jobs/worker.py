@@ -2,10 +2,10 @@
 spawned worker, imports this module: `LocalPool.start`).
 
 `rank_map` alone leaves most of a batch's modules to be imported on first use: the readers
-(the Kineto reader and its JSON decoder) and the analyzers, which `diagnosis.module_of`
-loads when a trace needs them. Imported here, before the workers are forked, they cost
-nothing per worker and the first batch runs as fast as the next ones (a batch of 16 DLRM
-ranks: 1.11 s cold, 0.97 s warm).
+(the Kineto reader and its JSON decoder), the analyzers, which `diagnosis.module_of` loads
+when a trace needs them, the summary every batch sends and the reduce's combines that run
+on workers (`reduce.ELSEWHERE`). Imported here, before the workers are forked, they cost
+nothing per worker (a batch of 16 DLRM ranks: 1.11 s with its imports, 0.97 s without).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from __future__ import annotations
 import importlib
 
 from gpudiag.analyzers import diagnosis
-from gpudiag.jobs import rank_map  # noqa: F401  (what the workers run)
-from gpudiag.readers.kineto import joined  # noqa: F401  (the usual rank file: Kineto JSON)
-from gpudiag.analyzers import summary  # noqa: F401  (every batch sends its summary part)
+from gpudiag.analyzers import summary as _summary  # noqa: F401  (every batch's summary part)
+from gpudiag.jobs import rank_map as _rank_map  # noqa: F401  (the map)
+from gpudiag.jobs import reduce as _reduce  # noqa: F401  (the combines run on workers)
+from gpudiag.readers.kineto import joined as _joined  # noqa: F401  (the usual rank file)
 
 for _analyzer in diagnosis.ANALYZERS:
     importlib.import_module(_analyzer.module)
