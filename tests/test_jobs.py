@@ -372,3 +372,34 @@ def test_the_reduce_combines_some_analyzers_on_the_workers_and_any_they_lose_her
     sent = [[name for name, _ in items] for function, items in pool.calls
             if function == "combine_part"]
     assert sent == [list(ELSEWHERE)]
+
+
+def test_batches_that_share_a_rank_or_device_are_read_as_one_span() -> None:
+    from gpudiag.jobs.batches import rejoin
+
+    planned = [("a",), ("b", "c"), ("d",), ("e",), ("f",)]
+    assert rejoin(planned, {0: {1}, 1: {2}, 2: {3}, 3: {4}, 4: {5}}) == planned
+    assert rejoin(planned, {0: {1}, 1: {2}, 2: {1}, 3: {4}, 4: {5}}) == [
+        ("a", "b", "c", "d"), ("e",), ("f",)]  # the batches between come along, in order
+    assert rejoin(planned, {0: {1}, 1: {2}, 2: {1, 9}, 3: {4}, 4: {9}}) == [
+        ("a", "b", "c", "d", "e", "f")]  # a span that reaches another span takes it too
+    assert rejoin(planned, {1: {7}, 3: {7}}) == [("a",), ("b", "c", "d", "e"), ("f",)]
+
+
+def test_a_rank_profiled_twice_gives_the_merged_diagnosis_on_a_pool(tmp_path: Path) -> None:
+    """Two files of rank 0 (a later profiling window of the same rank), among others: each
+    small file is its own batch on two workers, and the reduce keys a device's window by
+    rank, so the two files of rank 0 are read together (with the batches between them)."""
+    job = shifted_job(PAIR[0], 3, tmp_path / "job")
+    later = TS.sub(lambda m: b'"ts": ' + repr(float(m[1]) + 5e6).encode(),
+                   gzip.decompress((job / "rank0.json.gz").read_bytes()))
+    (job / "rank9_is_rank0_again.json.gz").write_bytes(gzip.compress(later, 1))
+    files = sorted(job.glob("*.json.gz"))
+    merged = diagnose(gpudiag.load(files))
+    dx = diagnose_job(files, workers=2)
+    note = next(note for note in dx.notes if note.startswith("the same rank or device"))
+    assert "rank0.json.gz to rank9_is_rank0_again.json.gz" in note
+    dx.notes.remove(note)
+    assert_same(dx, merged)
+    spans = dx.losses.groupby("rank")["lost_ns"].sum()  # causes add up to the device window
+    assert spans.loc[0] > 5_000_000_000 > spans.loc[1]  # rank 0's two windows, 5 s apart

@@ -14,7 +14,7 @@ enough batches to keep every worker busy to the end.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 from gpudiag.readers.files import decoded_size
@@ -60,3 +60,32 @@ def read_bytes(path: Path) -> int:
     except OSError:
         return 0  # the reader will say what is wrong with it
     return decoded_size(path)
+
+
+def rejoin(planned: Sequence[tuple[str, ...]], keys: dict[int, set[Hashable]]
+           ) -> list[tuple[str, ...]]:
+    """`planned` with every span of batches that share a key read as one batch.
+
+    `keys[i]`: what batch `i` holds that the reduce keys by (its ranks, its devices). The
+    reduce takes each device's window, losses and steps from one batch; a rank whose files
+    fell in two batches (two runs in one folder, one rank profiled twice) would keep only
+    one of them. Such batches, and every batch between them (so files stay in the merge's
+    order), become one batch: the job's answer is then the merged one, at the cost of one
+    worker reading the span."""
+    seen: dict[Hashable, int] = {}
+    reach = list(range(len(planned)))  # the last batch each batch must be read with
+    for index in sorted(keys):
+        for key in keys[index]:
+            first = seen.setdefault(key, index)
+            reach[first] = max(reach[first], index)
+    out: list[tuple[str, ...]] = []
+    start = 0
+    while start < len(planned):
+        end = reach[start]
+        step = start
+        while step <= end:  # a batch inside the span may reach further
+            end = max(end, reach[step])
+            step += 1
+        out.append(tuple(file for batch in planned[start:end + 1] for file in batch))
+        start = end + 1
+    return out

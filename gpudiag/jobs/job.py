@@ -73,7 +73,9 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
         rows=rows)
     planned = batches.plan(units, pool.workers)
     parts, more = _run(pool, planned, options, progress, len(units))
-    failed += more
+    parts, more, shared = _rejoined(pool, planned, parts, more, options, len(units))
+    failed += [item for index in sorted(more) for item in more[index]]
+    parts = [parts[index] for index in sorted(parts)]
     if not any(part.group is not None for part in parts):
         raise _none_read(files, failed)
     dx, found, host = _reduce(parts, options, run_dir, pool)
@@ -82,10 +84,13 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
         warm_parts, more = _run(pool, [part.files for part in parts if part.files],
                                 Options(bounds=window, gap_options=options.gap_options,
                                         warm=warm, rows=rows), None, len(units))
-        failed += more
-        found = _flag(found, dx, warm_parts, options, pool)
+        failed += [item for index in sorted(more) for item in more[index]]
+        found = _flag(found, dx, [warm_parts[index] for index in sorted(warm_parts)],
+                      options, pool)
     dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host,
                                                                     rank_by="lost"))
+    if shared:
+        dx.notes.append(shared)
     dx.notes.append(NO_SAVINGS)
     dx.failed = failed
     dx.units = files
@@ -124,9 +129,9 @@ def _resolve_window(pool: Any, units: list[str], spec: str
 
 def _run(pool: Any, planned: list[tuple[str, ...]], options: Options,
          progress: Progress | None, total: int
-         ) -> tuple[list[BatchPart], list[tuple[str, str]]]:
-    """Every batch's part, in file order; the files that failed with their error (a batch
-    whose worker died fails all its files)."""
+         ) -> tuple[dict[int, BatchPart], dict[int, list[tuple[str, str]]]]:
+    """Each batch's part, and the files of each batch that failed with their error (a batch
+    whose worker died fails all its files), by the batch's index in `planned`."""
     done: dict[int, BatchPart] = {}
     failed: dict[int, list[tuple[str, str]]] = {}
     for outcome in pool.map(read_batch, [(batch, options) for batch in planned]):
@@ -138,8 +143,39 @@ def _run(pool: Any, planned: list[tuple[str, ...]], options: Options,
         else:
             failed[outcome.index] = [(file, str(outcome.error))
                                      for file in planned[outcome.index]]
-    return ([done[index] for index in sorted(done)],
-            [item for index in sorted(failed) for item in failed[index]])
+    return done, failed
+
+
+def _rejoined(pool: Any, planned: list[tuple[str, ...]], done: dict[int, BatchPart],
+              failed: dict[int, list[tuple[str, str]]], options: Options, total: int
+              ) -> tuple[dict[int, BatchPart], dict[int, list[tuple[str, str]]], str | None]:
+    """The parts again, where batches shared a rank or a device: those spans read again as
+    one batch each (`batches.rejoin`), with the note that says so (None when none did)."""
+    joined = batches.rejoin(planned, {index: _held(part) for index, part in done.items()})
+    if len(joined) == len(planned):
+        return done, failed, None
+    first = {batch[0]: index for index, batch in enumerate(planned)}
+    kept = [first[batch[0]] if batch in planned else None for batch in joined]
+    again = [batch for batch, index in zip(joined, kept, strict=True) if index is None]
+    parts, errors = _run(pool, again, options, None, total)
+    out: dict[int, BatchPart] = {}
+    out_failed: dict[int, list[tuple[str, str]]] = {}
+    for position, index in enumerate(kept):
+        source, errs, at = (done, failed, index) if index is not None else (
+            parts, errors, again.index(joined[position]))
+        if at in source:
+            out[position] = source[at]
+        out_failed[position] = errs.get(at, [])
+    spans = ", ".join(f"{Path(batch[0]).name} to {Path(batch[-1]).name}" for batch in again)
+    return out, out_failed, (
+        "the same rank or device is in several of the job's files (two runs in one folder, "
+        f"or one rank profiled twice?): {spans} were analyzed together, as one merged trace")
+
+
+def _held(part: BatchPart) -> set[Any]:
+    """What the reduce keys a batch's results by: its files' ranks and its devices."""
+    ranks = {("rank", meta["rank"]) for meta in part.metas if meta.get("rank") is not None}
+    return ranks | set(part.group.windows if part.group is not None else ())
 
 
 def _run_dir(paths: PathLike | Sequence[PathLike]) -> Path | None:
