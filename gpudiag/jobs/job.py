@@ -72,10 +72,11 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
         "launch_gap_ns": launch_gap_ns, "sync_tolerance_ns": sync_tolerance_ns},
         rows=rows)
     planned = batches.plan(units, pool.workers)
-    parts, more = _run(pool, planned, options, progress, len(units))
-    parts, more, shared = _rejoined(pool, planned, parts, more, options, len(units))
+    done, more = _run(pool, planned, options, progress, len(units))
+    done, more, shared = _rejoined(pool, planned, done, more, options=options,
+                                   total=len(units))
     failed += [item for index in sorted(more) for item in more[index]]
-    parts = [parts[index] for index in sorted(parts)]
+    parts = [done[index] for index in sorted(done)]
     if not any(part.group is not None for part in parts):
         raise _none_read(files, failed)
     dx, found, host = _reduce(parts, options, run_dir, pool)
@@ -147,25 +148,25 @@ def _run(pool: Any, planned: list[tuple[str, ...]], options: Options,
 
 
 def _rejoined(pool: Any, planned: list[tuple[str, ...]], done: dict[int, BatchPart],
-              failed: dict[int, list[tuple[str, str]]], options: Options, total: int
+              failed: dict[int, list[tuple[str, str]]], *, options: Options, total: int
               ) -> tuple[dict[int, BatchPart], dict[int, list[tuple[str, str]]], str | None]:
     """The parts again, where batches shared a rank or a device: those spans read again as
     one batch each (`batches.rejoin`), with the note that says so (None when none did)."""
     joined = batches.rejoin(planned, {index: _held(part) for index, part in done.items()})
     if len(joined) == len(planned):
         return done, failed, None
-    first = {batch[0]: index for index, batch in enumerate(planned)}
-    kept = [first[batch[0]] if batch in planned else None for batch in joined]
-    again = [batch for batch, index in zip(joined, kept, strict=True) if index is None]
+    first = {batch: index for index, batch in enumerate(planned)}
+    again = [batch for batch in joined if batch not in first]
     parts, errors = _run(pool, again, options, None, total)
+    redone = {batch: index for index, batch in enumerate(again)}
     out: dict[int, BatchPart] = {}
     out_failed: dict[int, list[tuple[str, str]]] = {}
-    for position, index in enumerate(kept):
-        source, errs, at = (done, failed, index) if index is not None else (
-            parts, errors, again.index(joined[position]))
-        if at in source:
-            out[position] = source[at]
-        out_failed[position] = errs.get(at, [])
+    for position, batch in enumerate(joined):
+        source, errs, index = ((done, failed, first[batch]) if batch in first
+                               else (parts, errors, redone[batch]))
+        if index in source:
+            out[position] = source[index]
+        out_failed[position] = errs.get(index, [])
     spans = ", ".join(f"{Path(batch[0]).name} to {Path(batch[-1]).name}" for batch in again)
     return out, out_failed, (
         "the same rank or device is in several of the job's files (two runs in one folder, "
