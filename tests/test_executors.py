@@ -1,4 +1,4 @@
-"""The executors run per-item work in this process, a spawned local pool and a real Dask
+"""The executors run per-item work in this process, a local process pool and a real Dask
 LocalCluster (started here), with the same outcomes: values, one-line errors for an item that
 raised, and an error, never a hang, for an item whose worker died."""
 

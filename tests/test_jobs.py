@@ -1,6 +1,6 @@
 """A many-rank job diagnosed rank by rank (`jobs.diagnose_job`) equals the diagnosis of the
 merged job (`diagnose(gpudiag.load(files))`), to the nanosecond, in this process, on a
-spawned local pool and on a real Dask LocalCluster; a corrupt rank is listed and skipped."""
+local process pool and on a real Dask LocalCluster; a corrupt rank is listed and skipped."""
 
 from __future__ import annotations
 
