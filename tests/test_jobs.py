@@ -403,3 +403,17 @@ def test_a_rank_profiled_twice_gives_the_merged_diagnosis_on_a_pool(tmp_path: Pa
     assert_same(dx, merged)
     spans = dx.losses.groupby("rank")["lost_ns"].sum()  # causes add up to the device window
     assert spans.loc[0] > 5_000_000_000 > spans.loc[1]  # rank 0's two windows, 5 s apart
+
+
+def test_ranks_of_one_program_share_their_launch_groups(job32: Path) -> None:
+    """A launch group is a kernel, call site and the values its occupancy follows from, not
+    one rank's configuration: a batch of 8 ranks of one program sends as many groups as one
+    rank (what the coordinator holds stops growing with ranks), counts and time summed."""
+    files = tuple(str(path) for path in sorted(job32.glob("*.json.gz")))
+    one = read_batch((files[:1], Options(rows=False))).group
+    eight = read_batch((files[:8], Options(rows=False))).group
+    assert one is not None and eight is not None
+    alone, shared = one.parts["launch"].groups, eight.parts["launch"].groups
+    assert len(shared) == len(alone) > 100
+    assert shared["count"].sum() == 8 * alone["count"].sum()
+    assert shared["dur_ns"].sum() == 8 * alone["dur_ns"].sum()

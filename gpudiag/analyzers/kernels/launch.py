@@ -236,6 +236,43 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
         out["_named"] = named[first.reindex(agg.index).to_numpy()]  # where = the short name
     for col in ("count", "dur_ns", "max_dur_ns"):
         out[col] = agg[col].to_numpy()
+    return _by_value(_ncu_rules(_with_idle(out), tail_min_speedup))
+
+
+#: what a launch group is, besides its kernel (and call site): the values its occupancy and
+#: idle share follow from. A configuration code is one (rank, device)'s; groups of equal
+#: values are one group, so the ranks of one program share theirs and a job's parts stop
+#: growing with its ranks
+GROUP_VALUES = ("grid_blocks", "block_threads", "sm_count", *occ.COLUMNS)
+
+
+def _by_value(groups: pd.DataFrame) -> pd.DataFrame:
+    """Launch groups of equal kernel, call site and `GROUP_VALUES` as one, in order of
+    first appearance: counts and durations summed (integers: any order of parts gives the
+    same sums), the longest launch kept, the idle time computed again from the sums."""
+    if groups.empty:
+        return groups
+    by = [groups["full_name"], *(groups[col] for col in GROUP_VALUES)]
+    if "where" in groups:
+        by += [groups["where"], groups["_named"]]
+    code = keys.codes(*by)
+    if len(np.unique(code)) == len(code):
+        return groups.reset_index(drop=True)
+    summed = pd.DataFrame({"code": code, "count": groups["count"].to_numpy(),
+                           "dur_ns": groups["dur_ns"].to_numpy(),
+                           "max_dur_ns": groups["max_dur_ns"].to_numpy(),
+                           "pos": np.arange(len(code))}).groupby("code", sort=False).agg(
+        count=("count", "sum"), dur_ns=("dur_ns", "sum"), max_dur_ns=("max_dur_ns", "max"),
+        pos=("pos", "first"))
+    out = groups.iloc[summed["pos"].to_numpy()].reset_index(drop=True)
+    for col in ("count", "dur_ns", "max_dur_ns"):
+        out[col] = summed[col].to_numpy()
+    return _with_idle(out)
+
+
+def _with_idle(out: pd.DataFrame) -> pd.DataFrame:
+    """The SM-time groups leave idle: `small_grid_ns`, `tail_ns` (and their longest
+    launch's, `max_`), `lost_ns`, from the durations and the idle share."""
     idle_share = np.nan_to_num(1 - out["tail_efficiency"].to_numpy(np.float64))
     waves = out["waves"].to_numpy(np.float64)
     for col, dur_col in (("", "dur_ns"), ("max_", "max_dur_ns")):
@@ -243,7 +280,7 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
         out[f"{col}small_grid_ns"] = np.where(waves < 1, idle, 0.0)
         out[f"{col}tail_ns"] = np.where(waves >= 1, idle, 0.0)
     out["lost_ns"] = out["small_grid_ns"] + out["tail_ns"]
-    return _ncu_rules(out, tail_min_speedup)
+    return out
 
 
 def _grouped_launches(trace: Trace, kernels: pd.DataFrame) -> npt.NDArray[np.bool_]:
@@ -429,11 +466,11 @@ def combine(parts: list[Part]) -> Result:
         shorts = job_short_names([piece.kernel_names for piece in parts])
         groups = [_renamed(frame_, shorts) for frame_ in groups]
         idle = [_renamed(frame_, shorts) for frame_ in idle]
-    found = _idle_findings(_stack(idle), ncu=any(piece.ncu for piece in parts),
+    found = _idle_findings(_by_value(_stack(idle)), ncu=any(piece.ncu for piece in parts),
                            timeline=all(piece.timeline for piece in parts))
     rates = parts[0].rates if len(parts) == 1 else _rate_order(
         pd.concat([piece.rates for piece in parts], ignore_index=True))
-    return Result(found, {"small_grid": _small_grid_table(_stack(groups)),
+    return Result(found, {"small_grid": _small_grid_table(_by_value(_stack(groups))),
                           "launch_rate": rates})
 
 
