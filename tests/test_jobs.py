@@ -396,7 +396,9 @@ def test_a_rank_profiled_twice_gives_the_merged_diagnosis_on_a_pool(tmp_path: Pa
     (job / "rank9_is_rank0_again.json.gz").write_bytes(gzip.compress(later, 1))
     files = sorted(job.glob("*.json.gz"))
     merged = diagnose(gpudiag.load(files))
-    dx = diagnose_job(files, workers=2)
+    seen: list[tuple[int, int]] = []
+    dx = diagnose_job(files, workers=2, progress=lambda _, n, total: seen.append((n, total)))
+    assert sum(n for n, _ in seen) == seen[-1][1] > len(files)  # the re-read span counted too
     note = next(note for note in dx.notes if note.startswith("the same rank or device"))
     assert "rank0.json.gz to rank9_is_rank0_again.json.gz" in note
     dx.notes.remove(note)

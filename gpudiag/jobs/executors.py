@@ -84,7 +84,7 @@ class Executor(Protocol):
         ...
 
     def start(self, module: str) -> None:
-        """Have the workers running, with `module` imported, before the first `map`."""
+        """Have `module` imported where the workers start, before the first `map` needs it."""
         ...
 
 
@@ -136,8 +136,8 @@ class LocalPool(_Closing):
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers or os.cpu_count() or 1
         self.method = FORK_SERVER if FORK_SERVER in get_all_start_methods() else "spawn"
-        self._context = get_context(self.method)
-        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context)
+        self._pool = ProcessPoolExecutor(max_workers=self.workers,
+                                         mp_context=get_context(self.method))
 
     def start(self, module: str) -> None:
         """Have `module` imported where the workers start, while the caller imports too.

@@ -74,8 +74,8 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
     planned = batches.plan(units, pool.workers)
     done, more = _run(pool, planned, options, progress, len(units))
     done, more, shared = _rejoined(pool, planned, done, more, options=options,
-                                   total=len(units))
-    failed += [item for index in sorted(more) for item in more[index]]
+                                   progress=progress, total=len(units))
+    failed += _in_order(more)
     parts = [done[index] for index in sorted(done)]
     if not any(part.group is not None for part in parts):
         raise _none_read(files, failed)
@@ -85,7 +85,7 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
         warm_parts, more = _run(pool, [part.files for part in parts if part.files],
                                 Options(bounds=window, gap_options=options.gap_options,
                                         warm=warm, rows=rows), None, len(units))
-        failed += [item for index in sorted(more) for item in more[index]]
+        failed += _in_order(more)
         found = _flag(found, dx, [warm_parts[index] for index in sorted(warm_parts)],
                       options, pool)
     dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host,
@@ -147,17 +147,25 @@ def _run(pool: Any, planned: list[tuple[str, ...]], options: Options,
     return done, failed
 
 
+def _in_order(failed: dict[int, list[tuple[str, str]]]) -> list[tuple[str, str]]:
+    """The failed files of every batch, in batch order."""
+    return [item for index in sorted(failed) for item in failed[index]]
+
+
 def _rejoined(pool: Any, planned: list[tuple[str, ...]], done: dict[int, BatchPart],
-              failed: dict[int, list[tuple[str, str]]], *, options: Options, total: int
+              failed: dict[int, list[tuple[str, str]]], *, options: Options,
+              progress: Progress | None, total: int
               ) -> tuple[dict[int, BatchPart], dict[int, list[tuple[str, str]]], str | None]:
     """The parts again, where batches shared a rank or a device: those spans read again as
-    one batch each (`batches.rejoin`), with the note that says so (None when none did)."""
+    one batch each (`batches.rejoin`, progress counting the files read again on top of the
+    job's), with the note that says so (None when none did)."""
     joined = batches.rejoin(planned, {index: _held(part) for index, part in done.items()})
     if len(joined) == len(planned):
         return done, failed, None
     first = {batch: index for index, batch in enumerate(planned)}
     again = [batch for batch in joined if batch not in first]
-    parts, errors = _run(pool, again, options, None, total)
+    parts, errors = _run(pool, again, options, progress,
+                         total + sum(len(batch) for batch in again))
     redone = {batch: index for index, batch in enumerate(again)}
     out: dict[int, BatchPart] = {}
     out_failed: dict[int, list[tuple[str, str]]] = {}

@@ -168,9 +168,9 @@ def gaps(ranks: list[Placed]) -> pd.DataFrame:
 
 #: analyzers whose combine runs on the job's workers while this process combines the others
 #: (a local pool's or a cluster's workers idle once the map is done): their combine is slow
-#: beside the size of their parts (64 DLRM ranks: collectives 137 ms from 0.4 MB of parts,
-#: host_gaps 41 ms, host_steps 24 ms, copies 20 ms), where launch's 83 ms would first send
-#: 15 MB of launch groups
+#: beside the size of their parts (64 DLRM ranks: collectives 128 ms from 0.4 MB of parts,
+#: host_gaps 42 ms, host_steps 23 ms, copies 20 ms); launch (44 ms), the waits and the
+#: losses, about as long together, stay here
 ELSEWHERE = ("collectives", "host_gaps", "host_steps", "copies")
 
 
@@ -206,7 +206,7 @@ def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str,
         target, options = diagnosis.analyzer_inputs(analyzer, fallback[0], fallback[1],
                                                     job_gaps, gap_options)
         results[analyzer.name] = diagnosis.module_of(analyzer).analyze(target, **options)
-    for outcome in pending:  # one that failed there is combined here (and says why)
+    for outcome in pending:  # one lost there (a dead worker) is combined here: a bug raises
         name = away[outcome.index]
         results[name] = outcome.value if outcome.ok else combine_part((name, inputs[name]))
     gpu: list[pd.DataFrame] = []

@@ -236,7 +236,7 @@ def _launch_groups(trace: Trace, tail_min_speedup: float, *, timed_only: bool,
         out["_named"] = named[first.reindex(agg.index).to_numpy()]  # where = the short name
     for col in ("count", "dur_ns", "max_dur_ns"):
         out[col] = agg[col].to_numpy()
-    return _by_value(_ncu_rules(_with_idle(out), tail_min_speedup))
+    return _ncu_rules(_by_value(out), tail_min_speedup)
 
 
 #: what a launch group is, besides its kernel (and call site): the values its occupancy and
@@ -249,15 +249,16 @@ GROUP_VALUES = ("grid_blocks", "block_threads", "sm_count", *occ.COLUMNS)
 def _by_value(groups: pd.DataFrame) -> pd.DataFrame:
     """Launch groups of equal kernel, call site and `GROUP_VALUES` as one, in order of
     first appearance: counts and durations summed (integers: any order of parts gives the
-    same sums), the longest launch kept, the idle time computed again from the sums."""
+    same sums), the longest launch kept, the idle time computed from the sums (ncu's rules
+    follow from the values: the first group's hold for all)."""
     if groups.empty:
-        return groups
+        return _with_idle(groups)
     by = [groups["full_name"], *(groups[col] for col in GROUP_VALUES)]
     if "where" in groups:
         by += [groups["where"], groups["_named"]]
     code = keys.codes(*by)
     if len(np.unique(code)) == len(code):
-        return groups.reset_index(drop=True)
+        return _with_idle(groups.reset_index(drop=True))
     summed = pd.DataFrame({"code": code, "count": groups["count"].to_numpy(),
                            "dur_ns": groups["dur_ns"].to_numpy(),
                            "max_dur_ns": groups["max_dur_ns"].to_numpy(),
