@@ -130,7 +130,11 @@ def test_batches_group_consecutive_small_files_and_leave_large_ones_alone(
     from gpudiag.jobs.batches import plan, read_bytes
 
     small = [str(path) for path in sorted(job32.glob("*.json.gz"))]
-    assert [len(batch) for batch in plan(small, 2)] == [8, 8, 8, 8]
+    # 32 ranks of 1.7 MB read (54 MB): two batches under the 48 MB cap, one per worker;
+    # a third worker gets its own (each batch pays the analyzers' fixed cost)
+    assert [len(batch) for batch in plan(small, 2)] == [16, 16]
+    assert [len(batch) for batch in plan(small, 3)] == [11, 10, 11]
+    assert [len(batch) for batch in plan(small[:16], 2)] == [8, 8]
     assert [len(batch) for batch in plan(small, 1, batch_bytes=2**30)] == [32]
     assert [file for batch in plan(small, 3) for file in batch] == small  # order kept
     large = [str(path) for path in sorted(job4.glob("*.json.gz"))]
@@ -138,6 +142,39 @@ def test_batches_group_consecutive_small_files_and_leave_large_ones_alone(
     assert [len(batch) for batch in plan(large, 1)] == [1, 1, 1, 1]
     each = max(read_bytes(Path(file)) for file in small)  # 1.7 MB inflated
     assert [len(batch) for batch in plan(small, 1, batch_bytes=2 * each)] == [2] * 16
+
+
+def test_batches_share_the_bytes_evenly_under_the_cap(tmp_path: Path) -> None:
+    from gpudiag.jobs.batches import plan
+
+    def files(*sizes: int) -> list[str]:
+        out = []
+        for index, size in enumerate(sizes):
+            path = tmp_path / f"{len(list(tmp_path.iterdir())):03d}-{index}.json"
+            path.write_bytes(b" " * size)
+            out.append(str(path))
+        return out
+
+    def sizes(batches: list[tuple[str, ...]]) -> list[int]:
+        return [sum(Path(file).stat().st_size for file in batch) for batch in batches]
+
+    uneven = files(50, 10, 10, 10, 10, 10, 40, 30, 20, 10)  # 200 bytes
+    # one worker, a cap of 100: two batches of about 100 bytes, in order, none over the cap
+    one = plan(uneven, 1, batch_bytes=100)
+    assert sizes(one) == [100, 100]
+    assert [file for batch in one for file in batch] == uneven
+    # three workers: three batches of about a third each (a batch per worker)
+    three = plan(uneven, 3, batch_bytes=100)
+    assert sizes(three) == [70, 70, 60]
+    assert [file for batch in three for file in batch] == uneven
+    # an even share over the cap (uneven files): more batches, not a fragment cut off
+    assert sizes(plan(files(60, 60, 60, 20), 1, batch_bytes=100)) == [60, 60, 80]
+    # a file over the cap is a batch of its own; the small ones around it share theirs
+    big = files(5, 5, 300, 5, 5)
+    assert [len(batch) for batch in plan(big, 1, batch_bytes=100)] == [2, 1, 2]
+    # more workers than files: one file each; files of nothing still all read
+    assert [len(batch) for batch in plan(files(10, 10), 8, batch_bytes=100)] == [1, 1]
+    assert sum(len(batch) for batch in plan(files(0, 0, 0), 2)) == 3
 
 
 def test_a_batch_with_a_corrupt_file_analyzes_the_others(job32: Path, tmp_path: Path
