@@ -39,8 +39,8 @@ def plan(files: Sequence[str], workers: int, *, batch_bytes: int = BATCH_BYTES
     `workers` (each worker the same share; no more, since every batch pays the analyzers'
     fixed cost again), at most one per file. The files are cut where the bytes read reach
     each batch's even share; where files of uneven sizes put a share over `batch_bytes`,
-    more batches are tried, and a batch still over it is cut. 64 DLRM ranks of 1.7 MB read on 2 workers: 4 batches of 16 ranks; 16 of them:
-    2 batches of 8."""
+    more batches are tried, and a batch still over it is cut. 64 DLRM ranks of 1.7 MB
+    read on 2 workers: 4 batches of 16 ranks; 16 of them: 2 batches of 8."""
     if not files:
         return []
     weights = [read_bytes(Path(file)) for file in files]
