@@ -15,9 +15,11 @@ with an error instead of a hang.
 - `LocalPool`: a `concurrent.futures` process pool, one worker per core by default. Workers
   are never forked from this process, which may hold threads (gzip inflaters, a Dask
   client, a notebook's) whose locks a forked child would inherit held: they are forked from
-  a fork server, a single-threaded process started for them that imports the analysis
-  once (half a second with pandas), so N workers start in milliseconds instead of each
-  importing it again (`start`). Where there is no fork server (Windows) they are spawned.
+  a fork server, a process started for them that imports the analysis once (half a
+  second with pandas) and runs no thread of ours or the caller's (only a thread pandas'
+  libraries start, numpy's BLAS or Arrow's, which prepare for fork), so N workers start
+  in milliseconds instead of each importing it again (`start`). Where there is no fork
+  server (Windows) they are spawned.
 - `DaskCluster`: a `distributed.Client` (given, or connected to `scheduler`: an address or a
   scheduler file, or `DASK_SCHEDULER_ADDRESS`, as Nsight Systems' recipes do). Workers read
   the files themselves, so they must see the same paths (a shared file system).
