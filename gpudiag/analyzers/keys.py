@@ -44,6 +44,15 @@ def key_column(values: pd.Series | npt.ArrayLike) -> pd.Series:
     return column.mask(column == MISSING)
 
 
+def pick(values: np.ndarray, at: IntArray, missing: Any) -> np.ndarray:
+    """`values[at]` where `at` >= 0, `missing` where it is -1 (a lookup that found nothing).
+    Safe when `values` is empty (a window with no event of its kind), where indexing with
+    the clipped positions would fail."""
+    if not len(values):
+        return np.full(len(at), missing)
+    return np.where(at >= 0, values[np.maximum(at, 0)], missing)
+
+
 def codes(*columns: pd.Series | npt.ArrayLike) -> IntArray:
     """One int64 per row identifying the combination of the columns' values."""
     out = np.zeros(len(columns[0]), dtype=np.int64)  # type: ignore[arg-type]

@@ -1,9 +1,10 @@
 """Restricting a trace to a time window: a time range or the span of named ranges.
 
 `gpudiag analyze --window` and `diagnose(trace, window=...)` accept either
-`START:END` with units (`ns`, `us`, `ms`, `s`; relative to the first GPU event, an empty
-side meaning the trace's edge) or the name of a range (an NVTX range, annotation or step
-such as `ProfilerStep#3`; a regular expression matching several spans their union).
+`START:END` with units (`ns`, `us`, `ms`, `s`; a number other than 0 without one is refused,
+not read as ns; relative to the first GPU event, an empty side meaning the trace's edge)
+or the name of a range (an NVTX range, annotation or step such as `ProfilerStep#3`; a
+regular expression matching several spans their union).
 Every analyzer then sees a trace whose events are cut to the window, so each one answers
 for the window without knowing about it. A `START:END` window that misses the trace's span
 entirely is an InputError that names the span: an empty window would only say "No
@@ -54,6 +55,7 @@ def span_bounds(spec: str, origin: int, last: int) -> tuple[int, int]:
     event, `last` its last (`edges`): an InputError when it ends before it starts or
     misses the trace."""
     start_text, end_text = spec.split(":", 1)
+    _refuse_bare(spec, start_text, end_text)
     start = origin + _parse(start_text) if start_text.strip() else origin
     end = origin + _parse(end_text) if end_text.strip() else last
     if end <= start:
@@ -67,6 +69,22 @@ def span_bounds(spec: str, origin: int, last: int) -> tuple[int, int]:
             f"give START:END within 0:{span.replace(' ', '').replace(',', '')}, "
             "or a range name")
     return start, end
+
+
+def _refuse_bare(spec: str, *parts: str) -> None:
+    """A number without a unit is ambiguous (`0:1` read as nanoseconds surprised users who
+    meant seconds or milliseconds): only 0 may go without one."""
+    bare = [part.strip() for part in parts if _is_bare(part)]
+    if bare:
+        example = ":".join(part.strip() + ("ms" if _is_bare(part) else "") for part in parts)
+        raise InputError("--window",
+                         f"window '{spec}': a number without a unit ({', '.join(bare)})",
+                         f"give a unit (ns, us, ms or s), e.g. {example}")
+
+
+def _is_bare(part: str) -> bool:
+    match = _BOUND.match(part)
+    return bool(match) and match is not None and match[2] is None and float(match[1]) != 0
 
 
 def _parse(text: str) -> int:

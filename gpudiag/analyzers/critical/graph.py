@@ -171,9 +171,9 @@ def _gpu_edges(events: Events, edges: _Edges) -> None:
     position[walked] = np.arange(len(walked))
     stream = events.device * (2**32) + events.stream
     ordered = work[np.lexsort((position[work], stream[work]))]  # each stream's, in turn
-    previous = np.concatenate([[-1], ordered[:-1]])
-    if len(ordered):
-        previous[np.flatnonzero(np.r_[True, stream[ordered][1:] != stream[ordered][:-1]])] = -1
+    previous = np.full(len(ordered), -1, dtype=np.int64)  # each stream's first has none
+    same_stream = stream[ordered][1:] == stream[ordered][:-1]
+    previous[1:][same_stream] = ordered[:-1][same_stream]
     waits = _stream_waits(events, syncs)
     before = _held_by(events, waits, position)[ordered]
     _queued(events, edges, ordered, previous, before)

@@ -257,7 +257,7 @@ class _Lookup:
         the graph has it."""
         at = self.process_index.get_indexer(pd.MultiIndex.from_arrays(
             [keys.key_array(rows["rank"]), keys.key_array(rows["pid"])]))
-        return np.where(at >= 0, self.process_codes[np.maximum(at, 0)], -1)
+        return keys.pick(self.process_codes, at, -1)
 
     def calls(self, rows: pd.DataFrame) -> IntArray:
         events, api = self.events, self.api
