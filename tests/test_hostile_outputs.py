@@ -134,6 +134,10 @@ def test_no_figure_carries_raw_html_from_names() -> None:
 
 
 def test_plotly_does_not_render_an_a_from_data(tmp_path: Path) -> None:
+    """The mouse goes to the bins whose hover label carries the hostile name (found in the
+    figure's data, not guessed from the layout): plotly must show the anchor as text there,
+    and draw no `<a>` anywhere. Were escaping to break, the label would hold a live link and
+    its text would lose the markup."""
     from tests.browser import require_browser
 
     require_browser()
@@ -142,11 +146,12 @@ def test_plotly_does_not_render_an_a_from_data(tmp_path: Path) -> None:
     t = _html_trace()
     page = tmp_path / "report.html"
     page.write_text(report_page(t, gpudiag.diagnose(t)), encoding="utf-8")
-    seen = _hover_everything(page)
-    assert seen["plots"] >= 1 and seen["hovers"] >= 1, seen
+    seen = _hover_hostile_points(page)
+    assert seen["plots"] >= 1 and seen["targets"] >= 1, seen
+    assert seen["hovers"] == seen["targets"], seen
     assert seen["evil_links"] == 0, seen
     assert seen["svg_anchors"] == 0, seen
-    assert any('<a href="http://evil.example/">' in text for text in seen["hover_texts"]), seen
+    assert all('<a href="http://evil.example/">' in text for text in seen["hover_texts"]), seen
 
 
 _HOVER_JS = """
@@ -155,14 +160,50 @@ _HOVER_JS = """
   svg_anchors: document.querySelectorAll('svg a').length,
   evil_links: document.querySelectorAll('[*|href*="evil.example"]').length,
   hover: Array.from(document.querySelectorAll('.hoverlayer .hovertext'))
-    .map(e => e.textContent),
+    .map(e => e.textContent).filter(text => text.includes('pwn')),
 })
 """
 
+# Where on the page (viewport pixels) the heatmap cells whose hover data holds A_NAME
+# (its text, 'pwn') lie: up to three per heatmap, from each trace's decoded data and its axes.
+_TARGETS_JS = """
+() => {
+  const targets = [];
+  document.querySelectorAll('.plotly-graph-div').forEach((gd) => {
+    gd._fullData.forEach((trace) => {
+      const rows = trace.customdata;
+      if (trace.type !== 'heatmap' || !rows) return;
+      const layout = gd._fullLayout;
+      const xa = layout[trace.xaxis.replace('x', 'xaxis')];
+      const ya = layout[trace.yaxis.replace('y', 'yaxis')];
+      let found = 0;
+      for (let r = 0; r < rows.length && found < 3; r++) {
+        for (let c = 0; c < rows[r].length && found < 3; c++) {
+          const cell = rows[r][c];
+          if (typeof cell !== 'string' || !cell.includes('pwn')) continue;
+          gd.scrollIntoView({block: 'center'});
+          const box = gd.getBoundingClientRect();
+          // x holds the bins' edges (n + 1 values) or their centres (n)
+          const mid = trace.x.length > rows[r].length
+            ? (trace.x[c] + trace.x[c + 1]) / 2 : trace.x[c];
+          targets.push({
+            x: box.left + xa._offset + xa.c2p(mid),
+            y: box.top + ya._offset + ya.c2p(ya.d2c(trace.y[r])),
+            div: Array.from(document.querySelectorAll('.plotly-graph-div')).indexOf(gd),
+          });
+          found += 1;
+        }
+      }
+    });
+  });
+  return targets;
+}
+"""
 
-def _hover_everything(page: Path) -> dict[str, Any]:
-    """Open the page, move the mouse over a grid of points of every plot, and record the
-    anchors plotly drew and the hover labels' text."""
+
+def _hover_hostile_points(page: Path) -> dict[str, Any]:
+    """Open the page, move the mouse onto each cell whose hover label carries A_NAME, and
+    record the anchors plotly drew and those labels' text."""
     from playwright.sync_api import sync_playwright
 
     from tests.browser import _INIT_SCRIPT, _SETTLED, CHROMIUM_ARGS, chromium_path
@@ -177,23 +218,22 @@ def _hover_everything(page: Path) -> dict[str, Any]:
                 "file:") else route.abort())
             view.goto(page.as_uri(), wait_until="load")
             view.wait_for_function(_SETTLED, timeout=60_000)
-            for box in view.locator(".nsewdrag").all():
-                view.evaluate("() => window.scrollTo(0, 0)")
-                box.scroll_into_view_if_needed()
-                rect = box.bounding_box()
-                if rect is None:
-                    continue
-                for fx in (0.1, 0.3, 0.5, 0.7, 0.9):
-                    for fy in (0.2, 0.5, 0.8):
-                        view.mouse.move(rect["x"] + fx * rect["width"],
-                                        rect["y"] + fy * rect["height"])
-                        view.wait_for_timeout(30)
-                        seen = view.evaluate(_HOVER_JS)
-                        out["plots"] = seen["plots"]
-                        out["svg_anchors"] = max(out["svg_anchors"], seen["svg_anchors"])
-                        out["evil_links"] = max(out["evil_links"], seen["evil_links"])
-                        out["hovers"] += bool(seen["hover"])
-                        out["hover_texts"] += seen["hover"]
+            targets = view.evaluate(_TARGETS_JS)
+            out["targets"] = len(targets)
+            for target in targets:
+                view.evaluate(f"() => document.querySelectorAll('.plotly-graph-div')"
+                              f"[{target['div']}].scrollIntoView({{block: 'center'}})")
+                view.mouse.move(target["x"], target["y"])
+                view.wait_for_function(
+                    "() => document.querySelector('.hoverlayer .hovertext') !== null",
+                    timeout=5_000)
+                seen = view.evaluate(_HOVER_JS)
+                out["plots"] = seen["plots"]
+                out["svg_anchors"] = max(out["svg_anchors"], seen["svg_anchors"])
+                out["evil_links"] = max(out["evil_links"], seen["evil_links"])
+                out["hovers"] += bool(seen["hover"])
+                out["hover_texts"] += seen["hover"]
+                view.mouse.move(0, 0)
         finally:
             browser.close()
     return out
