@@ -115,3 +115,33 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         run = getattr(module, "ORACLE_RUN", None)
         if run is not None:
             run.stop()
+
+
+#: what a skipped test waited for, by a word of its reason, and what makes it run
+SKIP_KINDS = (
+    ("Holistic Trace Analysis", "the HTA oracle venv (benchmarks/.venv-hta, made by .ci/run)"),
+    ("chromium", "Debian's chromium (apt install chromium; .ci/run installs it)"),
+    ("playwright", "playwright (in the dev extra)"),
+    ("shellcheck", "shellcheck (apt install shellcheck; .ci/run installs it)"),
+    ("is not installed", "torch==2.13.0 and jax (.ci/run installs them)"),
+    ("fixture", "../shared/fixtures beside the checkout"),
+    ("GPU", "an NVIDIA GPU (tests/gpu, scripts/gpu_validate.sh)"),
+)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say what the skipped tests needed, grouped, and that `bash .ci/run` provides all of it
+    but a GPU: the README's command alone skips the oracle, browser and tool tests, and a
+    newcomer should not read its green line as the whole suite."""
+    waited: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+        kind = next((need for word, need in SKIP_KINDS if word in reason), "other: " + reason)
+        waited[kind] = waited.get(kind, 0) + 1
+    if not waited:
+        return
+    terminalreporter.write_sep("-", "skipped tests, by what they need")
+    for need, count in sorted(waited.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{count:5d}  {need}")
+    terminalreporter.write_line("`bash .ci/run` installs all of these but a GPU and runs "
+                                "every test (as CI does)")
