@@ -299,13 +299,19 @@ _RECORD_ADVICE = {
 }
 
 
+#: tables an analyzer reads even when their rows name no device
+_DEVICELESS_TABLES = ("collectives", "memory", "memory_blocks", "samples", "metrics")
+
+
 def _require_events(trace: Trace, paths: tuple[Path, ...]) -> None:
     """A trace with neither GPU activity nor host events has nothing to analyze: say how
     to record one, in its framework's words. Host events alone (a CPU-only run) are
-    analyzed: the host-side step breakdown applies."""
+    analyzed: the host-side step breakdown applies; so are collectives, allocator events
+    and samples without a device (an nccl-tests log, a torch memory timeline)."""
     from gpudiag.analyzers.host.steps import framework, has_host_events
 
-    if trace.has_gpu_activity() or has_host_events(trace):
+    if trace.has_gpu_activity() or has_host_events(trace) or any(
+            len(getattr(trace, name)) for name in _DEVICELESS_TABLES):
         return
     raise InputError(", ".join(str(p) for p in paths),
                      "holds no GPU activity and no host events (no kernels, copies, syncs, "

@@ -35,6 +35,20 @@ def fixtures(pattern: str) -> list[Path]:
     return sorted(fixtures_dir().glob(pattern))
 
 
+#: files among the fixtures that are not profiles: the manifest, oracles' tables (TraceLens's
+#: CSVs and workbooks) and a capture's notes
+NOT_PROFILES = (".md", ".csv", ".xlsx")
+NOT_PROFILE_NAMES = ("execution_details.json",)
+
+
+def profile_fixtures() -> list[str]:
+    """Every real profile under ../shared/fixtures, relative to it and sorted (empty when
+    the folder is absent): what the tests over all fixtures load."""
+    return sorted(str(p.relative_to(fixtures_dir())) for p in fixtures_dir().rglob("*")
+                  if p.is_file() and p.suffix not in NOT_PROFILES
+                  and p.name not in NOT_PROFILE_NAMES)
+
+
 def framework(module: str) -> object:
     """Import an optional framework (torch, jax) for a test, or skip with the reason.
 

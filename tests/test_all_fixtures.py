@@ -12,12 +12,9 @@ import pytest
 import gpudiag
 from gpudiag.errors import InputError
 from gpudiag.schema import TABLE_NAMES
-from tests.conftest import fixture, fixtures_dir
+from tests.conftest import fixture, profile_fixtures
 
-ALL = sorted(
-    str(p.relative_to(fixtures_dir())) for p in fixtures_dir().rglob("*")
-    if p.is_file() and p.suffix != ".md"
-) or ["(shared fixtures absent)"]
+ALL = profile_fixtures() or ["(shared fixtures absent)"]
 LOADABLE = [f for f in ALL if not f.endswith(".nsys-rep") or shutil.which("nsys")]
 
 

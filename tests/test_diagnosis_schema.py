@@ -17,12 +17,11 @@ from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.findings import Result
 from gpudiag.errors import SchemaError
 from tests.builders import api_call, kernel, trace
-from tests.conftest import fixture, fixtures, fixtures_dir
+from tests.conftest import fixture, profile_fixtures
 
 U = 1_000
-LOADABLE = [str(p.relative_to(fixtures_dir())) for p in fixtures("**/*")
-            if p.is_file() and p.suffix != ".md"
-            and (not p.name.endswith(".nsys-rep") or shutil.which("nsys"))
+LOADABLE = [name for name in profile_fixtures()
+            if not name.endswith(".nsys-rep") or shutil.which("nsys")
             ] or ["(shared fixtures absent)"]
 RANK_PAIR = ["kineto/world128_sampled_rank0.json.gz", "kineto/world128_sampled_rank1.json.gz"]
 

@@ -113,6 +113,8 @@ class Diagnosis:
                  if name in self.tables}
         if ranks:
             out["stragglers"] = ranks
+        if self.losses.empty:
+            out |= _untimed(self.tables)
         return out
 
     def _repr_html_(self) -> str:
@@ -405,6 +407,27 @@ def applies(trace: Trace, analyzer: Analyzer, notes: list[str]) -> bool:
         notes.append(f"{analyzer.name}: skipped, the source's times are not a timeline")
         return False
     return True
+
+
+#: what `to_dict` shows of a file without a timeline (an nccl-tests log, a memory snapshot
+#: or timeline), whose tables are then the answer: the columns of each
+UNTIMED_COLLECTIVES = ["op", "bytes", "group_size", "dtype", "count", "mean_ns", "algbw_gbps",
+                       "busbw_gbps"]
+
+
+def _untimed(tables: dict[str, pd.DataFrame]) -> dict[str, Any]:
+    """The collectives' bandwidth by size and the allocator's peaks, where the diagnosis
+    has no loss waterfall to show."""
+    out: dict[str, Any] = {}
+    stats = tables.get("collective_stats")
+    if stats is not None and len(stats):
+        out["collectives"] = _records(stats[UNTIMED_COLLECTIVES])
+    frag = tables.get("fragmentation")
+    if frag is not None and len(frag):
+        from gpudiag.analyzers.memory.allocator import peaks
+
+        out["memory"] = _records(peaks(frag))
+    return out
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:

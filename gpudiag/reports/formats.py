@@ -8,7 +8,7 @@ from typing import Any
 
 from gpudiag.analyzers.findings import format_ns
 
-__all__ = ["format_bytes", "format_ns", "format_window"]
+__all__ = ["format_bytes", "format_ns", "format_window", "untimed_window"]
 
 
 def format_bytes(n: int | None) -> str:
@@ -40,3 +40,20 @@ def format_window(window: dict[str, Any]) -> str:
     if when:
         text += ", starting " + when.replace("T", " ").replace("Z", " UTC")
     return text
+
+
+#: why a file of a format without a timeline has no GPU window, in words
+_UNTIMED = {
+    "nccl-tests": "each message size's mean time, as nccl-tests reports it: no timeline",
+    "ncu-rep": "kernels were replayed one by one (durations are real, gaps are not)",
+}
+
+
+def untimed_window(info: dict[str, Any]) -> str | None:
+    """Why `summarize`'s `info` has no GPU window, for a file that records no timeline
+    (None for a file that has one, or a window): said by the file's format."""
+    if info["window"] or info["timeline"]:
+        return None
+    formats = {str(source.get("format")) for source in info["sources"]}
+    reasons = [text for name, text in _UNTIMED.items() if name in formats]
+    return "none: " + ("; ".join(reasons) or "the files record no timeline")

@@ -22,7 +22,7 @@ from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.findings import HOST_CAUSES
 from gpudiag.analyzers.summary import summarize
 from gpudiag.commands import program_name
-from gpudiag.reports.formats import format_bytes, format_ns, format_window
+from gpudiag.reports.formats import format_bytes, format_ns, format_window, untimed_window
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_ranks import stragglers
 from gpudiag.reports.html_tables import Table
@@ -157,9 +157,7 @@ def _window(info: dict[str, Any]) -> str:
     window = info["window"]
     if window:  # as the terminal writes it: a length, offsets from the first GPU event
         return format_window(window)
-    if not info["timeline"]:
-        return "none: kernels were replayed one by one (durations are real, gaps are not)"
-    return "none"
+    return untimed_window(info) or "none"
 
 
 def _devices(devices: list[dict[str, Any]]) -> list[Table]:
@@ -394,11 +392,9 @@ def _memory(dx: Diagnosis, figs: list[Any]) -> Section | None:
         return None
     tables: list[Table] = []
     if frag is not None:
-        peaks = frag.groupby(["rank", "device"], sort=True, dropna=False).agg(
-            events=("ts_ns", "size"), peak_reserved=("reserved_bytes", "max"),
-            peak_allocated=("allocated_bytes", "max"), max_frag=("fragmentation", "max"),
-            last_frag=("fragmentation", "last")).reset_index()
-        frame = _with_device(peaks)
+        from gpudiag.analyzers.memory.allocator import peaks
+
+        frame = _with_device(peaks(frag))
         frame.columns = ["device", "events", "peak reserved", "peak allocated",
                          "worst fragmentation", "final fragmentation"]
         tables.append(Table(frame, {"peak reserved": "bytes", "peak allocated": "bytes",

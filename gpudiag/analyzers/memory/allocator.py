@@ -281,6 +281,19 @@ def _steps_of(trace: Trace, rows: pd.DataFrame) -> pd.Series:
     return out
 
 
+def peaks(frag: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, device) of a `fragmentation` table: its events, peak reserved and
+    allocated bytes, worst and final fragmentation (what the report and, for a file without
+    a timeline, `analyze` show).
+
+        allocator.peaks(allocator.fragmentation(trace))
+    """
+    return frag.groupby(["rank", "device"], sort=True, dropna=False).agg(
+        events=("ts_ns", "size"), peak_reserved=("reserved_bytes", "max"),
+        peak_allocated=("allocated_bytes", "max"), max_frag=("fragmentation", "max"),
+        last_frag=("fragmentation", "last")).reset_index()
+
+
 # -- findings ----------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpudiag.analyzers.findings import HOST_CAUSES, format_ns
-from gpudiag.reports.formats import format_bytes, format_window
+from gpudiag.reports.formats import format_bytes, format_window, untimed_window
 from gpudiag.reports.safe_text import terminal as safe
 
 __all__ = ["print_diagnosis", "print_summary", "sources_line"]
@@ -31,9 +31,8 @@ def print_summary(info: dict[str, Any], console: Console) -> None:
         label = "Window" if window.get("spec") else "GPU window"
         console.print(f"[bold]{label}[/bold]: {safe(format_window(window))}",
                       highlight=False)
-    elif not info["timeline"]:
-        console.print("[bold]GPU window[/bold]: none (kernels were replayed one by one, "
-                      "as Nsight Compute does: durations are real, gaps are not)")
+    elif untimed_window(info):
+        console.print(f"[bold]GPU window[/bold]: {untimed_window(info)}", highlight=False)
     _devices(info["devices"], console)
     _rows(info["rows"], console)
     _kernels(info["top_kernels"], console)
@@ -129,6 +128,9 @@ _CAUSE_STYLE = {"useful": "green", "sync_stall": "red", "launch_bound": "magenta
 def print_diagnosis(dx: dict[str, Any], console: Console, top: int = 10) -> None:
     """Print `Diagnosis.to_dict()`: the waterfall per device as bars, then the findings."""
     _waterfall(dx["losses"], console)
+    from gpudiag.reports.terminal.untimed import print_untimed
+
+    print_untimed(dx, console)
     if dx.get("by_step"):
         _steps(dx["by_step"], console)
     from gpudiag.reports.terminal.steps import print_steps
