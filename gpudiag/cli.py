@@ -237,9 +237,10 @@ def heatmap(*, path: Path, output: Path | None, metrics: str | None, sort: str, 
               "against the first run, e.g. 'step_time>+5%,peak_memory>+10%,sync_stall>+2pp'.")
 @click.option("--step-size", type=click.IntRange(min=1), help="Samples per step, for samples/s.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--cdn", is_flag=True, help="With -o: load plotly.js from its CDN.")
 @job_options
 def compare(*, paths: tuple[Path, ...], output: Path | None, fail_on: str | None,
-            step_size: int | None, as_json: bool, workers: int | None,
+            step_size: int | None, as_json: bool, cdn: bool, workers: int | None,
             scheduler: str | None) -> None:
     """Compare two or more runs or traces side by side (the first is the baseline). With
     --workers or --scheduler each run (a folder of ranks) is diagnosed rank by rank."""
@@ -261,7 +262,7 @@ def compare(*, paths: tuple[Path, ...], output: Path | None, fail_on: str | None
     else:
         print_comparison(cmp, Console(highlight=False))
     if output is not None:
-        _write(output, compare_page(cmp, broken))
+        _write(output, compare_page(cmp, broken, cdn=cdn))
     for line in broken:
         click.echo(f"gpudiag: {line}", err=True)
     if broken:

@@ -312,3 +312,10 @@ def test_a_cpu_only_run_has_something_to_act_on(opened: Callable[[str], Result],
     for title in ("Host time per step", "Host ops by self time", "CPU memory",
                   "Findings, by host time lost"):
         assert f">{title}<" in html, title
+
+
+def test_the_compare_page_draws_each_runs_waterfall(opened: Callable[[str], Result]) -> None:
+    """`compare -o`: one figure, a stacked bar per run with a segment per cause."""
+    result = opened("kineto_compare")
+    assert result.ok, (result.console_errors, result.page_errors)
+    assert result.plots == 1 and result.drawn == 1 and result.traces_per_plot == [7]

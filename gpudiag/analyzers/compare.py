@@ -25,8 +25,12 @@ Definitions, per run:
   events) or the snapshot and its replayed history. Running sums of bare tensor deltas are
   left out: they start at 0 when recording starts, so they are not the device's memory.
   The highest single device, not the sum, because that is the one that runs out;
-- peak CPU memory: the highest running total of host allocations (Kineto `[memory]` events
-  on device -1, `analyzers.host_steps.host_memory`) of any one process;
+- peak CPU tensor memory: the highest running total of host allocations the profiler saw
+  (Kineto `[memory]` events on device -1, `analyzers.host_steps.host_memory`) of any one
+  process: the framework's CPU tensors only, not the process's memory;
+- peak resident memory: the program's peak resident set as `gpudiag profile` measured it
+  (`getrusage` of the command and its waited-for children; meta.json `peak_rss_bytes`),
+  the memory the machine had to give the run; NaN for a trace that is not such a run;
 - losses: the waterfall summed over devices; a share is a cause's time over the summed
   windows, the same numbers `gpudiag analyze` and its `--fail-on` use;
 - kernels: GPU time and launches per kernel (NCCL kernels by op, algorithm, protocol and
@@ -61,13 +65,13 @@ from gpudiag.trace import Trace
 #: rows of `Comparison.summary`, in display order (units in the names)
 SUMMARY_ROWS = ("wall_time_ns", "process_time_ns", "step_time_ns", "steps", "warmup_steps",
                 "samples_per_s", "peak_reserved_bytes", "peak_allocated_bytes",
-                "peak_cpu_bytes", "kernel_time_ns", "kernels")
+                "peak_cpu_bytes", "peak_rss_bytes", "kernel_time_ns", "kernels")
 
 #: `--fail-on` metric -> summary row (loss causes are metrics too: `pp` or `%`)
 BUDGET_METRICS = {"step_time": "step_time_ns", "wall_time": "wall_time_ns",
                   "samples_per_s": "samples_per_s", "peak_memory": "peak_reserved_bytes",
                   "peak_allocated": "peak_allocated_bytes", "process_time": "process_time_ns",
-                  "cpu_memory": "peak_cpu_bytes"}
+                  "cpu_memory": "peak_cpu_bytes", "rss": "peak_rss_bytes"}
 
 #: why a metric can be missing from a run, said when a budget cannot be checked
 _MISSING = {"step_time": "no steps were found in it (no step markers, optimizer steps, jitted "
@@ -75,6 +79,8 @@ _MISSING = {"step_time": "no steps were found in it (no step markers, optimizer 
             "wall_time": "it has no kernels or copies on a timeline (compare process_time)",
             "process_time": "it has no process times and no host events",
             "cpu_memory": "it has no CPU memory events (torch.profiler profile_memory=True)",
+            "rss": "it is not a gpudiag profile run (the session measures the program's "
+                   "peak resident set)",
             "samples_per_s": "it needs steps and --step-size N (samples per step)",
             "peak_memory": "it has no memory totals or snapshot "
                            "(profile with profile_memory=True or dump a snapshot)",
@@ -280,7 +286,7 @@ def _summary(run: RunFacts, diagnosis: Diagnosis, step_size: int | None, label: 
         "warmup_steps": float(info["warmup"]) if info["count"] else math.nan,
         "samples_per_s": step_size / step * 1e9 if step_size and step > 0 else math.nan,
         "peak_reserved_bytes": reserved, "peak_allocated_bytes": allocated,
-        "peak_cpu_bytes": cpu,
+        "peak_cpu_bytes": cpu, "peak_rss_bytes": run.peak_rss_bytes,
         "kernel_time_ns": float(run.kernels["sum"].sum()),
         "kernels": float(run.kernels["size"].sum()),
     }, dtype="float64")

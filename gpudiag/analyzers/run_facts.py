@@ -34,12 +34,15 @@ class RunFacts:
     """`window_ns`: the GPU window (None without kernels or copies); `process_time_ns`:
     the longest profiled process's wall time, else the span of the host events (NaN
     without either); `kernels`: GPU ns (`sum`) and launches (`size`) per `kernel_key`;
-    `memory`: the run holds allocator events or snapshot blocks."""
+    `memory`: the run holds allocator events or snapshot blocks; `peak_rss_bytes`: the
+    program's peak resident set, as a `gpudiag profile` session measured it (NaN for a
+    trace that is not such a run)."""
 
     window_ns: tuple[int, int] | None
     process_time_ns: float
     kernels: pd.DataFrame
     memory: bool
+    peak_rss_bytes: float = math.nan
 
 
 def of_trace(trace: Trace) -> RunFacts:
@@ -48,7 +51,8 @@ def of_trace(trace: Trace) -> RunFacts:
     grouped = (kernels["end_ns"] - kernels["start_ns"]).groupby(
         kernel_key(kernels["name"])).agg(["sum", "size"])
     return RunFacts(trace.gpu_window_ns(), process_time(trace.meta, host_span(trace)),
-                    grouped, not (trace.memory.empty and trace.memory_blocks.empty))
+                    grouped, not (trace.memory.empty and trace.memory_blocks.empty),
+                    peak_rss(trace.meta))
 
 
 def of_parts(parts: Sequence[Part], meta: dict[str, Any]) -> RunFacts:
@@ -69,7 +73,16 @@ def of_parts(parts: Sequence[Part], meta: dict[str, Any]) -> RunFacts:
         (min(w[0] for w in windows), max(w[1] for w in windows)) if windows else None,
         process_time(meta, (min(s[0] for s in spans), max(s[1] for s in spans))
                      if spans else None),
-        grouped, any(row.get("memory", 0) or row.get("memory_blocks", 0) for row in rows))
+        grouped, any(row.get("memory", 0) or row.get("memory_blocks", 0) for row in rows),
+        peak_rss(meta))
+
+
+def peak_rss(meta: dict[str, Any]) -> float:
+    """The peak resident set a `gpudiag profile` session measured of its program (its
+    meta.json's `peak_rss_bytes`); NaN for anything else."""
+    run = meta.get("run")
+    value = run.get("peak_rss_bytes") if isinstance(run, dict) else None
+    return float(value) if isinstance(value, int) and value > 0 else math.nan
 
 
 def host_span(trace: Trace) -> tuple[int, int] | None:

@@ -13,6 +13,7 @@ import pandas as pd
 from gpudiag.analyzers.compare import Comparison
 from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.reports import figures, figures_ranks, figures_samples, ncu_heatmap
+from gpudiag.reports.compare_text import TextTable
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_report import MAX_DEVICES, report, rule_table
 from gpudiag.reports.html_tables import Table
@@ -131,19 +132,21 @@ def _rule_section(dx: Diagnosis | None) -> Section:
 
 def compare_page(cmp: Comparison, lines: list[str] | None = None, *,
                  cdn: bool = False) -> str:
-    """The comparison as HTML: the same tables as the terminal, plus broken budgets.
+    """The comparison as HTML: the terminal's tables in the terminal's words
+    (`compare_text`), the runs' waterfalls side by side, and any broken budgets.
 
         html = compare_page(compare([a, b], ["fp32", "bf16"]))
     """
-    tables: list[tuple[str, pd.DataFrame]] = [
-        ("Summary", cmp.summary),
-        ("Predicted vs measured (the baseline's findings fixed in a later run; ns)",
-         _predicted(cmp.predicted)),
-        ("Loss waterfall (ns)", cmp.losses),
-        ("Loss shares", cmp.shares), ("Kernels by time delta", cmp.kernels),
-        ("Collectives", cmp.collectives), ("Syncs", cmp.syncs)]
-    sections = [Section(title, tables=[_short_kernels(frame.reset_index())])
-                for title, frame in tables if len(frame)]
+    from gpudiag.reports import compare_text
+    from gpudiag.reports.figures_compare import runs_waterfall
+
+    texts = compare_text.tables(cmp)
+    figure = runs_waterfall(cmp)
+    sections = [Section("Runs", text=f"Baseline A. {compare_text.legend(cmp)}.",
+                        figures=[figure] if figure is not None else [],
+                        tables=[_html_table(texts[0])])]
+    sections += [Section(text.title, text=text.footer, tables=[_html_table(text)])
+                 for text in texts[1:]]
     if lines:
         sections.insert(0, Section("Budgets broken", notes=tuple(lines)))
     if cmp.notes:
@@ -151,20 +154,17 @@ def compare_page(cmp: Comparison, lines: list[str] | None = None, *,
     return page("gpudiag compare: " + " vs ".join(cmp.labels), sections, cdn=cdn)
 
 
-def _predicted(found: pd.DataFrame) -> pd.DataFrame:
-    """compare's predicted-vs-measured rows with short headers (a page is 1280 px wide)."""
-    shown = found[["run", "cause", "where", "fix", "lost_ns", "predicted_ns",
-                   "predicted_step_ns", "measured_step_ns"]]
-    return shown.set_axis(["run", "cause", "where", "fix", "lost", "predicted",
-                           "predicted / step", "measured / step"], axis=1).set_index(
-        ["run", "cause"])
+_VERDICT_CLASS = {1: "good", -1: "bad", 0: ""}
 
 
-def _short_kernels(frame: pd.DataFrame) -> Table:
-    """A comparison table; where it names kernels both ways, the short name is shown and
-    the full one is its hover."""
-    if not {"name", "short_name"} <= set(frame.columns):
-        return Table(frame)
-    full = frame["name"].astype(str)
-    shown = frame.drop(columns=["name"]).rename(columns={"short_name": "kernel"})
-    return Table(shown, titles={"kernel": full.tolist()})
+def _html_table(text: TextTable) -> Table:
+    """A `compare_text.TextTable` as a page table: the same text; numbers right-aligned,
+    changes marked better or worse as the terminal colors them."""
+    frame = pd.DataFrame([[cell.text for cell in row] for row in text.rows],
+                         columns=text.header)
+    classes = {head: [" ".join(filter(None, [
+        "" if i == 0 or i in text.wide else "num", _VERDICT_CLASS[row[i].verdict]]))
+        for row in text.rows] for i, head in enumerate(text.header)}
+    titles = {text.header[0]: text.hover} if text.hover else None
+    return Table(frame, sortable=False, classes=classes, titles=titles)
+

@@ -29,6 +29,13 @@ from gpudiag.analyzers.collectives.skew import arrival_skew
 from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.names import short_names
+from gpudiag.reports.figures_bars import (
+    AXIS_BOTTOM_PX,
+    CAUSE_COLORS,
+    KEY_LEGEND,
+    KEY_TOP_PX,
+    share_bars,
+)
 from gpudiag.reports.figures_memory import memory
 from gpudiag.reports.ncu_heatmap import figure as ncu_heatmap
 from gpudiag.reports.safe_text import plotly_label
@@ -37,10 +44,6 @@ from gpudiag.trace import Trace
 __all__ = ["CAUSE_COLORS", "collective_waits", "memory", "ncu_heatmap", "utilization",
            "waterfall"]
 
-#: one fixed color per waterfall cause, so every figure and report reads the same way
-CAUSE_COLORS = {"useful": "#2ca02c", "sync_stall": "#d62728", "launch_bound": "#ff7f0e",
-                "host_bound": "#9467bd", "copy": "#1f77b4", "comm_wait": "#8c564b",
-                "small_grid": "#e377c2"}
 LOSSES = LOSS_CAUSES[1:]  # the causes that are not useful work
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -61,34 +64,14 @@ def waterfall(dx: Diagnosis) -> go.Figure:
     """
     loss = dx.losses
     labels = _device_labels(loss["rank"], loss["device"])
-    order = list(dict.fromkeys(labels))
-    fig = go.Figure()
+    by_cause = {}
     for cause in LOSS_CAUSES:
         rows = (loss["cause"] == cause).to_numpy(bool)
-        fig.add_bar(name=cause, orientation="h", y=labels[rows], x=loss["share"][rows],
-                    customdata=(loss["lost_ns"][rows] / 1e6).round(6),
-                    marker_color=CAUSE_COLORS[cause],
-                    hovertemplate="%{y}<br>" + cause
-                    + ": %{x:.1%} (%{customdata:.3f} ms)<extra></extra>")
-    fig.update_layout(barmode="stack", title={"text": "Where the GPU time went", "y": 1.0,
-                                              "yref": "container", "yanchor": "top",
-                                              "pad": {"t": 14}},
-                      xaxis={"tickformat": ".0%", "range": [0, 1],
-                             "title": "share of the device's window"},
-                      yaxis={"categoryorder": "array", "categoryarray": order,
-                             "autorange": "reversed"},
-                      legend=_KEY_LEGEND, margin={"t": _KEY_TOP_PX, "b": _AXIS_BOTTOM_PX},
-                      height=_KEY_TOP_PX + _AXIS_BOTTOM_PX + _BAR_PX * max(len(order), 1))
-    return fig
+        by_cause[cause] = (labels[rows], loss["share"][rows], loss["lost_ns"][rows])
+    return share_bars(by_cause, title="Where the GPU time went",
+                      axis="share of the device's window")
 
 
-#: the cause key: one row over the plot, under the title, so every entry shows at once (a
-#: vertical legend beside a short figure scrolls; plotly wraps this row on a narrow page)
-_KEY_LEGEND = {"orientation": "h", "traceorder": "normal", "x": 0.0, "xanchor": "left",
-               "y": 1.0, "yanchor": "bottom", "yref": "paper"}
-_KEY_TOP_PX = 84  # title + the key's row
-_AXIS_BOTTOM_PX = 64  # tick labels + the x axis title
-_BAR_PX = 40  # one device's bar and the gap around it
 _ROW_PX = 24  # one heatmap row
 
 
@@ -138,14 +121,14 @@ def utilization(trace: Trace, dx: Diagnosis | None, *, bins: int = 400) -> go.Fi
         _add_cause_rows(fig, dx, edges, x)
     # the rows, but never so few pixels that the colorbar's three ticks and title collide
     plot_px = max(_ROW_PX * (streams + devices), _MIN_PLOT_PX)
-    top_px = _KEY_TOP_PX if rows == 2 else _TITLE_TOP_PX
+    top_px = KEY_TOP_PX if rows == 2 else _TITLE_TOP_PX
     fig.update_layout(title={"text": "GPU utilization per stream, and what the idle time "
                              "lost to", "y": 1.0, "yref": "container", "yanchor": "top",
                              "pad": {"t": 14}},
-                      legend={**_KEY_LEGEND, "title": {"text": "loss cause: "},
+                      legend={**KEY_LEGEND, "title": {"text": "loss cause: "},
                               "itemclick": False, "itemdoubleclick": False},
-                      margin={"t": top_px, "b": _AXIS_BOTTOM_PX},
-                      height=top_px + _AXIS_BOTTOM_PX + plot_px)
+                      margin={"t": top_px, "b": AXIS_BOTTOM_PX},
+                      height=top_px + AXIS_BOTTOM_PX + plot_px)
     fig.update_xaxes(title_text="time since the first GPU event (ms)", row=rows, col=1)
     fig.update_yaxes(autorange="reversed")
     return fig
@@ -190,9 +173,9 @@ def collective_waits(source: Diagnosis | Trace | pd.DataFrame, *,
                       xaxis={"title": "collective (in time order)", "type": "category",
                              "showticklabels": False},
                       yaxis={"autorange": "reversed"}, margin={"t": _TITLE_TOP_PX,
-                                                               "b": _AXIS_BOTTOM_PX},
+                                                               "b": AXIS_BOTTOM_PX},
                       # the rows, but tall enough that the colorbar's ticks stay apart
-                      height=_TITLE_TOP_PX + _AXIS_BOTTOM_PX
+                      height=_TITLE_TOP_PX + AXIS_BOTTOM_PX
                       + max(_ROW_PX * rows, _MIN_PLOT_PX))
     return fig
 

@@ -190,6 +190,7 @@ th,td{border:1px solid #d0d7de;padding:.25rem .4rem;vertical-align:top;text-alig
 overflow-wrap:break-word}
 th{background:#f6f8fa;position:sticky;top:0}td{max-width:48rem}
 .num{text-align:right;font-variant-numeric:tabular-nums}td.num{white-space:nowrap}
+td.good{color:#1a7f37}td.bad{color:#cf222e}
 td[title]{text-decoration:underline dotted #8c959f;cursor:help}
 table.sortable th{cursor:pointer;user-select:none}
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}

@@ -72,16 +72,18 @@ class Table:
     caption: str | None = None
     sortable: bool = True
     titles: Mapping[str, Sequence[Any]] | None = None  # column -> hover text per row
+    classes: Mapping[str, Sequence[str]] | None = None  # column -> CSS class per row
 
     def render(self) -> str:
         """The escaped `<table>` markup (see `table`)."""
         return table(self.frame, formats=self.formats, sortable=self.sortable,
-                     caption=self.caption, titles=self.titles)
+                     caption=self.caption, titles=self.titles, classes=self.classes)
 
 
 def table(df: pd.DataFrame, *, formats: Mapping[str, Format] | None = None,
           sortable: bool = True, caption: str | None = None,
-          titles: Mapping[str, Sequence[Any]] | None = None) -> str:
+          titles: Mapping[str, Sequence[Any]] | None = None,
+          classes: Mapping[str, Sequence[str]] | None = None) -> str:
     """One escaped HTML table; numeric cells keep their raw value for numeric sorting.
 
         html = table(frame, formats={"dur_ns": "ns", "share": "share"})
@@ -92,7 +94,8 @@ def table(df: pd.DataFrame, *, formats: Mapping[str, Format] | None = None,
     with 3 significant digits, booleans as 'yes'); missing values are empty cells. The index
     is not shown: pass `df.reset_index()` to keep it. `titles`: per column, one hover text
     per row (e.g. `{"kernel": frame_of_full_names}`), escaped like the cells; a missing
-    or empty text gives no `title` attribute.
+    or empty text gives no `title` attribute. `classes`: per column, CSS classes per row
+    (`num` right-aligns text as numbers are; `good` / `bad` mark a change's verdict).
     """
     formats = formats or {}
     titles = titles or {}
@@ -104,7 +107,9 @@ def table(df: pd.DataFrame, *, formats: Mapping[str, Format] | None = None,
     cls = ' class="sortable"' if sortable else ""
     head = "".join(f'<th scope="col"{_NUM if num else ""}>{breakable(name)}</th>'
                    for name, num in zip(columns, numeric, strict=True))
-    cells = [_column_cells(df[c], formats.get(str(c)), num, titles.get(str(c)))
+    classes = classes or {}
+    cells = [_column_cells(df[c], formats.get(str(c)), num, titles.get(str(c)),
+                           classes.get(str(c)))
              for c, num in zip(df.columns, numeric, strict=True)]
     body = "\n".join("<tr>" + "".join(row) + "</tr>" for row in zip(*cells, strict=True)) \
         if cells else ""
@@ -114,26 +119,38 @@ def table(df: pd.DataFrame, *, formats: Mapping[str, Format] | None = None,
 
 
 def _column_cells(column: pd.Series, fmt: Format | None, numeric: bool,
-                  titles: Sequence[Any] | None = None) -> list[str]:
+                  titles: Sequence[Any] | None = None,
+                  classes: Sequence[str] | None = None) -> list[str]:
     """Every cell of one column as `<td>` markup (a column at a time: one dtype check)."""
     show = _formatter(column, fmt)
     values = column.tolist()
-    hover = [""] * len(values) if titles is None else [
-        "" if _missing(t) else str(t) for t in list(titles)]
-    if len(hover) != len(values):
-        raise ValueError(f"column {column.name!r} has {len(values)} rows but "
-                         f"{len(hover)} titles")
+    hover = _per_row(column, "titles", titles, [""] * len(values))
+    extra = _per_row(column, "classes", classes, [""] * len(values))
     out = []
-    for value, tip in zip(values, hover, strict=True):  # tables are capped to a few hundred rows
+    for value, tip, more in zip(values, hover, extra, strict=True):  # a few hundred rows
         missing = _missing(value)
         title = f' title="{html.escape(tip)}"' if tip else ""
         if numeric:
             text = "" if missing else html.escape(show(value))
             raw = "" if missing else _raw(value)
-            out.append(f'<td class="num" data-value="{raw}"{title}>{text}</td>')
+            kind = html.escape(" ".join(["num", *more.split()]))
+            out.append(f'<td class="{kind}" data-value="{raw}"{title}>{text}</td>')
         else:
             text = "" if missing else breakable(show(value))
-            out.append(f"<td{title}>{text}</td>")
+            kind = f' class="{html.escape(more)}"' if more else ""
+            out.append(f"<td{kind}{title}>{text}</td>")
+    return out
+
+
+def _per_row(column: pd.Series, what: str, given: Sequence[Any] | None,
+             default: list[str]) -> list[str]:
+    """A column's hover texts or classes, one per row ('' for none)."""
+    if given is None:
+        return default
+    out = ["" if _missing(item) else str(item) for item in list(given)]
+    if len(out) != len(default):
+        raise ValueError(f"column {column.name!r} has {len(default)} rows but "
+                         f"{len(out)} {what}")
     return out
 
 
