@@ -7,11 +7,13 @@ correlated kernels, a pageable host-to-device batch copy, a `.item()` that block
 cudaStreamSynchronize every step, and small elementwise kernels. Real recorded traces live in
 tests/data/ (recorded by gpudiag on a GPU) and ../shared/fixtures/.
 
-    python examples/make_example_trace.py
+    python examples/make_example_trace.py            # rewrites the tracked trace
+    python examples/make_example_trace.py -o my.json.gz
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -63,15 +65,27 @@ def step(kt: KinetoTrace, t0: float, number: int) -> float:
     return t0 + 2000
 
 
-def main() -> Path:
+TRACKED = ROOT / "examples" / "traces" / "train_loop_sync.pt.trace.json.gz"
+
+
+def build() -> KinetoTrace:
     kt = KinetoTrace()
     kt.header["baseTimeNanoseconds"] = 1_767_225_600_000_000_000  # 2026-01-01
     kt.header["traceName"] = "synthetic example: training loop with a sync every step"
     t = 1000.0
     for number in range(1, 9):
         t = step(kt, t, number)
-    out = ROOT / "examples" / "traces" / "train_loop_sync.pt.trace.json.gz"
-    kt.write(out)
+    return kt
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description="Write the synthetic example trace of a "
+                                     "training loop that syncs every step.")
+    parser.add_argument("-o", "--output", type=Path, default=TRACKED,
+                        help="where to write the trace (default: the tracked example, "
+                             "examples/traces/train_loop_sync.pt.trace.json.gz)")
+    out: Path = parser.parse_args(argv).output
+    build().write(out)
     return out
 
 

@@ -203,9 +203,10 @@ def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | No
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="The HTML file to write (default: PATH's name + .heatmap.html, here).")
+              help="The HTML file to write (default: the first PATH's name + "
+                   ".heatmap.html, here).")
 @click.option("--metrics", metavar="NAMES", help="Nsight Compute: comma-separated columns "
               "to show (e.g. sm_throughput_pct,l2_hit_rate_pct).")
 @click.option("--sort", default="time", show_default=True,
@@ -214,15 +215,17 @@ def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | No
               help="Nsight Compute: rows shown.")
 @click.option("--per-launch", is_flag=True, help="Nsight Compute: one row per launch.")
 @click.option("--cdn", is_flag=True, help="Load plotly.js from its CDN.")
-def heatmap(*, path: Path, output: Path | None, metrics: str | None, sort: str, top: int,
-            per_launch: bool, cdn: bool) -> None:
-    """Heatmaps as HTML: kernel x metric for an Nsight Compute report; time x stream
+def heatmap(*, paths: tuple[Path, ...], output: Path | None, metrics: str | None, sort: str,
+            top: int, per_launch: bool, cdn: bool) -> None:
+    """Heatmaps as HTML: kernel x metric for Nsight Compute reports; time x stream
     utilization (with the loss cause of idle time), collective waits and allocator
-    occupancy for a trace, run directory or memory snapshot."""
+    occupancy for traces, run directories or memory snapshots. Several PATHS are merged,
+    as `report` merges them (the ranks of a job: their collective waits side by side)."""
     from gpudiag.analyzers.diagnosis import diagnose
     from gpudiag.reports.build import heatmap_page
 
-    trace = _load([path])
+    path = paths[0]
+    trace = _load(list(paths))
     chosen = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
     dx = diagnose(trace, savings=False)  # the heatmaps show no findings
     html = heatmap_page(trace, dx, cdn=cdn, per_launch=per_launch, metrics=chosen, sort=sort,
@@ -344,7 +347,7 @@ def _write(path: Path, text: str) -> None:
                    "in ui.perfetto.dev; csv/parquet: one file per table.")
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="File (perfetto/chrome; default trace.gpudiag.json.gz) or folder "
-                   "(csv/parquet; default gpudiag-tables).")
+                   "(csv/parquet; default gpudiag-tables-csv or gpudiag-tables-parquet).")
 @click.option("--tables", metavar="NAMES", help="csv/parquet: comma-separated table names.")
 @click.option("--no-diagnosis", is_flag=True, help="Export the events only.")
 @finding_options
@@ -369,8 +372,15 @@ def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: st
         written = write_chrome_trace(trace, output or Path("trace.gpudiag.json.gz"), dx)
         click.echo(f"wrote {written}", err=True)
         return
-    files = write_tables(trace, output or Path("gpudiag-tables"), fmt, tables=names, dx=dx)
-    click.echo(f"wrote {len(files)} {fmt} files to {output or 'gpudiag-tables'}", err=True)
+    folder = output or tables_dir(fmt)
+    files = write_tables(trace, folder, fmt, tables=names, dx=dx)
+    click.echo(f"wrote {len(files)} {fmt} files to {folder}", err=True)
+
+
+def tables_dir(fmt: str) -> Path:
+    """`export`'s default folder for `fmt` (csv, parquet): one per format, so exporting
+    both leaves two folders, not one holding the two mixed."""
+    return Path(f"gpudiag-tables-{fmt}")
 
 
 def _export_job(paths: tuple[Path, ...], fmt: str, output: Path | None, *,
@@ -392,7 +402,7 @@ def _export_job(paths: tuple[Path, ...], fmt: str, output: Path | None, *,
                rows=True)
     from gpudiag.trace import Trace
 
-    folder = output or Path("gpudiag-tables")
+    folder = output or tables_dir(fmt)
     files = write_tables(Trace(meta=job.meta), folder, fmt, tables=names, dx=job,
                          events=False)
     click.echo(f"wrote {len(files)} {fmt} files to {folder}", err=True)
@@ -528,11 +538,19 @@ def _show_profile(gathered: Any, generated_for: str, *, report: bool) -> None:
 
 @cli.command()
 def doctor() -> None:
-    """What this machine can collect (GPU, driver, CUPTI, torch, jax, cupy, NVTX, nsys,
-    ncu and its counter permission), and how to get what is missing."""
-    from gpudiag.profiler.doctor import checks, render
+    """What this machine can collect and read (GPU, driver, CUPTI, torch, jax, cupy, NVTX,
+    nsys, ncu and its counter permission, the ncu reader), and how to get what is
+    missing."""
+    from rich.markup import escape
 
-    Console(highlight=False).print(render(checks()))
+    from gpudiag.profiler.doctor import checks, render, summary
+
+    console = Console(highlight=False)
+    results = checks()
+    console.print(render(results))
+    for line in summary(results):
+        head, _, rest = line.partition(": ")
+        console.print(f"[bold]{escape(head)}[/bold]: {escape(rest)}")
 
 
 @cli.command()

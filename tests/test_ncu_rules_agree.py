@@ -1,6 +1,7 @@
 """ncu's rule findings are one table: `rule_findings` filters and orders them, `analyze` puts
 it in the Diagnosis (`dx.tables["ncu_rules"]`), and `gpudiag report` and `gpudiag heatmap`
-both list exactly its rows, on every real Nsight Compute report.
+both list exactly its rows, one per kernel and rule (`html_rules.grouped_rules`: ncu repeats
+each verdict for every launch), on every real Nsight Compute report.
 
 The pages are parsed with `html.parser` (as tests/test_html_report.py does): the rule table
 is the one whose caption starts with RULE_CAPTION, and a row is read back as the text of its
@@ -20,7 +21,7 @@ import gpudiag
 from gpudiag.analyzers.kernels import metrics as km
 from gpudiag.analyzers.kernels.metrics import ACTIONABLE_RULE_TYPES, analyze, rule_findings
 from gpudiag.reports.build import heatmap_page, report_page
-from gpudiag.reports.html_report import RULE_ROWS
+from gpudiag.reports.html_rules import RULE_ROWS, grouped_rules
 from gpudiag.trace import Trace
 from tests.conftest import fixtures, fixtures_dir
 from tests.test_kernel_metrics import SM, metric_trace
@@ -69,8 +70,8 @@ class Tables(HTMLParser):
 
 
 def page_rule_rows(document: str) -> list[tuple[str, ...]]:
-    """The (id, kernel, full name on hover, rule, message) rows of the page's ncu rule
-    table; [] when the page has none. Fails when it has several."""
+    """The (launch ids, kernel, full name on hover, rule, message) rows of the page's ncu
+    rule table; [] when the page has none. Fails when it has several."""
     parser = Tables()
     parser.feed(document)
     parser.close()
@@ -84,7 +85,7 @@ def page_rule_rows(document: str) -> list[tuple[str, ...]]:
         if not cells:  # the header row: <th> cells only
             continue
         by_header = dict(zip(headers, cells, strict=True))
-        rows.append((by_header["id"][0], by_header["kernel"][0], by_header["kernel"][1] or "",
+        rows.append((by_header["ids"][0], by_header["kernel"][0], by_header["kernel"][1] or "",
                      by_header["rule"][0], by_header["message"][0]))
     return rows
 
@@ -94,8 +95,9 @@ def table_rows(found: pd.DataFrame) -> list[tuple[str, ...]]:
     def text(value: Any) -> str:
         return "" if pd.isna(value) else str(value)
 
-    return [(f"{int(row.kernel_id):,}", text(row.short_name), text(row.name), text(row.rule),
-             text(row.message)) for row in found.head(RULE_ROWS).itertuples(index=False)]
+    return [(row.ids, text(row.short_name), text(row.name), text(row.rule),
+             text(row.message))
+            for row in grouped_rules(found).head(RULE_ROWS).itertuples(index=False)]
 
 
 # -- every real Nsight Compute report ------------------------------------------------------
@@ -244,3 +246,33 @@ def test_heatmap_without_a_diagnosis_says_why_no_rules_are_listed() -> None:
     document = heatmap_page(trace, None, cdn=True)
     assert page_rule_rows(document) == []
     assert "Not listed: no diagnosis was given" in document
+
+
+def test_a_kernels_launches_share_one_row_per_rule() -> None:
+    """105 launches of one kernel, each with the same two verdicts (their numbers differ
+    from launch to launch, as ncu's do): two rows, not 210, each counting its launches and
+    keeping the largest speedup and its message."""
+    launches = 105
+    many = [rule(i, rule_id, "optimization", float(i % 10),
+                 message=f"{rule_id}: {i % 10}% of the issue slots idle")
+            for i in range(launches) for rule_id in ("IssueSlot", "CPIStall")]
+    trace = metric_trace(*([{SM: 20.0, DURATION: 1000.0}] * launches),
+                         names=["silu_kernel(float*, float*, int)"] * launches,
+                         ncu_rules=many)
+    dx = gpudiag.diagnose(trace)
+    assert len(dx.tables["ncu_rules"]) == 2 * launches  # the Diagnosis keeps every launch
+    rows = page_rule_rows(report_page(trace, dx, cdn=True))
+    assert [row[3] for row in rows] == ["IssueSlot", "CPIStall"]
+    assert {row[0] for row in rows} == {"9, 19, 29, 39, 49, +100"}  # most speedup first
+    assert all(row[4].endswith(": 9% of the issue slots idle") for row in rows)
+    grouped = grouped_rules(dx.tables["ncu_rules"])
+    assert grouped["launches"].tolist() == [launches, launches]
+    assert grouped["speedup_pct"].tolist() == [9.0, 9.0]
+
+
+def test_a_real_reports_launches_are_grouped() -> None:
+    """a100pcie_selfjoin: 4 launches of nodeByPoint5 give 41 rule results; 11 verdicts."""
+    trace = real_report(next((p for p in NCU if p.name.startswith("a100pcie")), None))
+    rows = grouped_rules(gpudiag.diagnose(trace).tables["ncu_rules"])
+    assert len(rows) == 11 and rows["launches"].sum() == 41
+    assert rows["launches"].max() == 4

@@ -22,7 +22,7 @@ from gpudiag.collectors.probes import (
     check_torch_cuda,
 )
 
-__all__ = ["Check", "checks", "missing_line", "render", "render_text"]
+__all__ = ["Check", "checks", "missing_line", "render", "render_text", "summary"]
 
 
 def checks() -> list[Check]:
@@ -46,7 +46,47 @@ def checks() -> list[Check]:
         check_tool("ncu", "Nsight Compute backend",
                    "install Nsight Compute (CUDA toolkit or https://developer.nvidia.com/nsight-compute)"),
         check_ncu_permission(),
+        check_package("ncu reader", "ncu_report", "ncu-report",
+                      "reads .ncu-rep files without Nsight Compute installed",
+                      "pip install 'gpudiag[ncu]'"),
     ]
+
+
+#: what each collector gives `gpudiag profile` when its checks pass (names of `checks()`)
+_COLLECTS = (
+    (("GPU / driver (NVML)", "cupti"), "GPU kernels, copies, syncs and memory (CUPTI)"),
+    (("GPU / driver (NVML)",), "GPU utilization, memory, clock and power samples (NVML)"),
+    (("torch", "torch CUDA"), "torch ops, host steps and GPU kernels (torch.profiler)"),
+    (("jax",), "jax host ops and device activity (jax.profiler)"),
+    (("nsys",), "Nsight Systems timelines (--backend nsys)"),
+    (("ncu", "ncu counter permission"), "Nsight Compute metrics (--backend ncu)"),
+)
+#: the readers that need something this machine may lack; every other format always reads
+_READS = (("ncu reader", "Nsight Compute reports (.ncu-rep)"),
+          ("nsys", "Nsight Systems reports (.nsys-rep, exported through nsys)"))
+ALWAYS_READ = ("PyTorch profiler (Kineto) traces, Nsight Systems SQLite exports, JAX XSpace "
+               "and Perfetto traces, CUDA memory snapshots and timelines, nccl-tests logs, "
+               "saved traces and gpudiag run directories")
+
+
+def summary(results: list[Check]) -> list[str]:
+    """What this machine can collect and read, in words: the lines under the table (the
+    table says what is missing; these say what a user gets with what is here)."""
+    ok = {check.name for check in results if check.available}
+    can = [text for needs, text in _COLLECTS if set(needs) <= ok]
+    cannot = [text for needs, text in _COLLECTS if not set(needs) <= ok]
+    if "torch" in ok and "torch CUDA" not in ok:  # half of torch.profiler's entry
+        can.append("torch ops and host steps on the CPU (torch.profiler)")
+        cannot[cannot.index(_COLLECTS[2][1])] = "GPU kernels through torch.profiler"
+    reads = [ALWAYS_READ, *(text for name, text in _READS if name in ok)]
+    lines = [f"Collects here: {'; '.join(can) or 'nothing yet'}",
+             f"Reads here: {'; '.join(reads)}"]
+    if cannot:
+        lines.insert(1, f"Not here (see the table): {'; '.join(cannot)}")
+    unread = [text for name, text in _READS if name not in ok]
+    if unread:
+        lines.append(f"Not read here (see the table): {'; '.join(unread)}")
+    return lines
 
 
 def render(results: list[Check]) -> Table:

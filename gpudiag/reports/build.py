@@ -15,7 +15,8 @@ from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.reports import figures, figures_ranks, figures_samples, ncu_heatmap
 from gpudiag.reports.compare_text import TextTable
 from gpudiag.reports.html import Section, page
-from gpudiag.reports.html_report import MAX_DEVICES, report, rule_table
+from gpudiag.reports.html_report import MAX_DEVICES, page_title, report
+from gpudiag.reports.html_rules import rule_table
 from gpudiag.reports.html_tables import Table
 from gpudiag.trace import Trace
 
@@ -96,11 +97,11 @@ def heatmap_page(trace: Trace, dx: Diagnosis | None, *, cdn: bool = False,
         html = heatmap_page(trace, gpudiag.diagnose(trace))
 
     An Nsight Compute report's rule findings are the Diagnosis' `ncu_rules` table, shown
-    as the report page shows it (`html_report.rule_table`); `dx=None` (a notebook drawing
+    as the report page shows it (`html_rules.rule_table`); `dx=None` (a notebook drawing
     the heatmap alone) lists none and says so.
     """
     if len(trace.metrics):
-        return page("gpudiag heatmap", [
+        return page(page_title(trace, "heatmap"), [
             Section("Kernel x metric (Nsight Compute)",
                     figures=(ncu_heatmap.figure(trace, dx=dx, **ncu_options),)),
             _rule_section(dx)], cdn=cdn)
@@ -113,7 +114,7 @@ def heatmap_page(trace: Trace, dx: Diagnosis | None, *, cdn: bool = False,
     if not sections:
         sections = [Section("Nothing to draw", text="This source has no GPU timeline, "
                             "collectives or allocator snapshot to draw as a heatmap.")]
-    return page("gpudiag heatmap", sections, cdn=cdn)
+    return page(page_title(trace, "heatmap"), sections, cdn=cdn)
 
 
 def _rule_section(dx: Diagnosis | None) -> Section:

@@ -25,6 +25,7 @@ from gpudiag.commands import program_name
 from gpudiag.reports.formats import format_bytes, format_ns, format_window, untimed_window
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_ranks import stragglers
+from gpudiag.reports.html_rules import rule_table
 from gpudiag.reports.html_tables import Table
 from gpudiag.trace import Trace
 
@@ -77,7 +78,7 @@ def report(trace: Trace, dx: Diagnosis, *, figures: Mapping[str, Any] | None = N
     sections = [part for s in built if s is not None
                 for part in (s if isinstance(s, list) else [s])]
     sections += [Section(name, figures=fig) for name, fig in figs.items() if fig]
-    return page(title or _title(trace), sections, cdn=cdn, generated_for=generated_for)
+    return page(title or page_title(trace), sections, cdn=cdn, generated_for=generated_for)
 
 
 def _as_list(fig: Any) -> list[Any]:
@@ -86,7 +87,9 @@ def _as_list(fig: Any) -> list[Any]:
     return list(fig) if isinstance(fig, list | tuple) else [fig]
 
 
-def _title(trace: Trace) -> str:
+def page_title(trace: Trace, kind: str = "report") -> str:
+    """'gpudiag report: rank0.json.gz (NVIDIA A100-SXM4-80GB)': the page kind, the trace's
+    name (its own, a profile run's program, or its files) and the GPUs it names."""
     name = trace.meta.get("trace_name")
     sources = [s for s in trace.meta.get("sources") or [] if s.get("path")]
     command = trace.meta.get("command")
@@ -95,7 +98,18 @@ def _title(trace: Trace) -> str:
     if not name and sources:
         name = ", ".join(Path(str(s.get("path", "?"))).name for s in sources[:3])
         name += f" (+{len(sources) - 3})" if len(sources) > 3 else ""
-    return f"gpudiag report: {name}" if name else "gpudiag report"
+    gpus = _gpu_names(trace.devices)
+    title = f"gpudiag {kind}: {name}" if name else f"gpudiag {kind}"
+    return f"{title} ({gpus})" if gpus else title
+
+
+def _gpu_names(devices: pd.DataFrame) -> str:
+    """'NVIDIA H100 80GB HBM3' or '8x NVIDIA A100-SXM4-80GB, 1x ...': the named devices."""
+    names = devices["name"].dropna().astype(str)
+    counts = names[names != ""].value_counts(sort=False)
+    if len(counts) == 1 and counts.iloc[0] == 1:
+        return str(counts.index[0])
+    return ", ".join(f"{count}x {name}" for name, count in counts.items())
 
 
 def _device(rank: Any, device: Any) -> str:
@@ -210,12 +224,21 @@ def _findings(dx: Diagnosis) -> Section | None:
     saved = bool(found["saving_ns"].notna().any())
     if not saved:  # nothing replayed (a job, no timeline): no empty columns
         columns, names = columns[:3] + columns[6:], names[:3] + names[6:]
+    timed = bool((found["lost_ns"] > 0).any())
+    if not timed:  # no finding costs measured time (Nsight Compute): '-' says nothing
+        kept = [i for i, column in enumerate(columns) if column not in ("lost_ns", "share")]
+        columns, names = [columns[i] for i in kept], [names[i] for i in kept]
     frame = pd.DataFrame({"#": range(1, len(top) + 1)}).join(top[columns].reset_index(
         drop=True))
     frame.columns = ["#", *names]
     host_only = bool(found["cause"].isin(HOST_CAUSES).all())
     title = ("Findings, by expected saving" if saved else
-             "Findings, by host time lost" if host_only else "Findings, by GPU time lost")
+             "Findings, by host time lost" if host_only else
+             "Findings, by GPU time lost" if timed else "Findings")
+    if not timed:
+        notes.append("none costs measured time: a file without a timeline (an Nsight "
+                     "Compute report) shows where each kernel falls short, not how long it "
+                     "kept the GPU from other work")
     if saved:
         notes.append("saves: how much shorter the window gets in a replay of the recorded "
                      "schedule with that cause fixed (the fix replayed: docs/analysis.md, "
@@ -472,37 +495,6 @@ def _missing_text(metrics: pd.DataFrame, absent: list[str]) -> list[str]:
     return [", ".join(_METRIC_HEADERS[c] for c, gone in row.items() if gone) if any_value
             else NO_METRICS
             for row, any_value in zip(lacking.to_dict("records"), measured, strict=True)]
-
-
-RULE_ROWS = 2 * TOP_ROWS
-"""Rule results shown, most estimated speedup first (a launch has a few; a long report many)."""
-
-_RULE_HEADERS = {"kernel_id": "id", "short_name": "kernel", "rule": "rule", "title": "title",
-                 "type": "type", "speedup_type": "speedup of", "speedup_pct": "speedup",
-                 "message": "message"}
-
-
-def rule_table(dx: Diagnosis, notes: list[str]) -> Table | None:
-    """The Diagnosis' ncu rule findings (`dx.tables["ncu_rules"]`, made by
-    `kernels.metrics.rule_findings`) as every page shows them, so `gpudiag report` and
-    `gpudiag heatmap` list the same rows: the launch id, the kernel's short name (the full
-    demangled one on hover: a template-heavy name fills a cell 40 lines tall), rule, title,
-    type, ncu's estimated speedup and its message. The first RULE_ROWS rows in the table's
-    order (most speedup first), the cut said in `notes`; title and speedup columns that no
-    row fills are left out. None when ncu named no problem (or the Diagnosis has no table).
-    """
-    found = _detail(dx, "ncu_rules")
-    if found is None:
-        return None
-    if len(found) > RULE_ROWS:  # the whole table is an export away, not an analyze --json
-        notes.append(f"showing the top {RULE_ROWS} of {len(found):,} rule results; "
-                     "`gpudiag export PATH --format csv --tables ncu_rules` writes all")
-    top = found.head(RULE_ROWS).reset_index(drop=True)
-    frame = top[list(_RULE_HEADERS)].rename(columns=_RULE_HEADERS)
-    empty = [c for c in ("title", "speedup of", "speedup") if frame[c].isna().all()]
-    return Table(frame.drop(columns=empty), {"speedup": "pct"},
-                 caption="Nsight Compute rule results (warnings, optimization hints, errors)",
-                 titles={"kernel": top["name"].fillna("").astype(str).tolist()})
 
 
 def _streams(dx: Diagnosis) -> Section | None:

@@ -194,6 +194,10 @@ def _findings(findings: list[dict[str, Any]], console: Console) -> None:
                  "fixed; lost: the time it cost)")
     elif all(host):
         title = "Findings, by host time (share of step time)"
+    elif not any(f["lost_ns"] for f in findings):
+        title = ("Findings (none costs measured time: a file without a timeline, such as an "
+                 "Nsight Compute report, shows where each kernel falls short, not how long "
+                 "it kept the GPU from other work)")
     else:
         title = "Findings, by GPU time lost" + (" (host-side findings after)" if any(host)
                                                 else "")
@@ -203,12 +207,15 @@ def _findings(findings: list[dict[str, Any]], console: Console) -> None:
                ("what to do", "left")]
     if not any(saved):
         columns.remove(("saves", "right"))
+    timed = any(f["lost_ns"] for f in findings)
+    if not timed:  # a column of '-' says nothing
+        columns.remove(("lost", "right"))
     for col, justify in columns:
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for i, f in enumerate(findings, 1):
         share = _known(f["share"])  # none without a timeline: not a share of anything
         lost = format_ns(f["lost_ns"]) + (f" ({_percent(share)})" if share else "")
-        cells = [str(i), safe(f["cause"]), lost if f["lost_ns"] else "-"]
+        cells = [str(i), safe(f["cause"])] + ([lost if f["lost_ns"] else "-"] if timed else [])
         if any(saved):
             cells.append(_saving(f))
         cells += [safe(f["where"] or "-"), safe(f["evidence"] or ""), safe(f["advice"] or "")]
