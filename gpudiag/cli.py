@@ -297,6 +297,8 @@ def _compare_jobs(paths: tuple[Path, ...], *, workers: int | None, scheduler: st
 _RECORD_ADVICE = {
     "jax": "record the training loop inside jax.profiler.trace(log_dir) (or run "
            "gpudiag profile --backend jax -- python train.py)",
+    "tensorflow": "record the training loop between tf.profiler.experimental.start(logdir) "
+                  "and tf.profiler.experimental.stop()",
     "torch": "record it with torch.profiler.profile(activities=[ProfilerActivity.CPU, "
              "ProfilerActivity.CUDA]) around a few steps (or run gpudiag profile -- python "
              "train.py)",
@@ -312,7 +314,8 @@ def _require_events(trace: Trace, paths: tuple[Path, ...]) -> None:
     to record one, in its framework's words. Host events alone (a CPU-only run) are
     analyzed: the host-side step breakdown applies; so are collectives, allocator events
     and samples without a device (an nccl-tests log, a torch memory timeline)."""
-    from gpudiag.analyzers.host.steps import framework, has_host_events
+    from gpudiag.analyzers.frameworks import framework
+    from gpudiag.analyzers.host.steps import has_host_events
 
     if trace.has_gpu_activity() or has_host_events(trace) or any(
             len(getattr(trace, name)) for name in _DEVICELESS_TABLES):

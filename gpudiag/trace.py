@@ -349,7 +349,8 @@ def merge_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
     sizes = {info.get("world_size") for info in metas if info.get("world_size") is not None}
     if len(sizes) == 1:
         merged["world_size"] = sizes.pop()
-    vendors = {info.get("vendor") for info in metas if info.get("vendor")}
-    if len(vendors) == 1:
-        merged["vendor"] = vendors.pop()
+    for key in ("vendor", "framework"):  # kept where the files agree
+        values = {info.get(key) for info in metas if info.get(key)}
+        if len(values) == 1:
+            merged[key] = values.pop()
     return merged

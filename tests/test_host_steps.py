@@ -17,6 +17,7 @@ from click.testing import CliRunner
 import gpudiag
 from gpudiag.analyzers.diagnosis import diagnose
 from gpudiag.analyzers.findings import HOST_CAUSES
+from gpudiag.analyzers.frameworks import framework as framework_of_trace
 from gpudiag.analyzers.host import steps as host_steps
 from gpudiag.cli import _require_events, cli
 from gpudiag.errors import InputError
@@ -98,7 +99,7 @@ def test_findings_carry_share_of_step_time_and_torch_advice() -> None:
 
 def test_a_jax_trace_gets_jax_advice() -> None:
     t = loop(format="xplane")
-    assert host_steps.framework(t) == "jax"
+    assert framework_of_trace(t) == "jax"
     found = host_steps.findings(t).set_index("cause")
     assert "jax" in found.loc["host_python_overhead", "advice"]
     assert "DataLoader(" not in found.loc["host_data_loading", "advice"]
@@ -195,7 +196,7 @@ def test_analyze_a_cpu_torch_trace_shows_steps_and_host_findings() -> None:
     assert dx["findings"] and all(f["cause"] in HOST_CAUSES for f in dx["findings"])
     text = CliRunner().invoke(cli, ["analyze", str(path), "--steps"])
     assert text.exit_code == 0 and "No findings." not in text.output
-    assert "Host time by step" in text.output and "CPU memory peak" in text.output
+    assert "Host time by step" in text.output and "CPU tensor memory peak" in text.output
 
 
 def test_analyze_report_and_compare_a_cpu_jax_trace(tmp_path: Path) -> None:

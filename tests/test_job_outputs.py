@@ -146,14 +146,24 @@ def test_a_thousand_ranks_draw_bounded_figures(big: gpudiag.Diagnosis) -> None:
     figs = diagnosis_figures(big)
     assert "waterfall" not in figs  # a bar per device would be 1,024 bars
     ranks = figs["rank_causes"]
-    heat = ranks.data[0]
-    assert len(heat.y) == figures_ranks.MAX_ROWS and "1,024 ranks in bins" in (
+    useful, lost = ranks.data
+    assert len(useful.y) == len(lost.y) == figures_ranks.MAX_ROWS and "1,024 ranks in bins" in (
         ranks.layout.title.text)
-    assert len(ranks.data) == 1 and not ranks.layout.showlegend
+    assert not ranks.layout.showlegend
     waits = figures.collective_waits(big)
     assert waits is not None and len(waits.data[0].y) == 64
     # a bin's shares stay shares: weighted by window, they sum to one
-    assert np.allclose(np.nansum(np.asarray(heat.z, dtype=float), axis=1), 1.0)
+    shares = np.hstack([np.asarray(useful.z, dtype=float), np.asarray(lost.z, dtype=float)])
+    assert np.allclose(np.nansum(shares, axis=1), 1.0)
+
+
+def test_useful_time_has_its_own_scale_in_the_rank_heatmap(big: gpudiag.Diagnosis) -> None:
+    """A rank that is 95% useful must not look as hot as one that lost 95%: useful is
+    drawn on a green scale, the lost causes on a red one."""
+    useful, lost = figures_ranks.rank_causes(big).data
+    assert list(useful.x) == ["useful"] and "useful" not in list(lost.x)
+    assert useful.colorscale != lost.colorscale
+    assert useful.colorscale[-1][1].lower() != lost.colorscale[-1][1].lower()
 
 
 def test_a_thousand_ranks_give_a_page_with_cut_tables(big: gpudiag.Diagnosis) -> None:

@@ -26,6 +26,7 @@ import pandas as pd
 from gpudiag import diagnosis_schema as declared
 from gpudiag.analyzers import findings as findings_mod
 from gpudiag.analyzers import window as window_mod
+from gpudiag.analyzers.frameworks import framework, in_words_of
 from gpudiag.analyzers.losses.gaps import idle_gaps
 from gpudiag.analyzers.losses.waterfall import LossTimeline, loss_timeline, losses_frame
 from gpudiag.trace import Trace
@@ -182,7 +183,8 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
         def replay(joined: pd.DataFrame) -> pd.DataFrame:
             return expected_savings(whole, trace, joined, tables, bounds=bounds,
                                     gap_options=gap_options, steps=training, notes=notes)
-    ranked = rank_findings(found, host, rank_by=rank_by, savings=replay)
+    ranked = rank_findings(found, host, rank_by=rank_by, savings=replay,
+                           framework=framework(trace))
     dx = Diagnosis(losses=declared.conform_frame("losses", loss),
                    findings=declared.conform_frame("findings", ranked),
                    tables=tables, notes=notes, window_ns=bounds, timeline=timeline, gaps=gaps,
@@ -328,13 +330,14 @@ RANKINGS = ("saving", "lost")
 
 
 def rank_findings(found: pd.DataFrame, host: list[pd.DataFrame], *, rank_by: str = "saving",
-                  savings: Callable[[pd.DataFrame], pd.DataFrame] | None = None
-                  ) -> pd.DataFrame:
+                  savings: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
+                  framework: str | None = None) -> pd.DataFrame:
     """The findings in the order a user fixes them: warm-up ones last (a one-time cost is
     never the top finding); `rank_by="saving"`: by expected saving first (findings without
     one after those with one), `"lost"`: GPU findings by lost time, then host findings
     (host time, their own share of step time). `savings` adds the saving columns to the
-    joined findings (`critical.savings.expected_savings`)."""
+    joined findings (`critical.savings.expected_savings`); the advice is then put in the
+    words of `framework` (`frameworks.in_words_of`)."""
     if rank_by not in RANKINGS:
         raise ValueError(f"rank_by must be one of {', '.join(RANKINGS)}, not {rank_by!r}")
     host_found = findings_mod.frame(pd.concat([h for h in host if len(h)], ignore_index=True)) \
@@ -354,8 +357,8 @@ def rank_findings(found: pd.DataFrame, host: list[pd.DataFrame], *, rank_by: str
         order[1:1] = ["_saved", "_saving"]
         ascending[1:1] = [False, False]
     both = both.sort_values(order, ascending=ascending, kind="stable")
-    return findings_mod.frame(both.drop(columns=["_warmup", "_group", "_saved", "_saving"],
-                                        errors="ignore"))
+    return findings_mod.frame(in_words_of(both.drop(
+        columns=["_warmup", "_group", "_saved", "_saving"], errors="ignore"), framework))
 
 
 def cut_gaps(gaps: pd.DataFrame | None, bounds: tuple[int, int] | None

@@ -46,7 +46,7 @@ ADVICE: Mapping[str, str] = {
     "sync_copy": "make the device-to-host copy non_blocking=True into pinned memory and read "
                  "it a step later",
     "launch_bound": "fewer, larger launches: CUDA graphs or torch.compile(mode='reduce-overhead') "
-                    "(or jax.jit the step)",
+                    "(jax.jit the step in JAX, tf.function(jit_compile=True) in TensorFlow)",
     "host_bound": "overlap host work with the GPU: move this work out of the step loop or to "
                   "a background thread, and keep launches queued ahead of the GPU",
     "dependency": "find what the queued work waits on (cudaStreamWaitEvent on an event recorded "

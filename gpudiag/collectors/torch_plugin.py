@@ -57,6 +57,10 @@ def create(out_dir: Path, settings: dict[str, Any]) -> TorchCollector:
                           segment_s=float(settings.get("segment_s") or DEFAULT_SEGMENT_S))
 
 
+#: Kineto's log level above all of its outputs (USDT, its highest, is 5 in torch 2.13)
+QUIET_KINETO = "6"
+
+
 class TorchCollector:
     """torch.profiler around the program, written as bounded segments."""
 
@@ -90,6 +94,12 @@ class TorchCollector:
         before them (atexit is last-in, first-out); then the two hooks of the docstring.
         """
         atexit.register(self._at_exit)  # before torch's atexit hooks (registered earlier)
+        # Kineto writes a 'USDT: ... profiler_start/stop' line (and 'STAGE:' lines) to the
+        # program's stderr at every segment, read where the profiler starts: left to itself
+        # it interleaves gpudiag's segments with the program's output. No level keeps its
+        # errors and drops these, and what a lost collection means gpudiag says itself;
+        # a KINETO_LOG_LEVEL the user set is kept.
+        os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
         try:  # the package deletes its `optimizer` attribute: import the module by name
             hooks = importlib.import_module("torch.optim.optimizer")
         except ImportError:

@@ -24,6 +24,7 @@ import pandas as pd
 from gpudiag.analyzers import diagnosis
 from gpudiag.analyzers import findings as findings_mod
 from gpudiag.analyzers.diagnosis import Diagnosis
+from gpudiag.analyzers.frameworks import formats_of, framework_of
 from gpudiag.analyzers.steps import training as steps_mod
 from gpudiag.diagnosis_schema import conform_frame
 from gpudiag.errors import InputError
@@ -88,8 +89,10 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
         failed += _in_order(more)
         found = _flag(found, dx, [warm_parts[index] for index in sorted(warm_parts)],
                       options, pool)
+    said = framework_of(formats_of(dx.meta), False)  # torch ops or none: torch's words
     dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host,
-                                                                    rank_by="lost"))
+                                                                    rank_by="lost",
+                                                                    framework=said))
     if shared:
         dx.notes.append(shared)
     dx.notes.append(NO_SAVINGS)

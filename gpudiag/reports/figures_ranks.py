@@ -38,17 +38,26 @@ def rank_causes(source: Diagnosis | pd.DataFrame, *, max_rows: int = MAX_ROWS
     if ranks is None or len(ranks) < 2:
         return None
     rows = binned(ranks, max_rows)
-    z = rows[list(SHARE_COLUMNS)].to_numpy(np.float64)
+    z = rows[list(SHARE_COLUMNS)].to_numpy(np.float64).round(6)
     labels = rows["label"].tolist()
-    fig = go.Figure(go.Heatmap(
-        x=list(LOSS_CAUSES), y=labels, z=z.round(6), zmin=0, zmax=1, colorscale="YlOrRd",
-        colorbar={"title": {"text": "share", "side": "right"}, "tickformat": ".0%"},
-        hovertemplate="%{y}<br>%{x}: %{z:.1%} of the window<extra></extra>"))
+    hover = "%{y}<br>%{x}: %{z:.1%} of the window<extra></extra>"
+    # useful time is the good share: on the loss causes' scale a healthy rank would glow
+    # as red as a stalled one, so it has a scale of its own (dark green: most useful)
+    fig = go.Figure([
+        go.Heatmap(x=list(LOSS_CAUSES[:1]), y=labels, z=z[:, :1], zmin=0, zmax=1,
+                   colorscale="Greens", name="useful", hovertemplate=hover,
+                   colorbar={"title": {"text": "useful", "side": "right"},
+                             "tickformat": ".0%", "x": 1.0, "len": 0.9}),
+        go.Heatmap(x=list(LOSS_CAUSES[1:]), y=labels, z=z[:, 1:], zmin=0, zmax=1,
+                   colorscale="YlOrRd", name="lost", hovertemplate=hover,
+                   colorbar={"title": {"text": "lost", "side": "right"},
+                             "tickformat": ".0%", "x": 1.12, "len": 0.9})])
     binned_note = "" if len(rows) == len(ranks) else f" ({len(ranks):,} ranks in bins)"
     fig.update_layout(
         title={"text": "Where each rank's GPU time went, least useful first" + binned_note,
                "y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 14}},
-        xaxis={"title": "cause", "side": "top"},
+        xaxis={"title": "cause", "side": "top", "categoryorder": "array",
+               "categoryarray": list(LOSS_CAUSES)},
         yaxis={"type": "category", "autorange": "reversed",
                "showticklabels": len(rows) <= 64},
         margin={"t": 90, "b": 30}, height=_FRAME_PX + max(_ROW_PX * len(rows), _MIN_PLOT_PX))

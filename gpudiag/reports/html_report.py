@@ -311,10 +311,13 @@ def _host(dx: Diagnosis) -> list[Section] | None:
     memory = _detail(dx, "host_memory")
     if memory is not None:
         peak = memory[["pid", "peak_bytes", "peak_step", "steady_peak_bytes"]]
-        peak.columns = ["process", "CPU memory peak", "in step", "peak after warm-up"]
+        peak.columns = ["process", "CPU tensor memory peak", "in step", "peak after warm-up"]
         sections.append(Section("CPU memory", table=peak,
-                                formats={"CPU memory peak": "bytes",
-                                         "peak after warm-up": "bytes"}))
+                                formats={"CPU tensor memory peak": "bytes",
+                                         "peak after warm-up": "bytes"},
+                                text="The profiler's running total of CPU tensor "
+                                     "allocations per process: the framework's tensors, "
+                                     "not the process's resident memory."))
     return sections
 
 

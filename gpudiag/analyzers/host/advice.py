@@ -1,7 +1,7 @@
 """The words of the host-side findings: evidence from the numbers, advice per framework.
 
-One action per cause, in the framework that made the trace (a jax user gets no DataLoader
-advice); `None` framework gets the torch wording, the common case.
+One action per cause, in the framework that made the trace (a jax or TensorFlow user gets
+no DataLoader advice); `None` framework gets the torch wording, the common case.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from gpudiag.analyzers.findings import format_ns
 #: cause -> framework -> advice
 ADVICE: Mapping[str, Mapping[str, str]] = {
     "host_data_loading": {
+        "tensorflow": "build the input as a tf.data pipeline with .map(..., num_parallel_calls="
+                      "tf.data.AUTOTUNE) and .prefetch(tf.data.AUTOTUNE), so the next batch "
+                      "is ready while this step runs",
         "torch": "load batches in the background: DataLoader(num_workers=4 or more, "
                  "persistent_workers=True, prefetch_factor=2, pin_memory=True when training "
                  "on a GPU), and move per-sample Python work (decoding, transforms) into the "
@@ -23,6 +26,9 @@ ADVICE: Mapping[str, Mapping[str, str]] = {
                "while this step runs",
     },
     "host_python_overhead": {
+        "tensorflow": "the step spends this time in Python (eager ops): wrap the step in "
+                      "tf.function (jit_compile=True compiles it with XLA) and keep per-step "
+                      "host reads (.numpy(), float(loss)) out of the loop",
         "torch": "the step spends this time in Python outside torch ops: move per-step "
                  "logging, metrics and .item()/.cpu() reads out of the loop (every N steps), "
                  "vectorize per-element Python, and torch.compile the model to cut per-op "
@@ -32,6 +38,8 @@ ADVICE: Mapping[str, Mapping[str, str]] = {
                "(float(loss), np.asarray) and Python-side batch preparation",
     },
     "host_optimizer": {
+        "tensorflow": "run the optimizer inside the tf.function step (apply_gradients there), "
+                      "not eagerly, so the update is one graph",
         "torch": "use the multi-tensor or fused optimizer (torch.optim.AdamW(..., "
                  "foreach=True), or fused=True on CUDA) and zero_grad(set_to_none=True); "
                  "many small parameter tensors make the per-parameter loop expensive",
@@ -39,6 +47,9 @@ ADVICE: Mapping[str, Mapping[str, str]] = {
                "updating parameters in Python",
     },
     "host_compile": {
+        "tensorflow": "the step retraces after warm-up: give tf.function an input_signature "
+                      "(or reduce_retracing=True) and keep shapes and dtypes fixed (pad the "
+                      "last batch, drop_remainder=True)",
         "torch": "the step recompiles after warm-up: keep input shapes and dtypes fixed "
                  "(pad the last batch, drop_last=True) or mark dynamic dimensions "
                  "(torch._dynamo.mark_dynamic); TORCH_LOGS=recompiles says why",
@@ -47,6 +58,9 @@ ADVICE: Mapping[str, Mapping[str, str]] = {
                "'jax_log_compiles', True) says which call recompiles",
     },
     "host_op": {
+        "tensorflow": "most of the step is this op's host time: on a CPU run that is the "
+                      "computation (check the intra-op threads); on a GPU run, its dispatch "
+                      "(tf.function with jit_compile=True fuses ops into fewer launches)",
         "torch": "most of the step is this op's own host time: on a CPU run that is the "
                  "model's compute (check torch.get_num_threads() against the cores, try "
                  "channels_last, bf16 autocast or torch.compile); on a GPU run, its launch "

@@ -35,6 +35,7 @@ import pandas as pd
 from gpudiag import intervals as iv
 from gpudiag.analyzers import callsites, keys
 from gpudiag.analyzers.findings import Result, frame
+from gpudiag.analyzers.frameworks import formats_of, framework, framework_of
 from gpudiag.analyzers.host.advice import advice, evidence
 from gpudiag.analyzers.host.categories import (
     CATEGORIES,
@@ -58,17 +59,6 @@ BY_STEP = ("rank", "pid", "tid", "step", "index", "start_ns", "end_ns", "dur_ns"
 #: cause -> category it measures
 CAUSES = {"host_data_loading": "data_loading", "host_python_overhead": "python",
           "host_optimizer": "optimizer", "host_compile": "compile"}
-
-
-def framework(trace: Trace) -> str | None:
-    """'torch', 'jax' or None: which framework's profiler recorded the trace."""
-    formats = {str(source.get("format")) for source in trace.meta.get("sources", []) or []}
-    formats.add(str(trace.meta.get("format")))
-    if formats & {"xplane", "jax-perfetto"} or trace.meta.get("backend") == "jax":
-        return "jax"
-    if "kineto" in formats or (trace.ranges["source"] == "torch_op").any():
-        return "torch"
-    return None
 
 
 def has_host_events(trace: Trace) -> bool:
@@ -420,11 +410,7 @@ class Part:
 
 def part(trace: Trace) -> Part:
     """This rank's host pieces (see `Part`)."""
-    formats = {str(source.get("format")) for source in trace.meta.get("sources", []) or []}
-    formats.add(str(trace.meta.get("format")))
-    if trace.meta.get("backend") == "jax":
-        formats.add("xplane")
-    return Part(_analysis(trace)["pieces"], frozenset(formats),
+    return Part(_analysis(trace)["pieces"], formats_of(trace.meta),
                 bool((trace.ranges["source"] == "torch_op").any()), _named_time(trace))
 
 
@@ -440,9 +426,7 @@ def combine(parts: list[Part]) -> Result:
         pieces = tuple([process[n] for process in every] for n in range(4))  # type: ignore
     tables = _tables(*pieces)
     formats = frozenset().union(*(piece.formats for piece in parts))
-    kind = ("jax" if formats & {"xplane", "jax-perfetto"} else
-            "torch" if "kineto" in formats or any(piece.torch_ops for piece in parts)
-            else None)
+    kind = framework_of(formats, any(piece.torch_ops for piece in parts))
     named: dict[tuple[str, bool], pd.Series] = {}
     for piece in parts:
         for key, sums in piece.named.items():

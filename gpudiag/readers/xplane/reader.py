@@ -68,11 +68,25 @@ def read(path: Path) -> Trace:
     offset_ns = epoch_offset_ns(space)
     cols, repairs = _space_columns(space, offset_ns)
     planes = [(plane.name, plane.stats) for plane in space.planes]
-    meta = {"format": "xplane", "hostnames": space.hostnames, "clock_offset_ns": offset_ns}
+    meta = {"format": "xplane", "hostnames": space.hostnames, "clock_offset_ns": offset_ns,
+            "framework": framework_of(space)}
     trace = _build(cols, planes, meta, repairs)
     for text in space.errors + space.warnings:
         trace.warn(f"profiler reported: {text}")
     return trace
+
+
+#: lines only TensorFlow's profiler writes (its op and name-scope lines of a device plane);
+#: JAX's XSpace has XLA's lines and shares TF's thread names (tf_XLAEigen...), so those
+#: tell nothing
+_TENSORFLOW_LINES = frozenset({"TensorFlow Ops", "TensorFlow Name Scope"})
+
+
+def framework_of(space: Space) -> str:
+    """'tensorflow' or 'jax': which framework's profiler wrote the XSpace (the advice a
+    finding gives is in its words)."""
+    names = {line.name for plane in space.planes for line in plane.lines}
+    return "tensorflow" if names & _TENSORFLOW_LINES else "jax"
 
 
 def read_perfetto(path: Path) -> Trace:

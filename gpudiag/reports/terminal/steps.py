@@ -34,13 +34,40 @@ def print_steps(dx: dict[str, Any], console: Console) -> None:
     host = dx.get("host") or {}
     _breakdown(host.get("breakdown") or [], console)
     _top_ops(host.get("top_ops") or [], console)
-    for row in host.get("memory") or []:
-        if row.get("peak_bytes") is not None:
-            at = f" (in {safe(row['peak_step'])})" if row.get("peak_step") else ""
-            console.print(f"[bold]CPU memory peak[/bold]: {_bytes(row['peak_bytes'])}{at}",
-                          highlight=False)
+    _memory([row for row in host.get("memory") or [] if row.get("peak_bytes") is not None],
+            console)
     if host.get("by_step"):
         _by_step(host["by_step"], console)
+
+
+#: what the peak is: the profiler's running total of CPU tensor allocations, not the RSS
+_MEMORY_TITLE = "CPU tensor memory peak (profiler)"
+MEMORY_ROWS = 10
+
+
+def _memory(rows: list[dict[str, Any]], console: Console) -> None:
+    """One line for one process; a table naming each process for several (the largest
+    first, MEMORY_ROWS of them): a line per process without its name says nothing."""
+    if len(rows) == 1:
+        console.print(f"[bold]{_MEMORY_TITLE}[/bold]: {_peak(rows[0])}", highlight=False)
+        return
+    if not rows:
+        return
+    rows = sorted(rows, key=lambda row: -float(row["peak_bytes"]))
+    table = Table(title=f"{_MEMORY_TITLE}, per process", title_justify="left")
+    for col, justify in (("process", "left"), ("peak", "right"), ("in", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for row in rows[:MEMORY_ROWS]:
+        table.add_row(safe(_process(row)), _bytes(row["peak_bytes"]),
+                      safe(row.get("peak_step") or ""))
+    console.print(table)
+    if len(rows) > MEMORY_ROWS:
+        console.print(f"... and {len(rows) - MEMORY_ROWS:,} more processes", highlight=False)
+
+
+def _peak(row: dict[str, Any]) -> str:
+    at = f" (in {safe(row['peak_step'])})" if row.get("peak_step") else ""
+    return f"{_bytes(row['peak_bytes'])}{at}"
 
 
 def steps_line(steps: dict[str, Any]) -> str:
