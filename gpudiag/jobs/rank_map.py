@@ -16,6 +16,8 @@ are analyzed. `read_batch` must be importable by name: the executors' workers im
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,12 +102,14 @@ class BatchPart:
 def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
     """Read a batch of the job's files, merged in order, and compute its ranks' part."""
     files, options = job
+    failed = [(file, not_here(file)) for file in files if not os.path.exists(file)]
+    files = tuple(file for file in files if os.path.exists(file))
     together = read_together([Path(file) for file in files])
     if together is not None:  # Kineto files: their tables built once for the batch
         trace, metas = together
-        read, failed = list(files), list[tuple[str, str]]()
+        read = list(files)
     else:
-        traces, read, failed = [], [], []
+        traces, read = [], []
         for file in files:
             try:
                 traces.append(read_file(Path(file)))
@@ -121,6 +125,15 @@ def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
     span = int(trace.kernels["kernel_id"].max()) + 1 if len(trace.kernels) else 0
     return BatchPart(tuple(read), failed, metas, span, group_part(trace, options),
                      {name: len(getattr(trace, name)) for name in ROW_TABLES})
+
+
+def not_here(file: str) -> str:
+    """Why a job's file is missing where its worker runs: the job lists files where it is
+    started, and a Dask worker on another host (or a file deleted meanwhile) does not see
+    them."""
+    return (f"{file}: not found on {socket.gethostname()}, where the job's worker read it "
+            "(workers must see the job's files at the same paths: on Dask, a shared file "
+            "system)")
 
 
 #: the tables a gap piece's next event (`next_table`, `next_row`) comes from
