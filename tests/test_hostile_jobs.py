@@ -423,3 +423,25 @@ def test_a_malformed_dask_configuration_is_one_line(ranks: Path, tmp_path: Path)
     assert done.returncode == 2
     line = one_line(done.stderr)
     assert "Dask's configuration cannot be read" in line and str(bad) in line
+
+
+# -- 6. ranks whose clocks are hours apart ------------------------------------------------------
+
+
+def test_ranks_whose_clocks_are_hours_apart_say_so_and_claim_no_waiting(tmp_path: Path) -> None:
+    """Rank 1's clock 3 h ahead: every collective matched across the ranks starts 3 h
+    apart. It was the note 'comm_wait needs collectives from two or more ranks' (there are
+    two), and comm findings citing the early rank's whole calls as 'waiting for late
+    ranks'; the job says what the merged trace says."""
+    job = shifted_job(PAIR[0], 2, tmp_path, shift_us=3 * 3600e6)
+    merged = diagnose(gpudiag.load(job))
+    assert_same(diagnose_job(job, workers=2), merged)
+    [note] = [note for note in merged.notes if note.startswith("comm_wait")]
+    assert note.startswith("comm_wait: all 10 collectives matched across ranks start up to "
+                           "10,800 s apart") and "the ranks' clocks disagree" in note
+    assert note.endswith("not measured")
+    comm = merged.findings[merged.findings["cause"] == "comm"]
+    assert len(comm) and not comm["evidence"].str.contains("waiting for late ranks").any()
+    waits = merged.losses[merged.losses["cause"] == "comm_wait"]
+    assert (waits["lost_ns"] == 0).all()
+
