@@ -10,9 +10,12 @@ protocols on threads of this process.
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import json
 import os
+import re
+import shutil
 import signal
 import socketserver
 import struct
@@ -31,7 +34,7 @@ from gpudiag.errors import InputError
 from gpudiag.jobs import batches, cluster, diagnose_job
 from gpudiag.jobs.executors import DaskCluster, InProcess, LocalPool, executor
 from tests.conftest import cli_status, framework, wait_for
-from tests.test_jobs import PAIR, assert_same, diagnose, shifted_job
+from tests.test_jobs import PAIR, TS, assert_same, diagnose, shifted_job
 
 DASK = [sys.executable, "-m", "dask"]
 
@@ -445,3 +448,51 @@ def test_ranks_whose_clocks_are_hours_apart_say_so_and_claim_no_waiting(tmp_path
     waits = merged.losses[merged.losses["cause"] == "comm_wait"]
     assert (waits["lost_ns"] == 0).all()
 
+
+# -- 7. two files that claim one rank -----------------------------------------------------------
+
+
+def rewritten(source: Path, target: Path, *, shift_us: float = 0.0,
+              pid: tuple[int, int] | None = None) -> None:
+    """`source` as `target`, its clock shifted by `shift_us` and (`pid`: old, new) its
+    process id changed: the same rank recorded by another run."""
+    text = gzip.decompress(source.read_bytes())
+    if shift_us:
+        text = TS.sub(lambda m: b'"ts": ' + repr(float(m[1]) + shift_us).encode(), text)
+    if pid is not None:
+        text = re.sub(rb'"pid": ?%d\b' % pid[0], b'"pid": %d' % pid[1], text)
+    target.write_bytes(gzip.compress(text, 1))
+
+
+@pytest.mark.parametrize("extra", [[], ["--workers", "2"]])
+def test_a_copy_of_a_rank_file_is_refused_in_one_line(
+        tmp_path: Path, extra: list[str], one_file_per_batch: None,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """It was analyzed: rank 0's kernels, communication and host time counted twice (the
+    job added a note at the end). On a pool each file is its own batch here, so the two
+    meet only when the job reads the batches that share rank 0 again as one."""
+    job = shifted_job(PAIR[0], 3, tmp_path / "job")
+    shutil.copy(job / "rank0.json.gz", job / "rank0_copy.json.gz")
+    assert cli_status("analyze", str(job), *extra) == 2
+    line = one_line(capfd.readouterr().err)
+    assert line.startswith("gpudiag: error: rank0.json.gz, rank0_copy.json.gz: 2 files claim "
+                           "rank 0 and its kernels overlap in time on one stream")
+
+
+@pytest.mark.parametrize("extra", [[], ["--workers", "2"]])
+def test_two_runs_in_one_folder_are_refused_in_one_line(
+        tmp_path: Path, extra: list[str], capfd: pytest.CaptureFixture[str]) -> None:
+    """Run b a day after run a, by other processes: rank 0's window spanned both runs,
+    93,600 s of 'host_bound' at 100%, and the runs' collectives matched each other."""
+    run = shifted_job(PAIR[0], 2, tmp_path / "a")
+    both = tmp_path / "both"
+    both.mkdir()
+    for rank in (0, 1):
+        shutil.copy(run / f"rank{rank}.json.gz", both / f"a_rank{rank}.json.gz")
+        rewritten(run / f"rank{rank}.json.gz", both / f"b_rank{rank}.json.gz",
+                  shift_us=26 * 3600e6, pid=(4037, 5120))
+    assert cli_status("analyze", str(both), *extra) == 2
+    line = one_line(capfd.readouterr().err)
+    assert line.startswith("gpudiag: error: a_rank0.json.gz, b_rank0.json.gz: 2 files claim "
+                           "rank 0 and come from 2 processes (pids 4037, 5120): two runs")
+    assert "gpudiag compare" in line

@@ -153,6 +153,8 @@ def _run(pool: Any, planned: list[tuple[str, ...]], options: Options,
     for outcome in pool.map(read_batch, [(batch, options) for batch in planned]):
         if progress is not None:
             progress(outcome, len(planned[outcome.index]), total)
+        if outcome.ok and outcome.value.refused is not None:
+            raise outcome.value.refused  # files that are not one job: every answer wrong
         if outcome.ok:
             done[outcome.index] = outcome.value
             failed[outcome.index] = outcome.value.failed

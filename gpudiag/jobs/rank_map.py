@@ -32,7 +32,9 @@ from gpudiag.analyzers import window as window_mod
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.analyzers.losses.waterfall import DeviceKey, LossTimeline, clip_window
 from gpudiag.analyzers.steps import training as steps_mod
+from gpudiag.errors import InputError
 from gpudiag.jobs.executors import failure
+from gpudiag.readers.claims import refusal
 from gpudiag.readers.sources import read_file, read_together
 from gpudiag.trace import Trace, merge
 
@@ -97,6 +99,9 @@ class BatchPart:
     kernel_span: int
     group: GroupPart | None
     rows: dict[str, int] = field(default_factory=dict)
+    #: why these files are not one job (`readers.claims`: a copy of a rank's file, two
+    #: runs in one folder); the coordinator raises it
+    refused: InputError | None = None
 
 
 def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
@@ -122,6 +127,10 @@ def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
         metas = [dict(trace.meta) for trace in traces]
         trace = merge(traces)
     trace.fill_rank()
+    refused = refusal(trace, [(file, meta.get("rank")) for file, meta
+                              in zip(read, metas, strict=True) if os.path.isfile(file)])
+    if refused is not None:  # the job stops: what it would say of that rank is wrong
+        return BatchPart(tuple(read), failed, metas, 0, None, refused=refused)
     span = int(trace.kernels["kernel_id"].max()) + 1 if len(trace.kernels) else 0
     return BatchPart(tuple(read), failed, metas, span, group_part(trace, options),
                      {name: len(getattr(trace, name)) for name in ROW_TABLES})
