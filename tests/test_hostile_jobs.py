@@ -189,6 +189,26 @@ def test_a_scheduler_that_stops_answering_mid_job_ends_it_in_bounded_time(
     assert dask.address in str(info.value) and time.monotonic() - started < 60
 
 
+@pytest.mark.timeout(180)
+def test_a_scheduler_that_dies_while_the_job_connects_is_one_line(
+        ranks: Path, fresh: Callable[..., Cluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed after it answered who it is, before the client is made."""
+    dask = fresh()
+    real = cluster.reach
+
+    def then_killed(address: str, shown: str | None = None) -> dict[str, Any]:
+        identity = real(address, shown)
+        dask.scheduler.kill()
+        dask.scheduler.wait()
+        return identity
+
+    monkeypatch.setattr(cluster, "reach", then_killed)
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT_S", 2.0)
+    with pytest.raises(InputError, match="did not accept a client") as info:
+        diagnose_job(ranks, scheduler=dask.address)
+    assert str(info.value).startswith(dask.address)
+
+
 # -- 2. workers killed mid-job ------------------------------------------------------------------
 
 

@@ -223,12 +223,15 @@ class Watch:
 def workers_of(client: Any, shown: str) -> int:
     """How many workers the cluster has, once it has one: a cluster without any would
     leave the job's tasks waiting forever, so it gets `NO_WORKERS_S` to start one."""
-    count = len(client.scheduler_info(n_workers=-1).get("workers", {}))
-    if count:
-        return count
     try:
-        client.wait_for_workers(1, timeout=NO_WORKERS_S)
+        count = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+        if not count:
+            client.wait_for_workers(1, timeout=NO_WORKERS_S)
+            count = len(client.scheduler_info(n_workers=-1).get("workers", {}))
     except TimeoutError as exc:
         raise InputError(shown, f"has no Dask workers (none joined within {NO_WORKERS_S:g} s)",
                          "start some: `dask worker ADDRESS`") from exc
-    return len(client.scheduler_info(n_workers=-1).get("workers", {})) or 1
+    except Exception as exc:  # it answered a moment ago: gone since
+        raise lost(shown, f"the Dask scheduler went away ({type(exc).__name__}: {exc})"
+                   ) from exc
+    return count or 1
