@@ -13,7 +13,9 @@ without a port, and waits forever on futures when the cluster has no workers lef
 address is parsed first; one connection asks the scheduler who it is, on a thread of its
 own (a notebook's thread runs an event loop) under a deadline over the whole exchange; and
 while a job waits for its results, `Watch.check` asks again whenever nothing came back for
-`PING_INTERVAL_S`. `distributed` is imported here only when a cluster is asked for.
+`PING_INTERVAL_S`. While a client of gpudiag's own is open, Dask's client loggers are quiet
+(`quiet`): a lost scheduler is logged with two tracebacks that the job's one line replaces.
+`distributed` is imported here only when a cluster is asked for.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ NO_WORKERS_S = 30.0
 #: what to do when no scheduler answers
 START_ONE = ("start one (`dask scheduler`, then `dask worker ADDRESS`) or check the "
              "address / scheduler file")
-#: how the messages name what the job was given: an address, a file, the environment
+#: what to give instead of something that names no scheduler
 HOW = "give tcp://HOST:PORT (what `dask scheduler` prints) or a scheduler file's path"
 
 
