@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpudiag.errors import InputError, MissingDependencyError
-from gpudiag.jobs import executors
+from gpudiag.jobs import cluster, executors
 from gpudiag.jobs.executors import DaskCluster, InProcess, LocalPool, Outcome, executor
 from tests.conftest import framework
 
@@ -95,7 +95,7 @@ def test_a_killed_dask_worker_ends_its_item_with_an_error_not_a_hang(dask_client
 def test_a_scheduler_nobody_runs_is_one_line(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     framework("distributed")
-    monkeypatch.setattr(executors, "CONNECT_TIMEOUT", "2s")  # the refused connects, retried
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT_S", 2.0)  # the refused connects, retried
     with pytest.raises(InputError, match="no Dask scheduler answered"):
         executor(scheduler="tcp://127.0.0.1:9")
 
@@ -105,7 +105,7 @@ def test_without_distributed_the_scheduler_option_says_what_to_install(
     def missing(module: str, purpose: str) -> None:
         raise MissingDependencyError(module, "dask", purpose)
 
-    monkeypatch.setattr(executors, "require", missing)
+    monkeypatch.setattr(cluster, "require", missing)
     with pytest.raises(MissingDependencyError, match=r"pip install 'gpudiag\[dask\]'"):
         executor(scheduler="tcp://127.0.0.1:8786")
     with executor(workers=2) as pool:  # the local pool needs nothing more

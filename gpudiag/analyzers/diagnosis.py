@@ -394,8 +394,9 @@ def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str]
         notes.append(f"small_grid not measured for {int(unknown.sum())} of {len(unknown)} "
                      "kernels (launch configuration or device properties missing)")
     waits = collectives.wait_intervals(trace) if len(trace.collectives) else None
-    if waits is not None and waits.empty:
-        notes.append("comm_wait needs collectives from two or more ranks; not measured")
+    note = collectives.wait_note(trace) if waits is not None else None
+    if note is not None:
+        notes.append(note)
     timeline = loss_timeline(trace, efficiency=occupancy["tail_efficiency"], comm_waits=waits,
                              **gap_options)
     return timeline, idle_gaps(trace, **gap_options)

@@ -21,33 +21,34 @@ with an error instead of a hang.
   in milliseconds instead of each importing it again (`start`). Where there is no fork
   server (Windows) they are spawned.
 - `DaskCluster`: a `distributed.Client` (given, or connected to `scheduler`: an address or a
-  scheduler file, or `DASK_SCHEDULER_ADDRESS`, as Nsight Systems' recipes do). Workers read
-  the files themselves, so they must see the same paths (a shared file system).
-  `dask[distributed]` is the `dask` extra, imported only here and only when asked for.
+  scheduler file, or `DASK_SCHEDULER_ADDRESS` when neither a scheduler nor a count of
+  workers is given, as Nsight Systems' recipes do). Workers read the files themselves, so
+  they must see the same paths (a shared file system). A cluster that cannot finish (an
+  address that names no scheduler, a scheduler that dies or stops answering, no workers
+  left) ends the job with one `InputError` naming the address, in bounded time
+  (`cluster`); a worker that dies has its items retried by Dask. `dask[distributed]` is the
+  `dask` extra, imported only in `cluster` and only when asked for.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import queue
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import CancelledError, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_all_start_methods, get_context
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
 from gpudiag.errors import GpudiagError, InputError
-from gpudiag.optional import require
+from gpudiag.jobs import cluster
+from gpudiag.jobs.cluster import SCHEDULER_ENV
 
-#: the environment variable Dask (and the Nsight recipes) read a scheduler address from
-SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
-#: how long connecting to a Dask scheduler may take before the job says none answered
-CONNECT_TIMEOUT = "20s"
 #: the start method of a local pool's workers where the platform has it (Linux, macOS)
 FORK_SERVER = "forkserver"
 WORKER_DIED = ("a worker process died while running it (killed, or out of memory); the "
@@ -214,58 +215,87 @@ def _main_script_hidden() -> Iterator[None]:
 
 
 class DaskCluster(_Closing):
-    """The workers of a Dask distributed cluster, through a `distributed.Client`."""
+    """The workers of a Dask distributed cluster, through a `distributed.Client`; a
+    cluster that cannot finish the job (its scheduler gone or stuck, no workers left) ends
+    it with one line (`cluster.Watch`), never a hang."""
 
     name = "dask"
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, shown: str | None = None) -> None:
         self.client = client
         self._owned = False
-        self.workers = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+        self._levels: dict[str, int] = {}
+        self.shown = shown or str(client.scheduler.address)  # how messages name it
+        self.workers = cluster.workers_of(client, self.shown)
 
     @classmethod
-    def connect(cls, scheduler: str) -> DaskCluster:
-        """A client of the scheduler at `scheduler`: an address (tcp://host:port) or the
-        path of a scheduler file (`dask scheduler --scheduler-file`)."""
-        distributed = require("distributed", "Running gpudiag on a Dask cluster")
-        as_file = Path(scheduler)
+    def connect(cls, spec: str, origin: str = "") -> DaskCluster:
+        """A client of the scheduler `spec` names: an address (tcp://host:port) or the
+        path of a scheduler file (`dask scheduler --scheduler-file`); `origin`: the
+        environment variable it came from, for the messages."""
+        address = cluster.address_of(spec, origin)
+        shown = f"{origin}={spec}" if origin else spec.strip()
+        levels = cluster.quiet()  # our client's failures are said in one line, not logged
         try:
-            if "://" not in scheduler and as_file.is_file():
-                client = distributed.Client(scheduler_file=str(as_file),
-                                            timeout=CONNECT_TIMEOUT)
-            else:
-                client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT)
-        except (OSError, TimeoutError) as exc:
-            raise InputError(scheduler, f"no Dask scheduler answered ({exc})",
-                             "start one (`dask scheduler`, then `dask worker ADDRESS`) or "
-                             "check the address / scheduler file") from exc
-        cluster = cls(client)
-        cluster._owned = True
-        return cluster
+            client = cluster.client_of(address, shown)
+        except BaseException:
+            cluster.restore(levels)
+            raise
+        try:
+            made = cls(client, shown)
+        except BaseException:
+            client.close()
+            cluster.restore(levels)
+            raise
+        made._owned, made._levels = True, levels
+        return made
 
     def map(self, function: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
         """Every item submitted now, outcomes as they finish."""
-        distributed = require("distributed", "Running gpudiag on a Dask cluster")
         listed = list(items)
+        if self.client.status != "running":  # the scheduler went away before this map
+            raise cluster.lost(self.shown, "the Dask client lost its scheduler (client "
+                                           f"{self.client.status})")
         futures = self.client.map(function, listed, pure=False)
-        return self._outcomes(distributed, futures, listed)
+        return self._outcomes(futures, listed)
 
-    @staticmethod
-    def _outcomes(distributed: Any, futures: list[Any], listed: list[Any]
-                  ) -> Iterator[Outcome]:
+    def _outcomes(self, futures: list[Any], listed: list[Any]) -> Iterator[Outcome]:
+        """Each future's outcome as it finishes; while none does, the cluster is watched."""
+        distributed = cluster.distributed_module()
+        finished: queue.Queue[Any] = queue.Queue()
+        for future in futures:
+            future.add_done_callback(finished.put)  # called on Dask's thread
         positions = {future.key: index for index, future in enumerate(futures)}
-        for future in distributed.as_completed(futures):
+        watch = cluster.Watch(self.client, self.shown)
+        for _ in futures:
+            future = _next(finished, watch)
             index = positions[future.key]
             try:
                 yield Outcome(index, listed[index], future.result())
             except distributed.KilledWorker:
                 yield Outcome(index, listed[index], error=WORKER_DIED)
+            except CancelledError as exc:  # not by us: the client lost the scheduler
+                reason = getattr(exc, "reason", None) or "cancelled"
+                raise cluster.lost(self.shown, f"the Dask cluster cancelled the job's tasks "
+                                               f"({reason})") from exc
             except Exception as exc:
                 yield Outcome(index, listed[index], error=failure(exc))
 
     def close(self) -> None:
+        """Close a client this cluster opened (a given one is its owner's), then let Dask's
+        client loggers speak again."""
         if self._owned:
             self.client.close()
+            cluster.restore(self._levels)
+
+
+def _next(finished: queue.Queue[Any], watch: cluster.Watch) -> Any:
+    """The next finished future; the cluster checked each time none came for a while."""
+    while True:
+        try:
+            return finished.get(timeout=cluster.PING_INTERVAL_S)
+        except queue.Empty:
+            watch.check()
 
 
 def executor(workers: int | None = None, scheduler: str | None = None,
@@ -282,9 +312,10 @@ def executor(workers: int | None = None, scheduler: str | None = None,
     """
     if client is not None:
         return DaskCluster(client)
-    address = scheduler or (os.environ.get(SCHEDULER_ENV) if workers is None else None)
-    if address:
-        return DaskCluster.connect(address)
+    if scheduler is not None:  # given, even empty: an address or file, or one line why not
+        return DaskCluster.connect(scheduler)
+    if workers is None and os.environ.get(SCHEDULER_ENV):
+        return DaskCluster.connect(os.environ[SCHEDULER_ENV], origin=SCHEDULER_ENV)
     if workers is not None and workers < 1:
         raise InputError(None, f"--workers {workers} is not a number of workers",
                          "give 1 or more (1: in this process)")

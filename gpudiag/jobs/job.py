@@ -64,7 +64,8 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
         sync_tolerance_ns: int = 2_000, progress: Progress | None = None,
         rows: bool = True) -> JobDiagnosis:
     """`gpudiag.jobs.diagnose_job` on an open executor `pool` (its options, its answer)."""
-    files = units = [str(path) for path in units_of(paths, split_runs=True)]
+    files = [str(path) for path in units_of(paths, split_runs=True)]
+    units = [os.path.abspath(file) for file in files]  # a worker's cwd is not this one's
     run_dir = _run_dir(paths)
     failed: list[tuple[str, str]] = []
     if isinstance(window, str):
@@ -80,6 +81,8 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
     parts = [done[index] for index in sorted(done)]
     if not any(part.group is not None for part in parts):
         raise _none_read(files, failed)
+    given = dict(zip(units, files, strict=True))
+    _as_given(parts, given)
     dx, found, host = _reduce(parts, options, run_dir, pool)
     warm = _warm_window(dx, found, window)
     if warm is not None:
@@ -96,7 +99,7 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
     if shared:
         dx.notes.append(shared)
     dx.notes.append(NO_SAVINGS)
-    dx.failed = failed
+    dx.failed = [(given.get(file, file), error) for file, error in failed]
     dx.units = files
     diagnosis.add_views(dx)
     return dx
@@ -106,6 +109,18 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
 #: which the rank-by-rank analysis never sends to the coordinator
 NO_SAVINGS = ("expected savings not computed: the ranks were analyzed one by one "
               "(--workers/--scheduler); analyze a few ranks' files without them for saving_ns")
+
+
+def _as_given(parts: list[BatchPart], given: dict[str, str]) -> None:
+    """Each file's sources named as the job was given them, as `gpudiag.load` names them:
+    the workers read the files by their absolute paths (`given`: absolute -> given)."""
+    for part in parts:
+        for unit, meta in zip(part.files, part.metas, strict=True):
+            spelled = given.get(unit, unit)
+            for source in meta.get("sources") or []:
+                path = source.get("path")
+                if isinstance(path, str) and (path == unit or path.startswith(unit + os.sep)):
+                    source["path"] = spelled + path[len(unit):]
 
 
 def _none_read(units: list[str], failed: list[tuple[str, str]]) -> InputError:
@@ -141,6 +156,8 @@ def _run(pool: Any, planned: list[tuple[str, ...]], options: Options,
     for outcome in pool.map(read_batch, [(batch, options) for batch in planned]):
         if progress is not None:
             progress(outcome, len(planned[outcome.index]), total)
+        if outcome.ok and outcome.value.refused is not None:
+            raise outcome.value.refused  # files that are not one job: every answer wrong
         if outcome.ok:
             done[outcome.index] = outcome.value
             failed[outcome.index] = outcome.value.failed

@@ -16,6 +16,8 @@ are analyzed. `read_batch` must be importable by name: the executors' workers im
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,9 @@ from gpudiag.analyzers import window as window_mod
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.analyzers.losses.waterfall import DeviceKey, LossTimeline, clip_window
 from gpudiag.analyzers.steps import training as steps_mod
+from gpudiag.errors import InputError
 from gpudiag.jobs.executors import failure
+from gpudiag.readers.claims import refusal
 from gpudiag.readers.sources import read_file, read_together
 from gpudiag.trace import Trace, merge
 
@@ -95,17 +99,22 @@ class BatchPart:
     kernel_span: int
     group: GroupPart | None
     rows: dict[str, int] = field(default_factory=dict)
+    #: why these files are not one job (`readers.claims`: a copy of a rank's file, two
+    #: runs in one folder); the coordinator raises it
+    refused: InputError | None = None
 
 
 def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
     """Read a batch of the job's files, merged in order, and compute its ranks' part."""
     files, options = job
+    failed = [(file, not_here(file)) for file in files if not os.path.exists(file)]
+    files = tuple(file for file in files if os.path.exists(file))
     together = read_together([Path(file) for file in files])
     if together is not None:  # Kineto files: their tables built once for the batch
         trace, metas = together
-        read, failed = list(files), list[tuple[str, str]]()
+        read = list(files)
     else:
-        traces, read, failed = [], [], []
+        traces, read = [], []
         for file in files:
             try:
                 traces.append(read_file(Path(file)))
@@ -118,9 +127,22 @@ def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
         metas = [dict(trace.meta) for trace in traces]
         trace = merge(traces)
     trace.fill_rank()
+    refused = refusal(trace, [(file, meta.get("rank")) for file, meta
+                              in zip(read, metas, strict=True) if os.path.isfile(file)])
+    if refused is not None:  # the job stops: what it would say of that rank is wrong
+        return BatchPart(tuple(read), failed, metas, 0, None, refused=refused)
     span = int(trace.kernels["kernel_id"].max()) + 1 if len(trace.kernels) else 0
     return BatchPart(tuple(read), failed, metas, span, group_part(trace, options),
                      {name: len(getattr(trace, name)) for name in ROW_TABLES})
+
+
+def not_here(file: str) -> str:
+    """Why a job's file is missing where its worker runs: the job lists files where it is
+    started, and a Dask worker on another host (or a file deleted meanwhile) does not see
+    them."""
+    return (f"{file}: not found on {socket.gethostname()}, where the job's worker read it "
+            "(workers must see the job's files at the same paths: on Dask, a shared file "
+            "system)")
 
 
 #: the tables a gap piece's next event (`next_table`, `next_row`) comes from

@@ -95,11 +95,12 @@ def job_waits(calls: Trace, notes: list[str]) -> pd.DataFrame | None:
     """Each rank's waits for its peers (`collectives.wait_intervals`), None without calls."""
     if calls.collectives.empty:
         return None
-    from gpudiag.analyzers.collectives.skew import wait_intervals
+    from gpudiag.analyzers.collectives.skew import wait_intervals, wait_note
 
     waits = wait_intervals(calls)
-    if waits.empty:
-        notes.append("comm_wait needs collectives from two or more ranks; not measured")
+    note = wait_note(calls)
+    if note is not None:
+        notes.append(note)
     return waits
 
 

@@ -267,7 +267,9 @@ def _analyze_by_process(result: SessionResult, plan: Plan, options: ProfileOptio
     if progress is not None:
         progress(f"analyzing what {_processes(result.run_dir)} processes collected, process "
                  "by process...")
-    job = diagnose_job(result.run_dir, workers=workers, rows=False)
+    # a count, never None: the environment the program ran with (DASK_SCHEDULER_ADDRESS)
+    # must not send the run, which lies on this machine, to a cluster elsewhere
+    job = diagnose_job(result.run_dir, workers=workers or os.cpu_count() or 1, rows=False)
     compress_segments(result.run_dir)
     notes += [f"{path}: could not be read ({error}); the other processes are analyzed"
               for path, error in job.failed]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudiag.errors import InputError
+from gpudiag.readers.claims import refusal
 from gpudiag.readers.files import at_most_files, decoded_size
 from gpudiag.readers.registry import Reader, detect, read_path, readable_files, supported
 from gpudiag.readers.run_dir import is_run_dir, load_run, read_part, run_units
@@ -53,6 +54,10 @@ def load(paths: PathLike | Sequence[PathLike], *, progress: Progress | None = No
             pieces.append(read_file(path, reader))
             metas.append(pieces[-1].meta)
     trace = merge(pieces, metas=metas)  # every file's own meta, also those read together
+    refused = refusal(trace, [(str(path), meta.get("rank")) for (path, _), meta
+                              in zip(jobs, metas, strict=True) if not path.is_dir()])
+    if refused is not None:  # a copy of a rank's file, two runs in one folder
+        raise refused
     if skipped:  # files in a folder that no reader accepts: said, never silently dropped
         trace.meta["skipped"] = skipped
         trace.warn("files in the folder that are not a profile gpudiag reads (meta skipped)",

@@ -19,14 +19,14 @@ import pandas as pd
 
 from gpudiag import intervals as iv
 from gpudiag.analyzers import callsites
-from gpudiag.analyzers.collectives.skew import arrival_skew, typed, wait_intervals
+from gpudiag.analyzers.collectives.skew import arrival_skew, typed, wait_intervals, wait_note
 from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
 from gpudiag.analyzers.keys import key_array, key_column
 from gpudiag.analyzers.steps.training import step_windows
 from gpudiag.trace import Trace
 
 __all__ = ["arrival_skew", "bus_factor", "collective_calls", "collective_stats", "findings",
-           "overlap", "wait_intervals"]
+           "overlap", "wait_intervals", "wait_note"]
 
 STATS_BY = ("op", "bytes", "group_size", "dtype")
 KEY_DTYPES = {"op": "string", "bytes": "Int64", "group_size": "Int64", "dtype": "string",
@@ -486,7 +486,10 @@ def _slow_findings(trace: Trace, skew: pd.DataFrame, sites: pd.Series, *, large_
 
 def _wait_of(rows: pd.DataFrame, skew: pd.DataFrame) -> pd.Series:
     """Each collective's wait_ns from `skew` (0 where not matched): by kernel_id, and rows
-    without a kernel (gloo's, host-timed) by (rank, comm, seq, start_ns)."""
+    without a kernel (gloo's, host-timed) by (rank, comm, seq, start_ns). A match flagged
+    `clock_suspect` waits nothing: its starts are apart by the ranks' clocks, not by waiting
+    (as in `wait_intervals`)."""
+    skew = skew[~skew["clock_suspect"]]
     known = skew[skew["kernel_id"].notna()].drop_duplicates("kernel_id")
     wait = rows["kernel_id"].map(known.set_index("kernel_id")["wait_ns"])
     bare = rows["kernel_id"].isna().to_numpy(bool)

@@ -109,6 +109,31 @@ def wait_intervals(trace: Trace, *, skew: pd.DataFrame | None = None) -> pd.Data
     return typed(rows.assign(end_ns=rows["start_ns"] + rows["wait_ns"]), WAIT_COLUMNS)
 
 
+def wait_note(trace: Trace) -> str | None:
+    """What the notes say of comm_wait for a trace with collectives: why it is not measured
+    (fewer than two ranks' calls matched; every match `clock_suspect`), how many matches
+    were left out of it (some `clock_suspect`), or None when every match counts.
+
+        note = wait_note(gpudiag.load(["rank0.json.gz", "rank1.json.gz"]))
+    """
+    skew = arrival_skew(trace)
+    if skew.empty:
+        return "comm_wait needs collectives from two or more ranks; not measured"
+    calls = skew.drop_duplicates("match_id")
+    suspect = calls[calls["clock_suspect"]]
+    if suspect.empty:
+        return None
+    from gpudiag.analyzers.findings import format_ns
+
+    which = (f"all {len(calls)}" if len(suspect) == len(calls)
+             else f"{len(suspect)} of {len(calls)}")
+    left = "not measured" if len(suspect) == len(calls) else "those left out of it"
+    return (f"comm_wait: {which} collectives matched across ranks start up to "
+            f"{format_ns(int(suspect['skew_ns'].max()))} apart, over 100x the calls' own "
+            "time: the ranks' clocks disagree (hosts without NTP/PTP, or files of different "
+            f"runs), so those starts say nothing of waiting; {left}")
+
+
 def _timed_calls(trace: Trace) -> pd.DataFrame:
     """Collectives with a rank on a real timeline, with `dur_ns`."""
     c = trace.collectives
