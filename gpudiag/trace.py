@@ -12,6 +12,7 @@ source has none of that kind, so code never checks whether a table exists.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,9 @@ import pandas as pd
 
 from gpudiag import concat
 from gpudiag.errors import InputError, SchemaError
+from gpudiag.inputs.files import open_regular
+from gpudiag.inputs.tables import read_table_file
+from gpudiag.inputs.text import valid_tree
 from gpudiag.schema import GPU_TABLES, TABLE_NAMES, TABLES
 
 T = TypeVar("T")
@@ -160,7 +164,7 @@ class Trace:
         tables = {}
         for name in TABLE_NAMES:
             file = root / f"{name}.parquet"
-            if file.exists():
+            if os.path.lexists(file):  # a broken link or a loop is said, not skipped
                 tables[name] = _read_table(file, name)
         meta.pop("gpudiag_format", None)
         meta.pop("gpudiag_format_version", None)
@@ -168,17 +172,13 @@ class Trace:
 
 
 def _read_table(file: Path, name: str) -> pd.DataFrame:
-    """One table's Parquet file, held to the schema: a file of another schema (a column
-    gpudiag does not declare, a missing time, text where numbers belong, an unknown
-    enumerated value, rows that end before they start) is the input's fault, said in one
-    line, never an error deep in an analyzer."""
-    fix = "the trace directory is damaged or was not written by gpudiag: re-run or re-save it"
-    try:
-        raw = pd.read_parquet(file)
-    except Exception as exc:  # pyarrow raises many types for a damaged file
-        raise InputError(file, f"unreadable Parquet table ({exc.__class__.__name__})",
-                         fix) from exc
+    """One table's Parquet file, held to the schema: a file that is not a regular file, of
+    another schema (a column gpudiag does not declare, a missing time, text where numbers
+    belong, bytes where text belongs, an unknown enumerated value, rows that end before
+    they start) or that decodes past its budget (`inputs.tables`) is the input's fault, said
+    in one line, never an error deep in an analyzer."""
     table = TABLES[name]
+    raw = read_table_file(file, table)
     try:
         frame = table.conform(raw)
         problems = table.problems(frame)
@@ -187,7 +187,9 @@ def _read_table(file: Path, name: str) -> pd.DataFrame:
     if problems:
         said = "; ".join(problems)
         said = said if len(said) <= 300 else said[:299] + "…"
-        raise InputError(file, f"does not hold gpudiag's {name} table ({said})", fix)
+        raise InputError(file, f"does not hold gpudiag's {name} table ({said})",
+                         "the trace directory is damaged or was not written by gpudiag: "
+                         "re-run or re-save it")
     return frame
 
 
@@ -214,14 +216,16 @@ def warn_meta(meta: dict[str, Any], kind: str, count: int = 1) -> None:
 
 
 def load_json(file: Path) -> Any:
-    """meta.json parsed; OSError or ValueError when it is unreadable, too big or too deep."""
-    with file.open("rb") as handle:
+    """meta.json parsed, its strings valid text (`text.valid`: JSON may escape a lone
+    surrogate, which no report could write); OSError or ValueError when it is unreadable,
+    not a regular file, too big or too deep."""
+    with open_regular(file) as handle:
         raw = handle.read(MAX_META_BYTES + 1)
     if len(raw) > MAX_META_BYTES:
         raise ValueError(f"larger than {MAX_META_BYTES >> 20} MiB")
     if _json_depth(raw) > MAX_META_DEPTH:
         raise ValueError(f"nested deeper than {MAX_META_DEPTH} levels")
-    return json.loads(raw, parse_constant=_no_constant)
+    return valid_tree(json.loads(raw, parse_constant=_no_constant))
 
 
 def _no_constant(name: str) -> Any:
@@ -234,8 +238,12 @@ def read_meta(root: Path) -> dict[str, Any]:
     file = root / "meta.json"
     try:
         meta = load_json(file)
+    except InputError as exc:  # not a regular file (a FIFO, a directory)
+        raise InputError(file, f"unreadable meta.json ({exc.problem})",
+                         "the run directory is damaged") from exc
     except (OSError, ValueError) as exc:
-        raise InputError(file, f"unreadable meta.json ({_brief(exc)})",
+        said = exc.strerror if isinstance(exc, OSError) and exc.strerror else _brief(exc)
+        raise InputError(file, f"unreadable meta.json ({said})",
                          "the run directory is damaged") from exc
     if not isinstance(meta, dict) or meta.get("gpudiag_format") != FORMAT_NAME:
         raise InputError(file, "not a gpudiag trace directory (meta.json has no gpudiag format)")
@@ -270,15 +278,16 @@ def check_meta(meta: Mapping[str, Any], file: str | Path | None) -> None:
 
 def is_trace_dir(path: Path) -> bool:
     """True for a directory that `Trace.save` wrote: meta.json naming our format, or a
-    meta.json that cannot be read beside our Parquet tables (a damaged saved trace, which
-    `load_dir` then refuses in one line rather than reading its files as profiles)."""
+    meta.json that cannot be read (not a regular file, a link loop, damaged) beside our
+    Parquet tables: a damaged saved trace, which `load_dir` then refuses in one line rather
+    than reading its files as profiles."""
     file = path / "meta.json"
-    if not file.is_file():
+    if not os.path.lexists(file):
         return False
     try:
         meta = load_json(file)
-    except (OSError, ValueError):
-        return any((path / f"{name}.parquet").is_file() for name in TABLE_NAMES)
+    except (OSError, ValueError, InputError):
+        return any(os.path.lexists(path / f"{name}.parquet") for name in TABLE_NAMES)
     return isinstance(meta, dict) and meta.get("gpudiag_format") == FORMAT_NAME
 
 

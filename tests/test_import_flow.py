@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gpudiag"
 
 #: modules every layer may use; they import only each other
 GROUND = frozenset({"schema", "diagnosis_schema", "trace", "trace_meta", "errors", "optional",
-                    "devices", "names", "markers", "commands", "intervals", "concat"})
+                    "inputs", "devices", "names", "markers", "commands", "intervals",
+                    "concat"})
 #: what each folder may import, besides itself (the wiring layer imports anything)
 ALLOWED = {
     "ground": {"ground"},

@@ -5,55 +5,32 @@ A gzipped file is inflated a block at a time and stops at the inflation budget
 read whole into memory (a "gzip bomb"). Real profiles compress 10-30x; the budget allows
 GPUDIAG_MAX_INFLATION_RATIO (100) times the file's size, and at least
 GPUDIAG_MAX_INFLATED_BYTES (256 MiB) whatever the file's size. docs/formats.md lists every
-budget on hostile input.
+budget on hostile input; `budget`, `inflation_limit` and `open_regular` live in the ground
+package `gpudiag.inputs.files` (a saved trace's tables open through them too).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import stat
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO, TypeVar
 
 from gpudiag.errors import InputError
+from gpudiag.inputs.files import budget, inflation_limit, open_regular, size_text
+
+__all__ = ["Inflater", "at_most_files", "budget", "damaged", "decoded_size", "inflation_limit",
+           "open_regular", "read_bytes", "read_head", "size_text"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 HEAD_BYTES = 65536
 READ_BYTES = 256 << 10
 #: inflated bytes handed out per zlib call, so a bomb is caught within one block of its limit
 INFLATE_BLOCK = 1 << 20
-DEFAULT_MAX_RATIO = 100
-Number = TypeVar("Number", int, float)
-DEFAULT_MAX_INFLATED = 256 << 20
 #: files one folder may hold for `gpudiag.load`; GPUDIAG_MAX_FILES raises it
 DEFAULT_MAX_FILES = 5000
-
-
-def budget(name: str, default: Number) -> Number:
-    """A positive limit from the environment variable `name`, else `default`; of the type
-    of `default` (seconds may be fractional, counts are whole). Every reader's budget goes
-    through here, so a bad value is the same one line everywhere."""
-    raw = os.environ.get(name, "").strip().replace("_", "")
-    if not raw:
-        return default
-    try:
-        value = type(default)(float(raw))
-    except ValueError:
-        kind = "positive integer" if isinstance(default, int) else "positive number"
-        raise InputError(None, f"{name}={os.environ[name]!r} is not a number",
-                         f"set it to a {kind} (default {default})") from None
-    return value if value > 0 else default
-
-
-def inflation_limit(compressed_bytes: int) -> int:
-    """How many bytes a gzip file of `compressed_bytes` may inflate to."""
-    ratio = budget("GPUDIAG_MAX_INFLATION_RATIO", DEFAULT_MAX_RATIO)
-    floor = budget("GPUDIAG_MAX_INFLATED_BYTES", DEFAULT_MAX_INFLATED)
-    return max(ratio * compressed_bytes, floor)
 
 
 def at_most_files(folder: Path, files: Iterable[Path]) -> list[Path]:
@@ -70,14 +47,6 @@ def at_most_files(folder: Path, files: Iterable[Path]) -> list[Path]:
             "point at the files you need (or a folder of them), or raise the budget: "
             f"GPUDIAG_MAX_FILES=<count> (default {DEFAULT_MAX_FILES})")
     return out
-
-
-def size_text(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 class Inflater:
@@ -136,32 +105,6 @@ def damaged(path: Path, exc: Exception) -> InputError:
         path, f"is a truncated or damaged gzip file ({exc})",
         "copy it again, or re-export it: the end of the file is missing",
     )
-
-
-#: what `stat` calls each kind of file that is not a regular one
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
-def open_regular(path: Path) -> BinaryIO:
-    """`path` opened for binary reading when it is a regular file, else InputError.
-
-    Opened with O_NONBLOCK and then checked with fstat, so a FIFO without a writer (where a
-    plain open() waits forever) or a device is refused on the same file descriptor that
-    would be read, with no window to swap the file in between. OSError propagates.
-    """
-    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "a special file")
-            raise InputError(path, f"is not a regular file ({kind})",
-                             "gpudiag reads only regular files: point at the profile itself")
-        os.set_blocking(descriptor, True)
-        return os.fdopen(descriptor, "rb")
-    except BaseException:
-        os.close(descriptor)
-        raise
 
 
 def read_head(path: Path, size: int = HEAD_BYTES) -> tuple[bytes, bool]:
