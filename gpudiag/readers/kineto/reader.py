@@ -78,8 +78,9 @@ RANGE_SOURCE_CATEGORIES = TABLES["ranges"].column("source").values
 def read(path: Path) -> Trace:
     """Read a Kineto Chrome trace into a Trace.
 
-    A trace that is invalid JSON only because Kineto left bare quotes in event names
-    (`kineto_repair`) is read from a repaired copy, and the repair is counted.
+    A trace that is invalid JSON only because Kineto left bare quotes, bytes that are not
+    UTF-8 or lone surrogates in event names (`kineto_repair`) is read from a repaired copy,
+    and each repair is counted.
     """
     with gc_paused():
         try:
@@ -89,8 +90,8 @@ def read(path: Path) -> Trace:
         except InvalidJSONError as exc:
             if exc.truncated:
                 raise
-            fixed, lines = kineto_repair.escape_bare_quotes(read_bytes(path))
-            if not lines:
+            fixed, repairs = kineto_repair.repair(read_bytes(path))
+            if not repairs:
                 raise
             original = exc
         with tempfile.TemporaryDirectory(prefix="gpudiag-") as tmp:
@@ -100,7 +101,8 @@ def read(path: Path) -> Trace:
                 trace = _read(copy)
             except InputError:  # broken in other ways too: the error names the user's file
                 raise original from None
-        trace.warn("event names with unescaped quotes repaired (Kineto writes them so)", lines)
+        for kind, count in repairs.items():
+            trace.warn(kind, count)
         return trace
 
 

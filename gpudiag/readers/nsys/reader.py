@@ -41,6 +41,7 @@ from gpudiag.trace import Trace
 Repairs = Counter[str]
 SYNC_TYPE_VS_CALL = "syncs whose syncType disagrees with their API call (kind taken from the call)"
 SYNC_TYPE_VS_IDS = "syncs whose syncType disagrees with their stream/event ids (kind from the ids)"
+NOT_UTF8 = "text values that are not UTF-8 (their bad bytes read as U+FFFD)"
 EXPORT_HINT = "nsys export --type sqlite -o {stem}.sqlite {stem}.nsys-rep"
 #: how long to wait for a lock held by a writer (nsys still exporting) before giving up
 LOCK_WAIT_S = 5.0
@@ -90,6 +91,10 @@ def open_export(path: Path) -> Iterator[sqlite3.Connection]:
         yield con
     except (sqlite3.Error, pd.errors.DatabaseError) as exc:
         raise _db_error(path, exc) from exc
+    except UnicodeDecodeError as exc:  # SQLite's message quotes a name that is not UTF-8
+        raise InputError(path, "is a damaged SQLite file (its schema names a table or "
+                         "column in bytes that are not UTF-8)",
+                         "export it again: " + EXPORT_HINT.format(stem=path.stem)) from exc
     finally:
         con.close()
 
@@ -132,6 +137,7 @@ def _read(database: ns.Export) -> Trace:
         "api": api,
     }
     trace = Trace(meta=_meta(database, tables), devices=_devices(database), **tables)
+    repairs[NOT_UTF8] += database.text.replaced
     for kind, count in repairs.items():
         trace.warn(kind, count)
     return trace

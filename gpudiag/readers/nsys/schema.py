@@ -189,16 +189,41 @@ AS_INTEGER = ("(CASE typeof({c}) WHEN 'integer' THEN {c} WHEN 'real' THEN (CASE 
 AS_TEXT = "(CASE WHEN typeof({c}) = 'blob' THEN NULL ELSE CAST({c} AS TEXT) END)"
 
 
+class Text:
+    """SQLite's text decoded as UTF-8, with the bytes that are not UTF-8 read as U+FFFD and
+    counted once per distinct value: the one place an export's text becomes str
+    (`sqlite3`'s own decoding would stop the whole read at the first bad byte of one kernel
+    name)."""
+
+    def __init__(self) -> None:
+        self.bad: set[bytes] = set()
+
+    def __call__(self, raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.bad.add(raw)
+            return raw.decode("utf-8", "replace")
+
+    @property
+    def replaced(self) -> int:
+        """How many distinct text values were not UTF-8."""
+        return len(self.bad)
+
+
 class Export:
     """An open nsys export: which tables and columns it has, and rows read through the
     spellings above.
 
     Only real tables count: nsys writes no views, and a view in a stranger's file can be an
-    endless recursive query or a cross join that makes one SELECT run for hours.
+    endless recursive query or a cross join that makes one SELECT run for hours. Text is
+    decoded by `Text` (`text.replaced` counts the values that were not UTF-8).
     """
 
     def __init__(self, con: sqlite3.Connection) -> None:
         self.con = con
+        self.text = Text()
+        con.text_factory = self.text
         self.seconds = query_seconds()
         self._deadline = time.monotonic() + self.seconds
         # Every statement runs under a clock: past its budget SQLite stops it with
