@@ -334,12 +334,14 @@ def _labels(paths: tuple[Path, ...]) -> list[str]:
 
 def _write(path: Path, text: str) -> None:
     """Write a page; a folder that is missing or not writable is the user's to fix."""
+    from gpudiag.reports.export import cannot_write
+
+    data = text.encode("utf-8", "backslashreplace")  # a page holds valid text: never fails
     try:
-        path.write_text(text, encoding="utf-8")
+        path.write_bytes(data)
     except OSError as exc:
-        raise InputError(str(path), f"cannot be written ({exc.strerror or exc})",
-                         "choose another path with -o") from exc
-    click.echo(f"wrote {path} ({len(text.encode('utf-8')) / 1e6:.1f} MB)", err=True)
+        raise cannot_write(path, exc) from exc
+    click.echo(f"wrote {printable(path)} ({len(data) / 1e6:.1f} MB)", err=True)
 
 
 @cli.command()
@@ -373,11 +375,11 @@ def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: st
     dx = None if no_diagnosis else diagnose(trace, rank_by=rank_by, savings=savings)
     if fmt in ("perfetto", "chrome"):
         written = write_chrome_trace(trace, output or Path("trace.gpudiag.json.gz"), dx)
-        click.echo(f"wrote {written}", err=True)
+        click.echo(f"wrote {printable(written)}", err=True)
         return
     folder = output or tables_dir(fmt)
     files = write_tables(trace, folder, fmt, tables=names, dx=dx)
-    click.echo(f"wrote {len(files)} {fmt} files to {folder}", err=True)
+    click.echo(f"wrote {len(files)} {fmt} files to {printable(folder)}", err=True)
 
 
 def tables_dir(fmt: str) -> Path:
@@ -408,7 +410,7 @@ def _export_job(paths: tuple[Path, ...], fmt: str, output: Path | None, *,
     folder = output or tables_dir(fmt)
     files = write_tables(Trace(meta=job.meta), folder, fmt, tables=names, dx=job,
                          events=False)
-    click.echo(f"wrote {len(files)} {fmt} files to {folder}", err=True)
+    click.echo(f"wrote {len(files)} {fmt} files to {printable(folder)}", err=True)
     _exit_if_failed(job.failed)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpudiag.errors import InputError
+from gpudiag.inputs.text import valid
 from gpudiag.readers.files import read_head
 
 if TYPE_CHECKING:
@@ -163,11 +164,14 @@ def read_path(path: Path, reader: Reader | None = None) -> Trace:
 
 
 def note_source(meta: dict[str, Any], path: Path, reader_name: str) -> None:
-    """Name `path` first among the meta's sources (its format, its size on disk)."""
+    """Name `path` first among the meta's sources (its format, its size on disk). The name
+    is kept as valid text (`text.valid`: a byte that is not UTF-8 reads `\\xff`), as every
+    report and export shows it."""
     fmt = meta.get("format") or reader_name
+    name = valid(str(path))
     meta["sources"] = [
-        {"path": str(path), "format": fmt, "bytes": path.stat().st_size},
-        *[s for s in meta.get("sources", []) if s.get("path") != str(path)],
+        {"path": name, "format": fmt, "bytes": path.stat().st_size},
+        *[s for s in meta.get("sources", []) if s.get("path") != name],
     ]
 
 

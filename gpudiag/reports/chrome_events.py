@@ -27,6 +27,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from gpudiag.reports.safe_text import per_value, printable
 from gpudiag.trace import Trace
 
 if TYPE_CHECKING:
@@ -188,10 +189,42 @@ def _event_names(table: str, frame: pd.DataFrame) -> pd.Series:
     return frame["name"]
 
 
+def shown_column(column: pd.Series) -> pd.Series:
+    """A text column with each distinct value through `safe_text.printable` once (names
+    and args from the input: Perfetto draws them as text, where a control or bidi
+    character would not show as itself); other columns as they are."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        cats = column.cat.categories
+        made = [printable(c) if isinstance(c, str) else c for c in cats]
+        if made == list(cats):
+            return column
+        codes, uniques = pd.factorize(pd.Index(made, dtype=object))  # two may now be one
+        old = column.cat.codes.to_numpy()
+        return pd.Series(pd.Categorical.from_codes(np.where(old >= 0, codes[old], -1),
+                                                   categories=uniques), index=column.index)
+    if column.dtype == object or pd.api.types.is_string_dtype(column.dtype):
+        return per_value(column, lambda v: printable(v) if isinstance(v, str) else v)
+    return column
+
+
+def shown_tree(value: Any) -> Any:
+    """`value` (the header's dicts and lists) with every string through `printable`."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {shown_tree(key): shown_tree(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [shown_tree(item) for item in value]
+    return value
+
+
 def _slices(tracks: _Tracks, frame: pd.DataFrame, names: pd.Series, *, side: str, lane: str,
             cat: str, columns: Sequence[str], plan: Plan) -> Iterator[list[Any]]:
-    """'X' events of `frame`, one list per chunk (preceded by new tracks' 'M' events)."""
+    """'X' events of `frame`, one list per chunk (preceded by new tracks' 'M' events);
+    names and text args shown (`shown_column`) once per distinct value."""
     base, size = plan.base, plan.chunk_rows
+    names = shown_column(names)
+    frame = frame.assign(**{c: shown_column(frame[c]) for c in columns if c in frame})
     for lo in range(0, len(frame), size):
         part = frame.iloc[lo:lo + size]
         owner, sub = ("device", "stream") if side == "gpu" else ("pid", "tid")
@@ -341,7 +374,7 @@ def header(trace: Trace, dx: Diagnosis | None, plan: Plan) -> dict[str, Any]:
     if dx is not None:
         other.update(dx.to_dict(plan.top))
     return {"displayTimeUnit": "ns", "baseTimeNanoseconds": plan.base,
-            "otherData": {"gpudiag": other}}
+            "otherData": {"gpudiag": shown_tree(other)}}
 
 
 def events(trace: Trace, dx: Diagnosis | None, plan: Plan) -> Iterator[list[Any]]:

@@ -18,6 +18,7 @@ import msgspec
 import pandas as pd
 
 from gpudiag.errors import InputError
+from gpudiag.inputs.text import valid
 from gpudiag.reports.chrome_events import (
     CHUNK_ROWS,
     ENCODER,
@@ -27,7 +28,7 @@ from gpudiag.reports.chrome_events import (
     events,
     header,
 )
-from gpudiag.reports.safe_text import csv_cell
+from gpudiag.reports.safe_text import csv_cell, per_value
 from gpudiag.trace import Trace
 
 if TYPE_CHECKING:
@@ -92,9 +93,30 @@ def write_chrome_trace(trace: Trace, path: str | Path, dx: Diagnosis | None = No
             for piece in pieces:
                 stream.write(piece)
     except OSError as exc:
-        raise InputError(out, f"cannot write the trace ({exc.strerror or exc})",
-                         "choose a writable output path with free space") from exc
+        raise cannot_write(out, exc) from exc
     return out
+
+
+def cannot_write(path: Path, exc: OSError, *, folder: bool = False) -> InputError:
+    """The one line for an output that cannot be written, said by what is in the way:
+    a folder where a file goes (or a file where a folder goes, `folder`), a folder that
+    does not exist, a file in the middle of the path, no permission or no space."""
+    said = exc.strerror or str(exc)
+    if folder and path.exists() and not path.is_dir():
+        return InputError(path, "exists and is not a folder (csv/parquet write one file "
+                          "per table into a folder)", "choose a folder with -o; a new name is "
+                          "created")
+    if not folder and path.is_dir():
+        return InputError(path, "is a folder, not a file",
+                          "give a file path with -o, or move the folder away")
+    if isinstance(exc, FileNotFoundError) and not path.parent.exists():
+        return InputError(path, f"cannot be written: its folder {path.parent} does not exist",
+                          "create the folder first, or choose another path with -o")
+    if isinstance(exc, NotADirectoryError):
+        return InputError(path, "cannot be written: part of its path is a file, not a folder",
+                          "choose another path with -o")
+    return InputError(path, f"cannot be written ({said})",
+                      "choose a writable path with free space (-o)")
 
 
 def write_tables(trace: Trace, out_dir: str | Path, fmt: str = "csv",
@@ -122,32 +144,55 @@ def write_tables(trace: Trace, out_dir: str | Path, fmt: str = "csv",
     if unknown:
         raise InputError(None, f"no table {', '.join(map(repr, unknown))}",
                          f"choose from {', '.join(frames)}")
-    root = Path(out_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    root = _folder(Path(out_dir))
     written = {}
     for name in names:
         frame, path = frames[name](), root / f"{name}.{fmt}"
-        if fmt == "csv":
-            # CRLF rows (RFC 4180): the csv writer then quotes a field holding CR or LF
-            _spreadsheet_safe(frame).to_csv(path, index=False, lineterminator="\r\n")
-        else:
-            objects = [c for c in frame.columns if frame[c].dtype == object]
-            frame.astype(dict.fromkeys(objects, "string")).to_parquet(path, index=False)
+        try:  # through a handle: pyarrow cannot open every name the file system can
+            if fmt == "csv":  # CRLF rows (RFC 4180): a field holding CR or LF is quoted
+                with path.open("w", encoding="utf-8", newline="") as text:
+                    _spreadsheet_safe(frame).to_csv(text, index=False, lineterminator="\r\n")
+            else:
+                with path.open("wb") as binary:
+                    _parquet_safe(frame).to_parquet(binary, index=False)
+        except OSError as exc:
+            raise cannot_write(path, exc) from exc
         written[name] = path
     return written
 
 
+def _folder(root: Path) -> Path:
+    """`root`, made with its parents when missing; InputError when it cannot be."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file of that name, a file above it, no permission
+        raise cannot_write(root, exc, folder=True) from exc
+    return root
+
+
+def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with object columns as strings (which Arrow needs), each valid text."""
+    objects = [c for c in frame.columns if frame[c].dtype == object]
+    if not objects:
+        return frame
+    made = frame.assign(**{c: per_value(frame[c], _valid_text) for c in objects})
+    return made.astype(dict.fromkeys(objects, "string"))
+
+
+def _valid_text(value: Any) -> Any:
+    return valid(value) if isinstance(value, str) else value
+
+
 def _spreadsheet_safe(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with every text cell through `csv_cell` (per distinct value of a category)."""
+    """`frame` with every text cell through `csv_cell` (once per distinct value)."""
     out = frame
     for col in frame.columns:
         column = frame[col]
         if isinstance(column.dtype, pd.CategoricalDtype):
             if any(csv_cell(c) != c for c in column.cat.categories):  # CSV holds text anyway
-                out = out.assign(**{col: column.astype(object).map(
-                    csv_cell, na_action="ignore")})
+                out = out.assign(**{col: per_value(column, csv_cell)})
         elif column.dtype == object or pd.api.types.is_string_dtype(column.dtype):
-            out = out.assign(**{col: column.map(csv_cell, na_action="ignore")})
+            out = out.assign(**{col: per_value(column, csv_cell)})
     return out
 
 

@@ -6,8 +6,10 @@ Why this shape (pyinstrument's one-file HTML renderer is the model):
   `Plotly.newPlot`, so ten figures cost ten JSON blobs, not ten copies of 4.8 MB of JS;
 - it is deterministic: ids come from section order (`s1`, `s1-fig1`), nothing reads a clock
   or a random source, so the same input gives byte-identical files (diffable in CI);
-- everything from an input is escaped: text with `html.escape`, figure JSON with `<`, `>` and
-  `&` written as `\\u003c`-style JSON escapes, so a kernel named `</script>...` stays data;
+- everything from an input is escaped: text with `safe_text.html_text` (control and bidi
+  characters made visible, a very long name cut, then `html.escape`), figure JSON with `<`,
+  `>` and `&` written as `\\u003c`-style JSON escapes, so a kernel named `</script>...`
+  stays data;
 - it reads at a glance: tables wrap long cells to fit the page width (no sideways scroll),
   each figure's box is as tall as the figure (no blank band under it), and a section with
   nothing to show (no text, notes, figures or table rows) is left out, heading and all.
@@ -24,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from gpudiag.reports.html_tables import SORT_JS, Format, Table
+from gpudiag.reports.safe_text import html_text
 
 _JSON_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026"}
 
@@ -80,13 +83,13 @@ def page(title: str, sections: Sequence[Section], *, cdn: bool = False,
         '<meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         '<meta name="generator" content="gpudiag">',
-        f"<title>{html.escape(title)}</title>",
+        f"<title>{html_text(title)}</title>",
         f"<style>{CSS}</style>",
         _plotly_script(cdn) if has_figures else "",
         "</head>",
         "<body>",
-        f"<header><h1>{html.escape(title)}</h1>",
-        f'<p class="for">{html.escape(generated_for)}</p>' if generated_for else "",
+        f"<header><h1>{html_text(title)}</h1>",
+        f'<p class="for">{html_text(generated_for)}</p>' if generated_for else "",
         "</header>",
         _toc(sections),
         "<main>",
@@ -125,7 +128,7 @@ def _plotly_script(cdn: bool) -> str:
 def _toc(sections: Sequence[Section]) -> str:
     if not sections:
         return ""
-    items = "".join(f'<li><a href="#s{i}">{html.escape(s.title)}</a></li>'
+    items = "".join(f'<li><a href="#s{i}">{html_text(s.title)}</a></li>'
                     for i, s in enumerate(sections, 1))
     return f'<nav class="toc"><h2>Contents</h2><ol>{items}</ol></nav>'
 
@@ -133,11 +136,11 @@ def _toc(sections: Sequence[Section]) -> str:
 def _section(index: int, section: Section) -> str:
     """One `<section id="sN">`: ids derive from the order only, never from the content."""
     sid = f"s{index}"
-    parts = [f'<section id="{sid}">', f"<h2>{html.escape(section.title)}</h2>"]
+    parts = [f'<section id="{sid}">', f"<h2>{html_text(section.title)}</h2>"]
     if section.text:
-        parts += [f"<p>{html.escape(p)}</p>" for p in section.text.split("\n\n") if p]
+        parts += [f"<p>{_prose(p)}</p>" for p in section.text.split("\n\n") if p]
     if section.notes:
-        items = "".join(f"<li>{html.escape(n)}</li>" for n in section.notes)
+        items = "".join(f"<li>{_prose(n)}</li>" for n in section.notes)
         parts.append(f'<ul class="notes">{items}</ul>')
     for j, fig in enumerate(section.figures, 1):
         fid = f"{sid}-fig{j}"
@@ -148,6 +151,13 @@ def _section(index: int, section: Section) -> str:
         parts.append(f'<div class="table-wrap">{tab.render()}</div>')
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _prose(text: str) -> str:
+    """A paragraph or note of the page's own words (which quote names from the input):
+    its line breaks are the page's layout, any other control character is the input's and
+    is shown (`html_text`)."""
+    return html_text(text.replace("\n", " "))
 
 
 def _height(fig: Any) -> str:

@@ -2,8 +2,9 @@
 
 Numbers are shown formatted ('1.23 ms', '4.5 GiB') but sorted by their raw value, which each
 cell carries in a `data-value` attribute; the sorter (`SORT_JS`, inlined once per page) reads
-it, so sorting stays numeric whatever the display unit. Every cell and header is escaped with
-`html.escape`: kernel names and call sites come straight from the profiled program. A column
+it, so sorting stays numeric whatever the display unit. Every cell, hover text and header is
+escaped with `safe_text.html_text` (control and bidi characters shown, a very long name cut):
+kernel names and call sites come straight from the profiled program. A column
 can carry a hover text per cell (`titles`: the cell's `title` attribute), so a table shows a
 kernel's short name and keeps the full demangled one a mouse-over away.
 """
@@ -20,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from gpudiag.reports.formats import format_bytes, format_ns
+from gpudiag.reports.safe_text import html_text, shown
 
 Format = str | Callable[[Any], str]
 """A column format: a name from `FORMATS` ('ns', 'bytes', 'share', ...) or a function."""
@@ -113,7 +115,7 @@ def table(df: pd.DataFrame, *, formats: Mapping[str, Format] | None = None,
              for c, num in zip(df.columns, numeric, strict=True)]
     body = "\n".join("<tr>" + "".join(row) + "</tr>" for row in zip(*cells, strict=True)) \
         if cells else ""
-    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    cap = f"<caption>{html_text(caption)}</caption>" if caption else ""
     return (f"<table{cls}>{cap}<thead><tr>{head}</tr></thead>\n"
             f"<tbody>\n{body}\n</tbody></table>")
 
@@ -129,9 +131,9 @@ def _column_cells(column: pd.Series, fmt: Format | None, numeric: bool,
     out = []
     for value, tip, more in zip(values, hover, extra, strict=True):  # a few hundred rows
         missing = _missing(value)
-        title = f' title="{html.escape(tip)}"' if tip else ""
+        title = f' title="{html_text(tip)}"' if tip else ""
         if numeric:
-            text = "" if missing else html.escape(show(value))
+            text = "" if missing else html_text(show(value))
             raw = "" if missing else _raw(value)
             kind = html.escape(" ".join(["num", *more.split()]))
             out.append(f'<td class="{kind}" data-value="{raw}"{title}>{text}</td>')
@@ -161,9 +163,10 @@ _AFTER_SEPARATOR = re.compile(r"(?<=::)|(?<=[_,/.(<>=\]\-])(?=[^_,/.(<>=\]\-:])"
 
 
 def breakable(text: str) -> str:
-    """`text` escaped, with `<wbr>` (a place the browser may wrap, invisible otherwise)
-    inside tokens longer than LONG_TOKEN: after `::`, `_`, `/`, `.`, `,`, brackets, between
-    the words of CamelCase, and every 16 characters where there is none of these.
+    """`text` shown (`safe_text.shown`) and escaped, with `<wbr>` (a place the browser may
+    wrap, invisible otherwise) inside tokens longer than LONG_TOKEN: after `::`, `_`, `/`,
+    `.`, `,`, brackets, between the words of CamelCase, and every 16 characters where
+    there is none of these.
 
         breakable("aten::max_pool2d_with_indices")  # 'aten::<wbr>max_<wbr>pool2d_<wbr>...'
 
@@ -172,7 +175,7 @@ def breakable(text: str) -> str:
     'host_bound' at any letter when wrapping anywhere is allowed.
     """
     out = []
-    for token in _SPACE.split(text):
+    for token in _SPACE.split(shown(text)):
         if len(token) <= LONG_TOKEN:
             out.append(html.escape(token))
             continue
