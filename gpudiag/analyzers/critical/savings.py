@@ -34,6 +34,7 @@ from gpudiag.analyzers.findings import ADVICE
 from gpudiag.trace import Trace
 
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 #: what a CUDA graph replay costs the host per launch it replaces (its one
 #: cudaGraphLaunch spread over the kernels it holds: a few µs for tens of kernels)
@@ -69,36 +70,18 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
     NaN without steps) and `fix` (a `FIXES` key). `trace` is the window's trace the
     analyzers read, `whole` the trace the window was cut from. A window of more than
     `SAMPLE_EVENTS` events is replayed on a sample of it (`sample_window`), its savings
-    scaled to the window; `notes` gets a line saying which."""
+    scaled to the window; `notes` gets a line saying which. Only the `MAX_PLANNED`
+    findings that lost the most time are planned (a line says so when there are more)."""
     out = findings.copy()
     window, scale, line, span = sample_window(whole, bounds, steps)
-    chosen = _selections(Inputs(trace, whole, tables, gap_options, window), findings)
+    planned = _most_lost(findings, notes)
+    chosen = _selections(Inputs(trace, whole, tables, gap_options, window), findings, planned)
     saving = pd.Series(pd.NA, index=out.index, dtype="Int64")
     if line and chosen and notes is not None:
         notes.append(line)
     replay = Replay.of(whole, window) if chosen else None
-    lookup = _Lookup(replay.graph.events) if replay is not None else None
-    plans: dict[int, tuple[int, Outcome]] = {}
-    for index, selection in chosen.items():
-        if replay is None or lookup is None:
-            break
-        bound, outcome = _plan(replay, lookup, selection.fix, selection.rows)
-        if outcome is None:
-            continue  # none of its events is in the replay
-        plans[index] = (bound, outcome)
-        if not bound:
-            saving.iloc[index] = 0  # nothing it changes is on a longest path
-    found: list[int] = []  # the savings replayed, on the replay's own scale
-    least = MIN_SHARE * (replay.length_ns if replay is not None else 0)
-    for index in sorted((index for index in plans if pd.isna(saving.iloc[index])),
-                        key=lambda index: -plans[index][0]):
-        if len(found) >= EXACT_TOP and plans[index][0] < sorted(found)[-EXACT_TOP]:
-            break  # no finding left can enter the top EXACT_TOP: not replayed
-        if plans[index][0] < least or len(found) >= MAX_REPLAYS:
-            break  # the rest could save under MIN_SHARE of the window, or no time is left
-        gained = max(plans[index][1].saving(), 0)
-        saving.iloc[index] = round(gained * scale)
-        found.append(gained)
+    if replay is not None:
+        _replayed(replay, chosen, saving, scale)
     length = span if scale != 1.0 else (replay.length_ns if replay is not None else 0)
     out["saving_ns"] = saving
     out["saving_share"] = (saving.astype("Float64") / length).astype("float64") if length \
@@ -110,6 +93,56 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
             fixes.iloc[index] = selection.fix
     out["fix"] = fixes
     return out
+
+
+#: the most findings planned (each plan joins its rows to the replay's events): a trace of
+#: 100,000 distinct kernel names has a small-grid finding per name, and planning them all
+#: took minutes and held an outcome (an array per graph edge) for each, 23 GB
+MAX_PLANNED = 300
+
+
+def _most_lost(findings: pd.DataFrame, notes: list[str] | None) -> BoolArray:
+    """Which findings are planned: the `MAX_PLANNED` that lost the most time."""
+    if len(findings) <= MAX_PLANNED:
+        return np.ones(len(findings), dtype=bool)
+    lost = findings["lost_ns"].to_numpy(dtype=np.float64, na_value=0.0)
+    chosen = np.zeros(len(findings), dtype=bool)
+    chosen[np.argsort(-lost, kind="stable")[:MAX_PLANNED]] = True
+    if notes is not None:
+        notes.append(f"expected savings planned for the {MAX_PLANNED} findings that lost the "
+                     f"most time, of {len(findings):,} (the rest have none)")
+    return chosen
+
+
+def _replayed(replay: Replay, chosen: dict[int, Selection], saving: pd.Series,
+              scale: float) -> None:
+    """Fill `saving` (by position): 0 where a plan changes nothing on a longest path, the
+    replayed saving of the findings with the largest bounds, while one can still matter.
+    Only the outcomes of the `MAX_REPLAYS` largest bounds are kept (no other is replayed)."""
+    lookup = _Lookup(replay.graph.events)
+    plans: dict[int, int] = {}  # position -> bound on its saving
+    kept: dict[int, Outcome] = {}
+    for index, selection in chosen.items():
+        bound, outcome = _plan(replay, lookup, selection.fix, selection.rows)
+        if outcome is None:
+            continue  # none of its events is in the replay
+        plans[index] = bound
+        if not bound:
+            saving.iloc[index] = 0  # nothing it changes is on a longest path
+            continue
+        kept[index] = outcome
+        if len(kept) > MAX_REPLAYS:  # the smallest bound goes, the latest of equals
+            del kept[min(reversed(list(kept)), key=lambda at: plans[at])]
+    found: list[int] = []  # the savings replayed, on the replay's own scale
+    least = MIN_SHARE * replay.length_ns
+    for index in sorted(kept, key=lambda at: -plans[at]):
+        if len(found) >= EXACT_TOP and plans[index] < sorted(found)[-EXACT_TOP]:
+            break  # no finding left can enter the top EXACT_TOP: not replayed
+        if plans[index] < least:
+            break  # the rest could save under MIN_SHARE of the window
+        gained = max(kept[index].saving(), 0)
+        saving.iloc[index] = round(gained * scale)
+        found.append(gained)
 
 
 #: the most graph events (torch ops, calls, GPU work) a replay takes whole; a larger window
@@ -206,9 +239,9 @@ def _plan(replay: Replay, lookup: _Lookup, fix: str, rows: pd.DataFrame
         outcome = outcome if len(calls) else None
     else:
         rows = lookup.known(rows)
-        works, row = lookup.works(rows)
+        works, row, matched = lookup.works(rows)
         if fix == "no_dependency":  # the idle time before the work: it moves no further
-            most = int(rows["gap_ns"].to_numpy(np.int64)[np.unique(row)].sum())
+            most = int(rows["gap_ns"].to_numpy(np.int64)[matched].sum())
             outcome = replay.without_dependencies(works)
         else:
             factor = rows["factor"].to_numpy(np.float64)[row]
@@ -264,25 +297,25 @@ class _Lookup:
         correlation = keys.key_array(rows["correlation"]) if "correlation" in rows \
             else np.full(len(rows), keys.MISSING)
         process = self.processes(rows)
-        hit, row = _ranges(self.api_keys, self.api_order, _key(process, 0, correlation))
+        hit, _, matched = _ranges(self.api_keys, self.api_order,
+                                  _key(process, 0, correlation))
         found = api[hit]
-        bare = np.ones(len(rows), dtype=bool)
-        bare[row] = False
+        bare = ~matched
         if bare.any() and "tid" in rows and "start_ns" in rows:
-            hit, _ = _pairs([events.pid[api], events.tid[api], events.start[api]],
+            hit = _matching([events.pid[api], events.tid[api], events.start[api]],
                             [process[bare], keys.key_array(rows["tid"])[bare],
                              rows["start_ns"].to_numpy(np.int64)[bare]])
             found = np.concatenate([found, api[hit]])
         return np.unique(found)
 
-    def works(self, rows: pd.DataFrame) -> tuple[IntArray, IntArray]:
+    def works(self, rows: pd.DataFrame) -> tuple[IntArray, IntArray, BoolArray]:
         """The GPU events of the rows (a CUDA graph launch's correlation id names each of
-        its kernels), and the row of each."""
+        its kernels), the row of each, and which rows name some event."""
         table = rows["table"].map({name: index for index, name in enumerate(TABLES)})
-        hit, row = _ranges(self.gpu_keys, self.gpu_order,
-                           _key(self.processes(rows), table.to_numpy(np.int64),
-                                keys.key_array(rows["correlation"])))
-        return self.gpu[hit], row
+        hit, row, matched = _ranges(self.gpu_keys, self.gpu_order,
+                                    _key(self.processes(rows), table.to_numpy(np.int64),
+                                         keys.key_array(rows["correlation"])))
+        return self.gpu[hit], row, matched
 
 
 def _key(process: IntArray, table: IntArray | int, correlation: IntArray) -> IntArray:
@@ -297,26 +330,28 @@ def _sorted(key: IntArray) -> tuple[IntArray, IntArray]:
 
 
 def _ranges(sorted_keys: IntArray, order: IntArray, wanted: IntArray
-            ) -> tuple[IntArray, IntArray]:
-    """Every (haystack position, wanted position) with equal keys (-1 keys never match):
-    a key may name several events (the kernels of one CUDA graph launch)."""
-    low = np.searchsorted(sorted_keys, wanted, side="left")
-    high = np.searchsorted(sorted_keys, wanted, side="right")
-    count = np.where(wanted >= 0, high - low, 0)
-    row = np.repeat(np.arange(len(wanted)), count)
+            ) -> tuple[IntArray, IntArray, BoolArray]:
+    """Each haystack position whose key some `wanted` row has (-1 keys never match), the
+    first such row, and which wanted rows found one. A key may name several events (the
+    kernels of one CUDA graph launch); each event comes once, so rows that share a key (a
+    hostile trace's one correlation id on every kernel and call) cost what the events
+    they name cost, not their product."""
+    distinct, first = np.unique(wanted, return_index=True)
+    first, distinct = first[distinct >= 0], distinct[distinct >= 0]
+    low = np.searchsorted(sorted_keys, distinct, side="left")
+    count = np.searchsorted(sorted_keys, distinct, side="right") - low
     offset = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-    return order[np.repeat(low, count) + offset], row
+    matched = np.isin(wanted, distinct[count > 0])
+    return order[np.repeat(low, count) + offset], np.repeat(first, count), matched
 
 
-def _pairs(haystack: list[IntArray], needles: list[IntArray]) -> tuple[IntArray, IntArray]:
-    """Every (haystack position, needle position) whose columns are all equal."""
+def _matching(haystack: list[IntArray], needles: list[IntArray]) -> IntArray:
+    """The haystack positions whose columns all equal some needle's (each once)."""
     names = [f"c{index}" for index in range(len(haystack))]
     left = pd.DataFrame(dict(zip(names, haystack, strict=True))).assign(
         _hay=np.arange(len(haystack[0])))
-    right = pd.DataFrame(dict(zip(names, needles, strict=True))).assign(
-        _needle=np.arange(len(needles[0])))
-    both = left.merge(right, on=names)
-    return both["_hay"].to_numpy(np.int64), both["_needle"].to_numpy(np.int64)
+    right = pd.DataFrame(dict(zip(names, needles, strict=True))).drop_duplicates()
+    return left.merge(right, on=names)["_hay"].to_numpy(np.int64)
 
 
 # --- each cause's events ------------------------------------------------------------
@@ -344,12 +379,14 @@ class Inputs:
 Selector = Callable[[Inputs, pd.DataFrame], dict[int, Selection]]
 
 
-def _selections(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
-    """Each finding's selection (by position in `findings`), where a fix applies."""
+def _selections(inputs: Inputs, findings: pd.DataFrame, planned: BoolArray
+                ) -> dict[int, Selection]:
+    """Each `planned` finding's selection (by position in `findings`), where a fix
+    applies."""
     out: dict[int, Selection] = {}
     positions = pd.Series(np.arange(len(findings)), index=findings.index)
     for causes, selector in _SELECTORS:
-        mine = findings[findings["cause"].isin(causes).to_numpy(bool)]
+        mine = findings[findings["cause"].isin(causes).to_numpy(bool) & planned]
         if len(mine):
             picked = selector(inputs, mine.set_axis(positions[mine.index].to_numpy()))
             out.update({index: chosen for index, chosen in picked.items()
