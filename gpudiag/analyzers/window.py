@@ -17,6 +17,8 @@ import re
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpudiag.analyzers import keys
 from gpudiag.analyzers.findings import format_ns
@@ -116,18 +118,38 @@ def _named(trace: Trace, spec: str) -> tuple[int, int]:
 def named_spans(ranges: pd.DataFrame, spec: str
                 ) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
     """(start, end) of the ranges named exactly `spec`, and of those whose name matches it
-    as a regular expression (only looked for without an exact one); None where none is."""
-    names = ranges["name"].astype(str)
-    exact = ranges[names == spec]
+    as a regular expression (`fullmatch`, only looked for without an exact one); None where
+    none is."""
+    names = ranges["name"]
+    exact = ranges[(names.astype(str) == spec).to_numpy(bool)]
     if len(exact):
         return (int(exact["start_ns"].min()), int(exact["end_ns"].max())), None
-    try:
-        matched = ranges[names.str.fullmatch(spec)]
-    except re.error:
-        return None, None
+    matched = ranges[fullmatch(names, spec)]
     if matched.empty:
         return None, None
     return None, (int(matched["start_ns"].min()), int(matched["end_ns"].max()))
+
+
+def fullmatch(names: pd.Series, spec: str) -> np.ndarray:
+    """Per row, whether the whole name matches `spec` (False where missing): once per
+    distinct name, by RE2 (pyarrow's engine, linear in the text: `(a+)+$` against a
+    100,000-character name cannot backtrack for hours as Python's `re` would).
+    InputError for a pattern RE2 cannot compile (`(`, `*`, a look-ahead, a repetition
+    past 1,000), which would otherwise surface as an internal error."""
+    cat = names if isinstance(names.dtype, pd.CategoricalDtype) else names.astype("category")
+    texts = pa.array([str(c) for c in cat.cat.categories], type=pa.large_string())
+    try:
+        pc.match_substring_regex(pa.array([""]), pattern=spec)  # the pattern on its own
+        hit = pc.match_substring_regex(texts, pattern=f"^(?:{spec})$")
+    except pa.ArrowInvalid as exc:
+        reason = str(exc).removeprefix("Invalid regular expression: ")
+        raise InputError("--window", f"no range is named {spec!r}, and it is not a regular "
+                         f"expression gpudiag can match ({reason})",
+                         "give START:END (e.g. 100ms:300ms), a range name, or an RE2 pattern "
+                         "(no look-around or back-references), e.g. 'ProfilerStep#[3-5]'"
+                         ) from None
+    found = np.append(hit.to_numpy(zero_copy_only=False).astype(bool), False)
+    return found[cat.cat.codes.to_numpy()]
 
 
 #: the range sources named when no range has the asked name, steps first (a step is what
