@@ -10,6 +10,7 @@ here; the Kineto traces are built here.
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import sqlite3
 from pathlib import Path
@@ -128,3 +129,25 @@ def test_a_trace_that_is_not_json_for_other_reasons_is_still_refused(tmp_path: P
     path.write_bytes(_kineto(path, ["K\xff"])[:-3] + b"\xff,,")
     with pytest.raises(gpudiag.InputError, match=r"not valid JSON|truncated"):
         gpudiag.load(path)
+
+
+# -- torch memory snapshots -----------------------------------------------------------------
+
+
+def test_snapshot_frames_with_lone_surrogates_read_as_visible_text(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pickle's strings may hold lone surrogates (a file name that was not UTF-8), which
+    pandas' string dtype and every writer refuse."""
+    frames = [{"filename": "/x/tr\udcffain.py", "line": 3, "name": "fw\udcfed"}]
+    block = {"size": 1024, "state": "active_allocated", "address": 0, "frames": frames}
+    segment = {"device": 0, "address": 0, "total_size": 4096, "stream": 0,
+               "segment_type": "large", "blocks": [block]}
+    entries = [{"action": "alloc", "addr": 0, "size": 1024, "stream": 0, "time_us": 1,
+                "frames": frames}]
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps({"segments": [segment], "device_traces": [entries]}))
+    trace = gpudiag.load(path)
+    assert set(trace.memory["site"].astype(str)) == {"/x/tr\\xffain.py:3 (fw\\xfed)"}
+    for args in (["analyze", str(path)], ["report", str(path), "-o", str(tmp_path / "r.html")],
+                 ["export", str(path), "--format", "parquet", "-o", str(tmp_path / "pq")]):
+        assert cli_status(*args) == 0, capsys.readouterr().err

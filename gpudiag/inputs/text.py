@@ -19,7 +19,11 @@ encode it. Readers that decode bytes themselves replace undecodable bytes with U
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
+import pandas as pd
 
 #: UTF-16 surrogate code points: never valid on their own in a str that will be encoded
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -48,3 +52,14 @@ def valid_tree(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(valid_tree(item) for item in value)
     return value
+
+
+def valid_categorical(values: Sequence[Any] | np.ndarray) -> pd.Categorical:
+    """`pd.Categorical(values)` (objects: text, None) with its text `valid`, judged once per
+    distinct value: pandas' string dtype refuses a lone surrogate outright."""
+    array = np.asarray(values, dtype=object)
+    codes, uniques = pd.factorize(array)
+    made = np.array([valid(u) if isinstance(u, str) else u for u in uniques], dtype=object)
+    if all(a is b for a, b in zip(made, uniques, strict=True)):
+        return pd.Categorical(array)
+    return pd.Categorical(np.where(codes >= 0, made[np.maximum(codes, 0)], None))

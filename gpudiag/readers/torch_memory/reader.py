@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.errors import InputError
+from gpudiag.inputs.text import valid_categorical
 from gpudiag.readers.files import budget
 from gpudiag.readers.torch_memory.sites import Sites
 from gpudiag.readers.torch_memory.timeline import read_timeline
@@ -215,8 +216,8 @@ def _columns(cols: dict[str, list[Any]]) -> dict[str, Any]:
     """Python lists to typed columns, built once per column (no per-row pandas work)."""
     out: dict[str, Any] = {}
     for name, values in cols.items():
-        if name in ("action", "site", "pool", "state"):
-            out[name] = pd.Categorical(values)
+        if name in ("action", "site", "pool", "state"):  # a pickle's text may hold surrogates
+            out[name] = valid_categorical(values)
         elif name == "expandable":
             out[name] = pd.array(values, dtype="boolean")
         elif name == "ts_ns":
