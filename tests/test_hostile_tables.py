@@ -208,3 +208,24 @@ def test_a_missing_table_is_still_an_empty_table(tmp_path: Path) -> None:
     saved = _saved(tmp_path)
     (saved / "copies.parquet").unlink()
     assert len(gpudiag.load(saved).kernels) == 2 and gpudiag.load(saved).copies.empty
+
+
+@pytest.mark.parametrize("part, said", [
+    ("meta.json", "unreadable run meta.json (is not a regular file (a FIFO))"),
+    ("procs/h-7/meta.json", "unreadable meta.json (is not a regular file (a FIFO))"),
+    ("procs/h-7/cupti/chunk-0/kernels.parquet", "is not a regular file (a FIFO)"),
+])
+def test_fifos_in_a_run_directory_are_one_line(part: str, said: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A run directory as `gpudiag profile` leaves it (never merged), a FIFO in one part:
+    said of that part, never read as a folder of profiles nor waited on."""
+    run = tmp_path / "run"
+    proc = run / "procs" / "h-7"
+    proc.mkdir(parents=True)
+    (run / "meta.json").write_text('{"command": ["python", "t.py"], "options": {}}')
+    gpudiag.Trace(meta={"rank": 0, "process": {"pid": 7, "host": "h"}}).save(proc)
+    trace(kernels=[kernel(1_000, 2_000)]).save(proc / "cupti" / "chunk-0")
+    (run / part).unlink()
+    os.mkfifo(run / part)
+    err = _one_line(capsys, "analyze", str(run))
+    assert f"{run / part}: {said}" in err

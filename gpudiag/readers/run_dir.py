@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 LOAD_ROUNDS = 20
 
 def is_run_dir(path: Path) -> bool:
-    """A `gpudiag profile` run directory: its meta.json beside `procs/`."""
-    return (path / "meta.json").is_file() and (path / "procs").is_dir()
+    """A `gpudiag profile` run directory: its meta.json beside `procs/` (a meta.json that is
+    not a regular file too: `read_run_meta` then says so, rather than the folder being
+    read file by file as profiles)."""
+    return os.path.lexists(path / "meta.json") and (path / "procs").is_dir()
 
 
 def load_run(run_dir: Path) -> Trace:
@@ -69,6 +71,9 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
     file = Path(run_dir) / "meta.json"
     try:
         run_meta = load_json(file)
+    except InputError as exc:  # not a regular file
+        raise InputError(file, f"unreadable run meta.json ({exc.problem})",
+                         "the run directory is damaged") from exc
     except (OSError, ValueError) as exc:
         raise InputError(file, "unreadable run meta.json", "the run directory is damaged") \
             from exc
