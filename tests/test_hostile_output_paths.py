@@ -132,12 +132,12 @@ def test_a_csv_folder_is_made_with_its_parents(tmp_path: Path,
     assert (tmp_path / "a" / "b" / "kernels.csv").is_file()
 
 
-@pytest.mark.parametrize("target", ["/proc/version", "/dev/full"])
+@pytest.mark.parametrize("target", ["/proc/version", "/dev/full", "/proc/gpudiag-out.json"])
 def test_an_output_that_cannot_take_bytes_is_one_line(target: str, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]
                                                       ) -> None:
-    """Writing fails after the file opened (EIO on /proc, ENOSPC on /dev/full), as root
-    too."""
+    """Places nothing can be written, as root too: /proc refuses new files and bytes
+    (EIO), /dev/full has no space."""
     path = _kineto(tmp_path / "t.json")
     for args in (["export", str(path), "-o", target],
                  ["report", str(path), "-o", target]):
