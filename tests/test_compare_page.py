@@ -1,5 +1,5 @@
 """`gpudiag compare -o diff.html` reads like the terminal: the same tables in the same words
-(`reports/compare_text.py` formats both), no column names, raw deltas or scientific
+(`reports/compare/text.py` formats both), no column names, raw deltas or scientific
 notation, and a figure of each run's waterfall; peak memory rows say what they measure."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from click.testing import CliRunner
 import gpudiag
 from gpudiag.analyzers.compare import compare
 from gpudiag.cli import cli
-from gpudiag.reports import compare_text
-from gpudiag.reports.figures_compare import runs_waterfall
+from gpudiag.reports.compare import text as compare_text
+from gpudiag.reports.compare.figures import runs_waterfall
 from tests.conftest import fixture
 
 A = "kineto/a100_rank0of2_nccl_eventsync_annotations.json.gz"

@@ -15,8 +15,8 @@ import pytest
 
 from gpudiag.analyzers.kernels.metrics import kernel_metrics
 from gpudiag.errors import InputError
-from gpudiag.reports import ncu_heatmap as nh
-from gpudiag.reports.ncu_heatmap import METRICS, figure, health, kernel_table
+from gpudiag.reports.ncu import heatmap as nh
+from gpudiag.reports.ncu.heatmap import METRICS, figure, health, kernel_table
 from gpudiag.trace import Trace
 from tests.test_kernel_metrics import NCU, metric_trace
 from tests.test_ncu import load  # the reports, read once per session

@@ -1,6 +1,6 @@
 """ncu's rule findings are one table: `rule_findings` filters and orders them, `analyze` puts
 it in the Diagnosis (`dx.tables["ncu_rules"]`), and `gpudiag report` and `gpudiag heatmap`
-both list exactly its rows, one per kernel and rule (`html_rules.grouped_rules`: ncu repeats
+both list exactly its rows, one per kernel and rule (`reports.ncu.rules.grouped_rules`: ncu repeats
 each verdict for every launch), on every real Nsight Compute report.
 
 The pages are parsed with `html.parser` (as tests/test_html_report.py does): the rule table
@@ -21,7 +21,7 @@ import gpudiag
 from gpudiag.analyzers.kernels import metrics as km
 from gpudiag.analyzers.kernels.metrics import ACTIONABLE_RULE_TYPES, analyze, rule_findings
 from gpudiag.reports.build import heatmap_page, report_page
-from gpudiag.reports.html_rules import RULE_ROWS, grouped_rules
+from gpudiag.reports.ncu.rules import RULE_ROWS, grouped_rules
 from gpudiag.trace import Trace
 from tests.conftest import fixtures, fixtures_dir
 from tests.test_kernel_metrics import SM, metric_trace

@@ -12,12 +12,13 @@ import pandas as pd
 
 from gpudiag.analyzers.compare import Comparison
 from gpudiag.analyzers.diagnosis import Diagnosis
-from gpudiag.reports import figures, figures_ranks, figures_samples, ncu_heatmap
-from gpudiag.reports.compare_text import TextTable
+from gpudiag.reports import figures, figures_ranks, figures_samples
+from gpudiag.reports.compare.text import TextTable
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_report import MAX_DEVICES, page_title, report
-from gpudiag.reports.html_rules import rule_table
 from gpudiag.reports.html_tables import Table
+from gpudiag.reports.ncu import heatmap as ncu_heatmap
+from gpudiag.reports.ncu.rules import rule_table
 from gpudiag.trace import Trace
 
 
@@ -97,7 +98,7 @@ def heatmap_page(trace: Trace, dx: Diagnosis | None, *, cdn: bool = False,
         html = heatmap_page(trace, gpudiag.diagnose(trace))
 
     An Nsight Compute report's rule findings are the Diagnosis' `ncu_rules` table, shown
-    as the report page shows it (`html_rules.rule_table`); `dx=None` (a notebook drawing
+    as the report page shows it (`ncu.rules.rule_table`); `dx=None` (a notebook drawing
     the heatmap alone) lists none and says so.
     """
     if len(trace.metrics):
@@ -134,12 +135,12 @@ def _rule_section(dx: Diagnosis | None) -> Section:
 def compare_page(cmp: Comparison, lines: list[str] | None = None, *,
                  cdn: bool = False) -> str:
     """The comparison as HTML: the terminal's tables in the terminal's words
-    (`compare_text`), the runs' waterfalls side by side, and any broken budgets.
+    (`compare.text`), the runs' waterfalls side by side, and any broken budgets.
 
         html = compare_page(compare([a, b], ["fp32", "bf16"]))
     """
-    from gpudiag.reports import compare_text
-    from gpudiag.reports.figures_compare import runs_waterfall
+    from gpudiag.reports.compare import text as compare_text
+    from gpudiag.reports.compare.figures import runs_waterfall
 
     texts = compare_text.tables(cmp)
     figure = runs_waterfall(cmp)
@@ -159,7 +160,7 @@ _VERDICT_CLASS = {1: "good", -1: "bad", 0: ""}
 
 
 def _html_table(text: TextTable) -> Table:
-    """A `compare_text.TextTable` as a page table: the same text; numbers right-aligned,
+    """A `compare.text.TextTable` as a page table: the same text; numbers right-aligned,
     changes marked better or worse as the terminal colors them."""
     frame = pd.DataFrame([[cell.text for cell in row] for row in text.rows],
                          columns=text.header)

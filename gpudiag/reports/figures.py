@@ -37,7 +37,7 @@ from gpudiag.reports.figures_bars import (
     share_bars,
 )
 from gpudiag.reports.figures_memory import memory
-from gpudiag.reports.ncu_heatmap import figure as ncu_heatmap
+from gpudiag.reports.ncu.heatmap import figure as ncu_heatmap
 from gpudiag.reports.safe_text import plotly_label
 from gpudiag.trace import Trace
 

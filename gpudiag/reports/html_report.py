@@ -25,8 +25,8 @@ from gpudiag.commands import program_name
 from gpudiag.reports.formats import format_bytes, format_ns, format_window, untimed_window
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_ranks import stragglers
-from gpudiag.reports.html_rules import rule_table
 from gpudiag.reports.html_tables import Table
+from gpudiag.reports.ncu.rules import rule_table
 from gpudiag.trace import Trace
 
 FIGURE_SLOTS = ("waterfall", "utilization", "gpu_samples", "collective_waits", "memory",

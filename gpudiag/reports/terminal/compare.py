@@ -1,7 +1,7 @@
 """Terminal rendering (rich) of a `gpudiag.analyzers.compare.Comparison`. Colors only on a
 terminal.
 
-The tables and their words come from `reports.compare_text` (the page shows the same); here
+The tables and their words come from `reports.compare.text` (the page shows the same); here
 a change that is worse than the baseline is red and one that is better green, so a reviewer
 sees the verdict before reading the numbers.
 """
@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpudiag.analyzers.compare import Comparison
-from gpudiag.reports import compare_text
-from gpudiag.reports.compare_text import Cell, TextTable
+from gpudiag.reports.compare import text as compare_text
+from gpudiag.reports.compare.text import Cell, TextTable
 from gpudiag.reports.safe_text import terminal as safe
 
 _COLORS = {1: "green", -1: "red"}

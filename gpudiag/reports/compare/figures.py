@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from gpudiag.analyzers.compare import Comparison
-from gpudiag.reports.compare_text import letter
+from gpudiag.reports.compare.text import letter
 from gpudiag.reports.figures_bars import Shares, share_bars
 
 
@@ -15,7 +15,7 @@ def runs_waterfall(cmp: Comparison) -> go.Figure | None:
     """One bar per run with a waterfall (summed over its devices), labelled as the tables
     head them ('A: fp32'); None when no run has one (no timeline in any of them).
 
-        fig = figures_compare.runs_waterfall(compare([a, b], ["before", "after"]))
+        fig = compare.figures.runs_waterfall(compare([a, b], ["before", "after"]))
     """
     runs = [(f"{letter(i)}: {label}", label) for i, label in enumerate(cmp.labels)
             if not pd.isna(cmp.shares[label]).all()]
