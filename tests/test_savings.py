@@ -236,6 +236,11 @@ def test_every_saving_on_a_real_trace_is_within_its_window(path: Path) -> None:
     assert (saved["saving_share"] <= 1).all()
     assert set(saved["fix"].dropna()) <= set(FIXES)
     fixed = found["cause"].isin(["sync_stall", "launch_bound", "small_grid", "comm_wait"])
+    # a finding that lost under MIN_SHARE of the window may be left out (the Inductor
+    # trace's launch gaps of 1 ns are): it cannot matter
+    window = sum(end - start for start, end in dx.timeline.windows.values()) \
+        if dx.timeline is not None else 0
+    fixed &= found["lost_ns"] >= savings.MIN_SHARE * window
     assert found["saving_ns"].notna().sum() >= min(int(fixed.sum()), EXACT_TOP)
     json.dumps(dx.to_dict(top=5))  # the savings reach --json as plain numbers
 
