@@ -137,7 +137,9 @@ SKIP_KINDS = (
     ("chromium", "Debian's chromium (apt install chromium; .ci/run installs it)"),
     ("playwright", "playwright (in the dev extra)"),
     ("shellcheck", "shellcheck (apt install shellcheck; .ci/run installs it)"),
-    ("is not installed", "torch==2.13.0 and jax (.ci/run installs them)"),
+    ("(pip install torch)", "torch==2.13.0 (.ci/run installs it)"),
+    ("(pip install jax)", "jax (.ci/run installs it)"),
+    ("CuPy", "CuPy and a CUDA GPU"),
     ("fixture", "../shared/fixtures beside the checkout"),
     ("GPU", "an NVIDIA GPU (tests/gpu, scripts/gpu_validate.sh)"),
 )

@@ -282,11 +282,14 @@ def _steps_of(trace: Trace, rows: pd.DataFrame) -> pd.Series:
 
 
 def peaks(frag: pd.DataFrame) -> pd.DataFrame:
-    """Per (rank, device) of a `fragmentation` table: its events, peak reserved and
-    allocated bytes, worst and final fragmentation (what the report and, for a file without
-    a timeline, `analyze` show).
+    """Per (rank, device) of a `fragmentation` table: its events, peak reserved and allocated.
 
-        allocator.peaks(allocator.fragmentation(trace))
+        frag = allocator.fragmentation(trace)
+        top = allocator.peaks(frag)
+        top[["device", "peak_reserved", "peak_allocated", "max_frag", "last_frag"]]
+
+    Also the worst and final fragmentation: what the report and, for a file without a
+    timeline, `analyze` show.
     """
     return frag.groupby(["rank", "device"], sort=True, dropna=False).agg(
         events=("ts_ns", "size"), peak_reserved=("reserved_bytes", "max"),
