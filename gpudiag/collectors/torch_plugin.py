@@ -37,7 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpudiag.collectors import torch_program as program
 from gpudiag.optional import require
+from gpudiag.profiler.inproc import shielded
 from gpudiag.readers.kineto import repair as kineto_repair
 
 #: a new segment begins once the process grew by this much since the open one began, and
@@ -82,14 +84,26 @@ class TorchCollector:
         self._segment_steps = 0  # steps opened while the open segment records
         self._steps_per_segment = DEFAULT_STEPS_PER_SEGMENT  # until a stop measured it
         self._optimizer: int | None = None  # id() of the optimizer whose steps are counted
+        self._own = program.OwnCalls()  # set around gpudiag's own profiler starts
+        self._gave_way = False  # the program started a profiler of its own (torch_program)
+        self._forked = False  # a forked child: the parent's profiler state looks enabled
 
     def start(self) -> None:
         """Get ready; the first segment begins at `resume()`, when the window is open.
 
         The final export is registered with atexit now, after torch's own hooks, so it runs
-        before them (atexit is last-in, first-out); then the two hooks of the docstring.
+        before them (atexit is last-in, first-out); then the two hooks of the docstring, and
+        what gives way to the program (`torch_program`: its own profiler, and the end of
+        the thread that imported torch when that is not the main thread).
         """
         atexit.register(self._at_exit)  # before torch's atexit hooks (registered earlier)
+        program.watch_program_profilers(self.torch, self._own, self._program_started)
+        if self._owner != threading.main_thread().ident \
+                and not program.on_thread_end(self._owner_ending):
+            self._finished = True  # a thread of C's or _thread's: its end cannot be seen
+            _note_process("torch: torch was imported on a thread that Python's threading did "
+                          "not start, whose end gpudiag cannot see: no torch profile (Kineto "
+                          "must be stopped on the thread that started it)")
         try:  # the package deletes its `optimizer` attribute: import the module by name
             hooks = importlib.import_module("torch.optim.optimizer")
         except ImportError:
@@ -98,6 +112,38 @@ class TorchCollector:
             hooks.register_optimizer_step_post_hook(self._optimizer_stepped)
         self._wrap_process_group_teardown()
 
+    @shielded
+    def _program_started(self) -> None:
+        """The program starts a torch profiler of its own: write what gpudiag recorded and
+        stop for good, before the program's starts (Kineto runs one per process)."""
+        if self._gave_way:
+            return
+        self._gave_way = True
+        _note_process("torch: the program started its own torch.profiler: gpudiag's torch "
+                      "profile ends there (what it recorded before is kept); the program's "
+                      "profiler and its files are as they would be without gpudiag")
+        if threading.get_ident() != self._owner or not self._lock.acquire(blocking=False):
+            self._finished = True  # stopped only on its own thread: it ends with the process
+            return
+        try:
+            self._finished = True
+            self._export_segment()
+        finally:
+            self._lock.release()
+
+    @shielded
+    def _owner_ending(self) -> None:
+        """The thread that imported torch (not the main one) ends: write the open segment on
+        it, then the main thread owns the profiler and goes on recording."""
+        with self._lock:
+            running = self._profiler is not None
+            self._export_segment()
+            self._owner = threading.main_thread().ident or self._owner
+            self._pending = [action for action in self._pending if action != "rotate"]
+        if running and not self._finished:
+            self._deferred("resume")
+
+    @shielded
     def _at_exit(self) -> None:
         """The process's whole final flush, now (this segment with it): so a SIGTERM that
         arrives while it runs (a Pool terminating its workers) sees the flush under way and
@@ -107,6 +153,7 @@ class TorchCollector:
             boot.final_flush()
         self.flush(True)  # outside a session (capture()), or already done: a no-op then
 
+    @shielded
     def _optimizer_stepped(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         """Every optimizer's step ends here; one optimizer's (the first seen) count as steps,
         so two optimizers per iteration (a GAN) or accumulation still give one per step."""
@@ -139,7 +186,7 @@ class TorchCollector:
         def step(*args: Any, **kwargs: Any) -> Any:
             result = inner(*args, **kwargs)
             if self._pending and threading.get_ident() == self._owner:
-                self._apply_pending()
+                shielded(self._apply_pending)()
             return result
 
         step._gpudiag_outer = True  # type: ignore[attr-defined]
@@ -160,7 +207,7 @@ class TorchCollector:
         @functools.wraps(original)
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == self._owner:
-                self.flush(True)  # the last segment: a profiler restarted after it crashes
+                shielded(self.flush)(True)  # the last one: a profiler restarted after it crashes
             return original(*args, **kwargs)
 
         destroy_process_group._gpudiag_wrapped = True  # type: ignore[attr-defined]
@@ -175,21 +222,38 @@ class TorchCollector:
             self._start_segment()
 
     def _start_segment(self) -> None:
-        """Start a profiler unless one runs or collection ended (the caller holds the lock)."""
-        if self._profiler is None and not self._finished:
-            profiler = self.torch.profiler
-            activities = [profiler.ProfilerActivity.CPU]
-            if self.cuda:
-                activities.append(profiler.ProfilerActivity.CUDA)
-            # the segment's bounds first: the flush thread reads them once _profiler is set
-            self._segment_rss = _resident_bytes()
-            self._segment_start_s = time.monotonic()
-            self._segment_steps = 0
-            self._profiler = profiler.profile(
-                activities=activities, record_shapes=True, with_stack=True,
-                profile_memory=self.memory,
-            )
+        """Start a profiler unless one runs or collection ended (the caller holds the lock).
+
+        Without Python stacks while the program has a profile function of its own (torch's
+        stack tracing would replace it), and never over a profiler the program started.
+        """
+        if self._profiler is not None or self._finished:
+            return
+        if not self._forked and program.program_profiler_running(self.torch):
+            self._gave_way = True
+            self._finished = True
+            _note_process("torch: the program's own torch.profiler was running when "
+                          "gpudiag's would start: gpudiag's torch profile is left out")
+            return
+        profiler = self.torch.profiler
+        activities = [profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(profiler.ProfilerActivity.CUDA)
+        # the segment's bounds first: the flush thread reads them once _profiler is set
+        self._segment_rss = _resident_bytes()
+        self._segment_start_s = time.monotonic()
+        self._segment_steps = 0
+        hook = program.program_profile_hook()
+        self._profiler = profiler.profile(
+            activities=activities, record_shapes=True,
+            with_stack=not program.program_profiles(), profile_memory=self.memory,
+        )
+        self._own.active = True
+        try:
             self._profiler.start()
+        finally:
+            self._own.active = False
+            program.restore_profile_hook(hook)
 
     def pause(self) -> None:
         """Close the open segment and write it (the window closed)."""
@@ -204,10 +268,12 @@ class TorchCollector:
         if self._deferred("discard"):
             return
         with self._lock:
+            if self._gave_way:
+                return  # what was written before the program's profiler is all there is
             profiler, self._profiler = self._profiler, None
             if profiler is not None:
                 started, before = time.time_ns(), _resident_bytes()
-                profiler.stop()
+                _stop(profiler)
                 self._learn_segment_size(_resident_bytes() - before)
                 _note_pause("gpudiag: profiler stopped (warm-up dropped)", started)
             for old in self.out_dir.glob("segment-*.pt.trace.json"):
@@ -329,6 +395,7 @@ class TorchCollector:
         self._pending = []
         self._scheduled = False
         self.cuda = False
+        self._forked = True
         self.resume()
 
     def _export_segment(self) -> None:
@@ -336,7 +403,7 @@ class TorchCollector:
         if profiler is None:
             return
         started, before = time.time_ns(), _resident_bytes()
-        profiler.stop()
+        _stop(profiler)
         self._learn_segment_size(_resident_bytes() - before)
         self._segments += 1
         final = self.out_dir / f"segment-{self._segments:04d}.pt.trace.json"
@@ -347,6 +414,14 @@ class TorchCollector:
         del profiler
         _release_memory()
         _note_pause("gpudiag: profiler segment written", started)
+
+
+def _stop(profiler: Any) -> None:
+    """Stop a profiler, then give the program back the profile function torch's stack
+    tracing cleared (torch_program)."""
+    hook = program.program_profile_hook()
+    profiler.stop()
+    program.restore_profile_hook(hook)
 
 
 def _note_pause(name: str, started_ns: int) -> None:
@@ -399,6 +474,13 @@ def _note_error(message: str) -> None:
     boot = _bootstrap()
     if boot is not None:
         boot.report_problem(message)
+
+
+def _note_process(message: str) -> None:
+    """A line the session prints about this process (what gpudiag gave way to)."""
+    boot = _bootstrap()
+    if boot is not None and hasattr(boot, "note_process"):
+        boot.note_process(message)
 
 
 def _main_thread_call(function: Callable[[], None]) -> bool:

@@ -64,6 +64,10 @@ def _load_sibling(stem: str) -> ModuleType:
     return module
 
 
+#: wraps the functions the program's own code calls into (markers, hooks): never raise there
+_shielded = _load_inproc().shielded
+
+
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
     return int(value) if value.lstrip("-").isdigit() else None
@@ -75,6 +79,24 @@ def proc_dir_name(pid: int) -> str:
     rank = _env_int("LOCAL_RANK") if rank is None else rank
     tail = "" if rank is None else f"-rank{rank}"
     return f"{socket.gethostname()}-{pid}{tail}"
+
+
+def claim_dir(path: Path) -> Path:
+    """Create this process's directory, `path` or, when that is taken, `path.2`, `path.3`...
+
+    A process that `os.exec*`s keeps its pid: the new image's bootstrap finds the old one's
+    directory (as does a pid the system reused) and writes beside it, never over it. The
+    run's `procs/` is not created here: when the program deleted the run, nothing of it is
+    made again.
+    """
+    candidate, number = path, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            number += 1
+            candidate = path.with_name(f"{path.name}.{number}")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -136,7 +158,8 @@ class HostCollector:
             self.skipped += [f"{name} (launcher process)" for name in names
                              if name in inproc.PLUGINS]
             names = ["host"]
-        self.plugins = inproc.Plugins(names, settings, self.report)
+        self.plugins = inproc.Plugins(names, settings, self.report,
+                                      imports=_load_sibling("isolation").private_imports)
         self.window = _load_sibling("collection_window").Window(settings, self.plugins.edge)
         self._reset_for_process()
 
@@ -149,6 +172,7 @@ class HostCollector:
         self._flushed_ranges = 0  # rows of the open tail already in ranges.parquet
         self._sealed = 0  # marker chunks written
         self._writer_ready = False
+        self._writer_failed = False
         self._lock = OwnedLock()
         self._flush_lock = OwnedLock()  # the flush thread and the final flush share temp files
         self._in_signal = False  # the final flush runs from a signal handler
@@ -163,9 +187,10 @@ class HostCollector:
         self._boundary_ns: int | None = None  # the last optimizer step's end
         self._stack_file: str | None = None
         self._auto_steps = 0
+        self.notes: list[str] = []  # lines the session prints about this process
 
     def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = claim_dir(self.dir)
         self._stack_file = _register_stack_dump(self.dir)
         self.flush()
         self._thread = threading.Thread(target=self._loop, name="gpudiag-flush", daemon=True)
@@ -191,7 +216,14 @@ class HostCollector:
 
     def add_range(self, name: str, start_ns: int, end_ns: int, source: str) -> None:
         if not self._writer_ready:
-            _import_writer()
+            if self._writer_failed:
+                return  # said once; markers are not kept without a way to write them
+            try:
+                _import_writer()
+            except Exception as exc:  # an address-space limit, a module the program shadows
+                self._writer_failed = True
+                _load_inproc().report_failure("importing pandas to write host markers", exc)
+                return
             self._writer_ready = True
         if not self._lock.take(self._in_signal):
             return  # a signal interrupted this very thread while it held the lock
@@ -232,6 +264,7 @@ class HostCollector:
             "collectors": ["host", *self.plugins.started],
             "collectors_failed": self.plugins.failed, "collectors_skipped": self.skipped,
             "window": self.window.info(), "gpudiag_thread_ids": self.own_thread_ids(),
+            "notes": list(self.notes),
         }
         if self._stack_file is not None:  # what the session's watchdog signals for stacks
             process.update(stack_signal=STACK_SIGNAL, stack_file=self._stack_file)
@@ -316,18 +349,21 @@ class HostCollector:
 
         `from_signal`: called from a signal handler, which may have interrupted this thread
         inside a flush or a marker: then nothing waits for a lock this thread holds (what
-        that flush had not written is lost and reported, the process still ends).
+        that flush had not written is lost and reported, the process still ends). The
+        program's own SIGINT/SIGTERM handlers wait until the flush is written
+        (`sigterm.held_signals`).
         """
         if not self._stop_claim.acquire(blocking=False):  # one C call: no handler runs
             return  # in it; stopped already or stopping (SIGTERM flush, then atexit)
         self._in_signal = from_signal
-        self._wake.set()
-        self.window.cancel()
         try:
-            self.plugins.close()
-            self.flush(final=True)
-            if self._stack_file is not None and os.path.getsize(self._stack_file) == 0:
-                os.unlink(self._stack_file)  # never asked for: leave no empty file behind
+            with _load_sibling("sigterm").held_signals():
+                self._wake.set()
+                self.window.cancel()
+                self.plugins.close()
+                self.flush(final=True)
+                if self._stack_file is not None and os.path.getsize(self._stack_file) == 0:
+                    os.unlink(self._stack_file)  # never asked for: leave no empty file
         except Exception as exc:  # exit must not fail because of gpudiag
             _note_error(self.run_dir, exc)
 
@@ -338,7 +374,6 @@ class HostCollector:
         registered here for the finalizers it runs before that, does the final flush.
         """
         self._reset_for_process()
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.window.after_fork()
         self.plugins.after_fork(self.dir)
         self.start()
@@ -386,12 +421,28 @@ def _import_writer() -> None:
 
     Done eagerly (once, on the first range) because a first import during interpreter
     shutdown fails: pandas and pyarrow register atexit hooks, refused after shutdown began.
+    Never from the program's folder (`isolation.private_imports`).
     """
-    import pyarrow.parquet  # noqa: F401 -- loaded lazily by pandas.to_parquet otherwise
+    with _load_sibling("isolation").private_imports():
+        import pyarrow.parquet  # noqa: F401 -- loaded lazily by pandas.to_parquet otherwise
 
-    import gpudiag.trace  # noqa: F401 -- pandas and the schema
+        import gpudiag.trace  # noqa: F401 -- pandas and the schema
 
 
+def release_shadowed(before: set[str]) -> None:
+    """Called by sitecustomize once the bootstrap started: the standard modules it imported
+    that the program's folder shadows are dropped from `sys.modules`, so the program imports
+    its own (`isolation.release_shadowed`). Never raises: the program runs on regardless."""
+    try:
+        isolation = _load_sibling("isolation")
+        isolation.remember_program_dir()
+        isolation.release_shadowed(before)
+    except Exception as exc:
+        if _active is not None:
+            _active.report(f"start-up imports not released: {exc.__class__.__name__}: {exc}")
+
+
+@_shielded
 def record_range(name: str, start_ns: int, end_ns: int, source: str = "annotation") -> None:
     """Record a named host time range (`time.time_ns()` clock) in this process's trace.
 
@@ -426,6 +477,7 @@ def _note_error(run_dir: Path, exc: BaseException | str) -> None:
         pass
 
 
+@_shielded
 def step_opened() -> None:
     """Called by `gpudiag.step()` when a step opens: the step window counts them."""
     collector = _active
@@ -434,12 +486,22 @@ def step_opened() -> None:
         collector.plugins.call("on_step", optional=True)
 
 
+@_shielded
 def final_flush() -> None:
     """The final flush now (atexit hooks of plugins that must run before their framework's
     own call it); later calls, the bootstrap's own atexit included, do nothing."""
     collector = _active
     if collector is not None:
         collector.stop()
+
+
+def note_process(message: str) -> None:
+    """A line the session prints about this process: what gpudiag gave way to (the program's
+    own profiler, another `gpudiag profile` inside this one). Not a problem: the program
+    ran as it would have."""
+    collector = _active
+    if collector is not None and message not in collector.notes:
+        collector.notes.append(message)
 
 
 def report_problem(message: str) -> None:
@@ -449,6 +511,7 @@ def report_problem(message: str) -> None:
         collector.report(message)
 
 
+@_shielded
 def optimizer_stepped(at_ns: int) -> None:
     """Called by the torch plugin's optimizer-step hook (`HostCollector.optimizer_stepped`)."""
     collector = _active
@@ -482,7 +545,40 @@ def start_from_env() -> None:
         return
     atexit.register(collector.stop)
     os.register_at_fork(after_in_child=_after_fork)
-    _load_sibling("sigterm").flush_on_sigterm(collector, _load_inproc().main_thread_call)
+    _watch_exec()
+    _load_sibling("sigterm").flush_on_sigterm(collector, _load_inproc().main_thread_call,
+                                              receipts=collector.run_dir / "signals",
+                                              pipe=_load_sibling("wakeup").WakeupPipe)
+
+
+def _watch_exec() -> None:
+    """`os.exec*` replaces the process image without atexit: the final flush runs first.
+
+    Every `os.exec*` function ends in `os.execv` or `os.execve` (looked up in the module
+    at each call), so wrapping those two covers them all.
+    """
+    for name in ("execv", "execve"):
+        original = getattr(os, name, None)
+        if original is None or getattr(original, "_gpudiag_exec", False):
+            continue
+
+        def exec_(path: Any, *args: Any, _original: Any = original) -> Any:
+            _before_exec(path)
+            return _original(path, *args)
+
+        exec_._gpudiag_exec = True  # type: ignore[attr-defined]
+        setattr(os, name, exec_)
+
+
+@_shielded
+def _before_exec(path: Any) -> None:
+    """The final flush before an exec that will succeed (an `execvp` tries each PATH entry:
+    the ones that fail leave the process, and its collection, running)."""
+    collector = _active
+    if collector is None or collector.pid != os.getpid():
+        return
+    if isinstance(path, int) or (os.path.isfile(path) and os.access(path, os.X_OK)):
+        collector.stop()
 
 
 def _after_fork() -> None:
