@@ -146,7 +146,7 @@ class Trace:
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         for name, frame in self.tables().items():
-            frame.to_parquet(out / f"{name}.parquet", index=False)
+            write_parquet(frame, out / f"{name}.parquet")
         meta = {**self.meta, "gpudiag_format": FORMAT_NAME,
                 "gpudiag_format_version": FORMAT_VERSION}
         (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
@@ -167,6 +167,14 @@ class Trace:
         return cls(meta=meta, **tables)
 
 
+def write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    """`frame` as Parquet at `path`, through a file Python opened: pyarrow encodes a path
+    as UTF-8 and failed on a name that is not (a folder named in latin-1 reaches Python as
+    surrogates), where Python's own `open` writes the bytes the file system gave."""
+    with open(path, "wb") as handle:
+        frame.to_parquet(handle, index=False)
+
+
 def _read_table(file: Path, name: str) -> pd.DataFrame:
     """One table's Parquet file, held to the schema: a file of another schema (a column
     gpudiag does not declare, a missing time, text where numbers belong, an unknown
@@ -174,7 +182,8 @@ def _read_table(file: Path, name: str) -> pd.DataFrame:
     line, never an error deep in an analyzer."""
     fix = "the trace directory is damaged or was not written by gpudiag: re-run or re-save it"
     try:
-        raw = pd.read_parquet(file)
+        with open(file, "rb") as handle:  # Python's open: any file name (parquet_io)
+            raw = pd.read_parquet(handle)
     except Exception as exc:  # pyarrow raises many types for a damaged file
         raise InputError(file, f"unreadable Parquet table ({exc.__class__.__name__})",
                          fix) from exc

@@ -243,17 +243,15 @@ class TorchCollector:
         self._segment_rss = _resident_bytes()
         self._segment_start_s = time.monotonic()
         self._segment_steps = 0
-        hook = program.program_profile_hook()
-        self._profiler = profiler.profile(
-            activities=activities, record_shapes=True,
-            with_stack=not program.program_profiles(), profile_memory=self.memory,
-        )
+        stack = not program.program_profiles() and program.stack_names_utf8()
         self._own.active = True
         try:
-            self._profiler.start()
+            self._profiler = program.start_profiler(profiler, activities, stack, self.memory)
+        except Exception:
+            self._finished = True  # a failed start leaves Kineto unusable in this process
+            raise
         finally:
             self._own.active = False
-            program.restore_profile_hook(hook)
 
     def pause(self) -> None:
         """Close the open segment and write it (the window closed)."""
@@ -405,10 +403,14 @@ class TorchCollector:
         started, before = time.time_ns(), _resident_bytes()
         _stop(profiler)
         self._learn_segment_size(_resident_bytes() - before)
+        if not self.out_dir.is_dir():  # the program deleted the run: nothing to write into
+            _note_error("torch: the segment was not written: its folder was deleted")
+            return
         self._segments += 1
         final = self.out_dir / f"segment-{self._segments:04d}.pt.trace.json"
         tmp = final.with_name(f".{final.name}.tmp")
-        profiler.export_chrome_trace(str(tmp))
+        with program.torch_path(tmp) as name:
+            profiler.export_chrome_trace(name)
         escape_bare_quotes(tmp)
         os.replace(tmp, final)
         del profiler

@@ -23,10 +23,13 @@ collide with gpudiag's own torch.profiler:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 #: the functions of torch.autograd.profiler through which every profiler starts
@@ -88,6 +91,57 @@ def restore_profile_hook(hook: Any) -> None:
     """Put the program's profile function back on this thread if torch removed it."""
     if hook is not None and sys.getprofile() is not hook:
         sys.setprofile(hook)
+
+
+def stack_names_utf8() -> bool:
+    """Whether torch can record Python stacks here: its stack tracer takes every frame's
+    file name as UTF-8, and one that is not (a folder named in latin-1) failed the start
+    ("error unpacking string as utf-8"), after which Kineto crashed the process at exit
+    whatever was tried. The program's folder, the path and the frames running now."""
+    names = [os.getcwd(), *sys.argv[:1], *sys.path]
+    names += [frame.f_code.co_filename for frame in sys._current_frames().values()]
+    try:
+        for name in names:
+            name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def start_profiler(profiler: Any, activities: list[Any], stack: bool, memory: bool) -> Any:
+    """A started `torch.profiler.profile`, the program's profile function kept; a start
+    that failed is stopped again before the error goes on (a profiler left half-started
+    crashed the process at exit)."""
+    hook = program_profile_hook()
+    started = profiler.profile(activities=activities, record_shapes=True, with_stack=stack,
+                               profile_memory=memory)
+    try:
+        started.start()
+    except Exception:
+        with contextlib.suppress(Exception):
+            started.stop()
+        raise
+    finally:
+        restore_profile_hook(hook)
+    return started
+
+
+@contextlib.contextmanager
+def torch_path(path: Path) -> Iterator[str]:
+    """`path` as a string torch takes: torch encodes it as UTF-8 and refused one that is not
+    (a run under a folder named in latin-1), so such a path is given as the same file
+    through `/proc/self/fd`, whose name is ASCII (`path.name` is gpudiag's own, ASCII)."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            yield f"/proc/self/fd/{folder}/{path.name}"
+        finally:
+            os.close(folder)
+        return
+    yield text
 
 
 def on_thread_end(callback: Callable[[], None]) -> bool:

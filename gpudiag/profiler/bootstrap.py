@@ -17,6 +17,7 @@ skips atexit and keeps its last periodic flush.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import json
 import os
@@ -167,6 +168,7 @@ class HostCollector:
         """State that belongs to one pid (called again in a forked child)."""
         self.pid = os.getpid()
         self.dir = self.run_dir / "procs" / proc_dir_name(self.pid)
+        self._claimed = False  # the directory is made (exclusively) by _claim
         self.start_ns = time.time_ns()
         self.ranges: list[tuple[int, int, int, str, str]] = []
         self._flushed_ranges = 0  # rows of the open tail already in ranges.parquet
@@ -190,7 +192,7 @@ class HostCollector:
         self.notes: list[str] = []  # lines the session prints about this process
 
     def start(self) -> None:
-        self.dir = claim_dir(self.dir)
+        self._claim()
         self._stack_file = _register_stack_dump(self.dir)
         self.flush()
         self._thread = threading.Thread(target=self._loop, name="gpudiag-flush", daemon=True)
@@ -198,11 +200,20 @@ class HostCollector:
         self.plugins.arm(_load_inproc().ImportWatcher.install(), lambda: self.dir)
         self.window.begin()
 
+    def _claim(self) -> None:
+        """This process's own directory, made once (`claim_dir`)."""
+        if not self._claimed:
+            self.dir = claim_dir(self.dir)
+            self._claimed = True
+
     def _loop(self) -> None:
         """Flush every interval; a failure (a full disk) is reported once, never printed into
-        the program's stderr as a thread traceback, and the next interval tries again."""
+        the program's stderr as a thread traceback, and the next interval tries again. Ends
+        when the process's directory is gone (the program deleted the run)."""
         failed = False
         while not self._wake.wait(self.interval_s):
+            if not self.dir.is_dir():
+                return  # the program deleted the run: write nothing into its rmtree
             try:
                 self.flush()
             except Exception as exc:
@@ -222,7 +233,8 @@ class HostCollector:
                 _import_writer()
             except Exception as exc:  # an address-space limit, a module the program shadows
                 self._writer_failed = True
-                _load_inproc().report_failure("importing pandas to write host markers", exc)
+                _load_inproc().report_failure("host markers are not recorded: importing pandas",
+                                              exc)
                 return
             self._writer_ready = True
         if not self._lock.take(self._in_signal):
@@ -327,7 +339,7 @@ class HostCollector:
     def _write_ranges(self, ranges: list[tuple[int, int, int, str, str]], path: Path) -> None:
         import pandas as pd
 
-        from gpudiag.trace import Trace
+        from gpudiag.trace import Trace, write_parquet
 
         tid, start, end, name, source = zip(*ranges, strict=True) if ranges else ([],) * 5
         frame = pd.DataFrame({
@@ -336,7 +348,7 @@ class HostCollector:
         })
         table = Trace(ranges=frame).ranges
         tmp = path.with_name(f".{path.name}.{self.pid}.tmp")
-        table.to_parquet(tmp, index=False)
+        write_parquet(table, tmp)
         os.replace(tmp, path)
 
     @property
@@ -374,6 +386,7 @@ class HostCollector:
         registered here for the finalizers it runs before that, does the final flush.
         """
         self._reset_for_process()
+        self._claim()  # before the plugins make their folders in it
         self.window.after_fork()
         self.plugins.after_fork(self.dir)
         self.start()
@@ -421,12 +434,19 @@ def _import_writer() -> None:
 
     Done eagerly (once, on the first range) because a first import during interpreter
     shutdown fails: pandas and pyarrow register atexit hooks, refused after shutdown began.
-    Never from the program's folder (`isolation.private_imports`).
+    Never from the program's folder (`isolation.private_imports`), and all of it now: one
+    empty table is written to memory, so the modules pandas imports only when it first
+    writes Parquet (its arrow extension types import json) are loaded while the program's
+    own json.py is not yet in `sys.modules`.
     """
     with _load_sibling("isolation").private_imports():
+        import io
+
         import pyarrow.parquet  # noqa: F401 -- loaded lazily by pandas.to_parquet otherwise
 
-        import gpudiag.trace  # noqa: F401 -- pandas and the schema
+        from gpudiag.trace import Trace
+
+        Trace().ranges.to_parquet(io.BytesIO(), index=False)
 
 
 def release_shadowed(before: set[str]) -> None:
@@ -467,14 +487,25 @@ def is_active() -> bool:
     return _active is not None
 
 
+#: the run's log of collector problems, made (empty) by whoever made the run directory
+ERRORS_LOG = "bootstrap-errors.log"
+
+
 def _note_error(run_dir: Path, exc: BaseException | str) -> None:
-    """Append a bootstrap failure to `<run>/bootstrap-errors.log` (the session reports it)."""
+    """Append a bootstrap failure to `<run>/bootstrap-errors.log` (the session reports it).
+
+    Never creates it: a program that deletes the run directory made the periodic flush
+    fail, whose report made the file again in the middle of the program's `rmtree`, which
+    then failed ("Directory not empty") and the program with it.
+    """
     text = exc if isinstance(exc, str) else f"{exc.__class__.__name__}: {exc}"
     try:
-        with (run_dir / "bootstrap-errors.log").open("a") as log:
-            log.write(f"pid {os.getpid()}: {text}\n")
+        log = os.open(run_dir / ERRORS_LOG, os.O_WRONLY | os.O_APPEND)
     except OSError:
-        pass
+        return
+    with contextlib.suppress(OSError):
+        os.write(log, f"pid {os.getpid()}: {text}\n".encode())
+    os.close(log)
 
 
 @_shielded

@@ -89,7 +89,9 @@ def _inside(name: str, folder: str) -> bool:
 
 class _Finder(importlib.abc.MetaPathFinder):
     """While the calling thread is in `private_imports()`, a top-level module that the
-    program's folder shadows is looked up everywhere else on `sys.path`."""
+    program's folder shadows is looked up everywhere else on `sys.path` first (one found
+    nowhere else is the folder's after all, as without gpudiag: gpudiag itself, when the
+    program runs from its checkout)."""
 
     def __init__(self) -> None:
         self.local = threading.local()
@@ -99,15 +101,12 @@ class _Finder(importlib.abc.MetaPathFinder):
         folder = program_dir()
         if path is not None or not getattr(self.local, "on", False) or folder is None:
             return None
-        if fullname in sys.builtin_module_names or not shadows(fullname, folder):
+        if fullname in sys.builtin_module_names or fullname in KEEP \
+                or not shadows(fullname, folder):
             return None  # builtins come first anyway; nothing of the program's to skip
         rest = [entry for entry in sys.path
                 if os.path.realpath(entry or os.getcwd()) != folder]
-        spec = importlib.machinery.PathFinder.find_spec(fullname, rest)
-        if spec is None:
-            raise ModuleNotFoundError(f"no module named {fullname!r} outside the program's "
-                                      f"folder {folder}", name=fullname)
-        return spec
+        return importlib.machinery.PathFinder.find_spec(fullname, rest)  # None: only there
 
 
 _finder = _Finder()

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpudiag.errors import GpudiagError, exhausted
+
 if TYPE_CHECKING:
     from gpudiag.profiler.backends import Plan
     from gpudiag.profiler.session import ProfileOptions
@@ -26,7 +28,7 @@ def run_notes(run_dir: Path, meta: dict[str, Any], plan: Plan, options: ProfileO
         notes.append("not collected: " + "; ".join(missing)
                      + " (`gpudiag doctor` says how to get them)")
     errors = run_dir / "bootstrap-errors.log"
-    if errors.exists():
+    if errors.exists() and errors.stat().st_size:
         notes.append(f"collectors reported problems: see {errors}")
     processes = meta.get("processes", [])
     notes += window_notes(processes)
@@ -110,3 +112,24 @@ def process_notes(processes: list[dict[str, Any]]) -> list[str]:
         for line in process.get("notes") or []:
             said.setdefault(str(line), []).append(who)
     return [f"{', '.join(whos)}: {line}" for line, whos in said.items()]
+
+
+def after_run_failure(run_dir: Path, exit_code: int, error: BaseException) -> str:
+    """The one line for a profile that failed after the command ran (its exit status is
+    still what `gpudiag profile` exits with): what failed, and what to do."""
+    ran = f"the command ran (exit status {exit_code})"
+    if not run_dir.exists():
+        return (f"{ran} but its run directory {run_dir} was deleted while it ran: nothing "
+                "of its profile is left (pass -o RUN_DIR outside what the program removes)")
+    limit = exhausted(error)
+    if limit is not None:
+        return (f"{ran}; its profile in {run_dir} could not be merged or analyzed: {limit} "
+                f"(then `gpudiag analyze {run_dir}`)")
+    if isinstance(error, OSError):
+        return (f"{ran} but its profile could not be written to {run_dir}: "
+                f"{error.strerror or error} (free space, or -o on another file system)")
+    if isinstance(error, GpudiagError):
+        return f"{ran}; its profile in {run_dir} could not be read: {error}"
+    return (f"{ran}; gpudiag failed on its profile in {run_dir}: internal error: "
+            f"{error.__class__.__name__}: {error} (run with --debug for the traceback, and "
+            "please report it)")

@@ -191,10 +191,13 @@ class CommandNotStarted(OSError):
 
 
 class RunNotWritten(Exception):
-    """The command ran, but its run directory could not be written (a full disk)."""
+    """The command ran, but gpudiag could not write, merge or analyze its profile (a full
+    disk, the run directory deleted while it ran, a memory limit): the command's own exit
+    status still comes back, and `error` says what failed (`notes.after_run_failure`)."""
 
-    def __init__(self, result: SessionResult, error: OSError) -> None:
-        super().__init__(f"{result.run_dir}: {error.strerror or error}")
+    def __init__(self, result: SessionResult, error: BaseException) -> None:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        super().__init__(f"{result.run_dir}: {reason}")
         self.result = result
         self.error = error
 
@@ -260,7 +263,7 @@ def profile_command(
                                        workers=workers)
         return _gather(result, plan, options, tool=tool, version=version, notes=notes,
                        progress=progress)
-    except OSError as exc:
+    except Exception as exc:  # the program ran: whatever failed here, its status comes back
         raise RunNotWritten(result, exc) from exc
 
 
@@ -328,6 +331,7 @@ def make_run_dir(cmd: list[str], out_dir: Path | None) -> Path:
                 candidate = Path(f"{out_dir}-{suffix}")
         (candidate / "procs").mkdir()
         (candidate / RECEIPTS).mkdir()
+        (candidate / bootstrap.ERRORS_LOG).touch()  # processes append, never create it
     except OSError as exc:  # nothing has run yet: one line, not "cannot start CMD"
         raise InputError(candidate, f"cannot be created as the run directory "
                          f"({exc.strerror or exc})", "pass a writable -o RUN_DIR") from exc

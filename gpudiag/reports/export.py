@@ -28,7 +28,7 @@ from gpudiag.reports.chrome_events import (
     header,
 )
 from gpudiag.reports.safe_text import csv_cell
-from gpudiag.trace import Trace
+from gpudiag.trace import Trace, write_parquet
 
 if TYPE_CHECKING:
     from gpudiag.analyzers.diagnosis import Diagnosis
@@ -132,7 +132,7 @@ def write_tables(trace: Trace, out_dir: str | Path, fmt: str = "csv",
             _spreadsheet_safe(frame).to_csv(path, index=False, lineterminator="\r\n")
         else:
             objects = [c for c in frame.columns if frame[c].dtype == object]
-            frame.astype(dict.fromkeys(objects, "string")).to_parquet(path, index=False)
+            write_parquet(frame.astype(dict.fromkeys(objects, "string")), path)
         written[name] = path
     return written
 

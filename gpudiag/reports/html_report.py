@@ -11,6 +11,7 @@ this page does not depend on the figure builders; the slots are listed in `FIGUR
 
 from __future__ import annotations
 
+import copy
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +27,7 @@ from gpudiag.reports.formats import format_bytes, format_ns, format_window
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_ranks import stragglers
 from gpudiag.reports.html_tables import Table
+from gpudiag.reports.safe_text import without_surrogates
 from gpudiag.trace import Trace
 
 FIGURE_SLOTS = ("waterfall", "utilization", "gpu_samples", "collective_waits", "memory",
@@ -53,6 +55,7 @@ def report(trace: Trace, dx: Diagnosis, *, figures: Mapping[str, Any] | None = N
     `info`: the run summary when the caller has it (a job diagnosed rank by rank passes
     `JobDiagnosis.summary()` with a `trace` that holds only the job's meta).
     """
+    trace, title, generated_for = _displayable(trace, title, generated_for)
     if info is None:
         info = summarize(trace, top=TOP_ROWS, window_ns=dx.window_ns)
     figs = {name: _as_list(fig) for name, fig in (figures or {}).items()}
@@ -118,6 +121,17 @@ def _cut(frame: pd.DataFrame, notes: list[str], what: str, n: int = TOP_ROWS) ->
         notes.append(f"showing the top {n} of {len(frame):,} {what}; "
                      "`gpudiag analyze --json` lists all")
     return frame.head(n).reset_index(drop=True)
+
+
+def _displayable(trace: Trace, title: str | None, generated_for: str | None
+                 ) -> tuple[Trace, str | None, str | None]:
+    """The trace (a shallow copy when its meta needed it), title and command line with every
+    name that is not UTF-8 escaped (`safe_text.without_surrogates`)."""
+    meta = without_surrogates(trace.meta)
+    if meta is not trace.meta:
+        trace = copy.copy(trace)
+        trace.meta = meta
+    return trace, without_surrogates(title), without_surrogates(generated_for)
 
 
 def _run_summary(trace: Trace, info: dict[str, Any]) -> Section:

@@ -9,6 +9,7 @@ of these functions, chosen by where it lands:
     printable(name)    plain text (click.echo): control characters made visible
     plotly_label(name) plotly's label HTML: & < > escaped (plotly renders <a>, <b>, <br>)
     csv_cell(name)     a CSV cell: a leading = + - @ TAB or CR made text with a quote
+    without_surrogates(meta)  a file or command name that is not UTF-8, written `\\xe9`
 """
 
 from __future__ import annotations
@@ -57,4 +58,30 @@ def csv_cell(value: Any) -> Any:
     gets a leading `'`, as spreadsheet-safe exporters do; anything else is returned as is."""
     if isinstance(value, str) and value.startswith(_FORMULA_START):
         return "'" + value
+    return value
+
+
+def without_surrogates(value: Any) -> Any:
+    """`value` (a string, or a meta dict/list of them) with every byte of a name that is not
+    UTF-8 written as an escape: a folder or argument named in latin-1 reaches Python as lone
+    surrogates (`caf\\udce9`), which neither pyarrow's strings nor a UTF-8 page can hold
+    (the report failed on them). Returns `value` itself when nothing needed it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            try:
+                raw = value.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:  # a surrogate no file system byte made
+                return value.encode("utf-8", "backslashreplace").decode("utf-8")
+            return raw.decode("utf-8", "backslashreplace")
+        return value
+    if isinstance(value, dict):
+        items = {key: without_surrogates(item) for key, item in value.items()}
+        changed = any(items[key] is not item for key, item in value.items())
+        return items if changed else value
+    if isinstance(value, list | tuple):
+        parts = [without_surrogates(item) for item in value]
+        changed = any(new is not old for new, old in zip(parts, value, strict=True))
+        return type(value)(parts) if changed else value
     return value
