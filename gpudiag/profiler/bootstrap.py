@@ -11,13 +11,17 @@ so eight workers never collide. Files are replaced atomically (temp file + `os.r
 by a flush thread every interval and at exit: a crash or SIGKILL loses at most the last
 interval. A forked child (torch.multiprocessing with fork) restarts the collector under its
 own pid and flushes at multiprocessing's exit; other code that leaves through `os._exit`
-skips atexit and keeps its last periodic flush.
+skips atexit and keeps its last periodic flush. An `os.exec*` flushes first, and the new
+image (same pid) writes beside it, in `<host>-<pid>.2` (`procdir.py`).
+
+Whatever gpudiag does inside the program's own calls (markers, the optimizer hook, atexit)
+never raises into it (`inproc.shielded`), and never imports from the program's folder
+(`isolation.py`): its result is what it would be without gpudiag.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import importlib.util
 import json
 import os
@@ -44,7 +48,6 @@ _FORMAT = {"gpudiag_format": "gpudiag-trace", "gpudiag_format_version": 1}
 #: a real-time one, which programs leave alone (SIGUSR1/2 belong to them and their launchers)
 STACK_SIGNAL = int(getattr(signal, "SIGRTMIN", 34)) + 6
 _active: HostCollector | None = None
-_stack_log: Any = None  # the open file faulthandler writes to (it must stay open)
 
 
 def _load_inproc() -> ModuleType:
@@ -67,44 +70,10 @@ def _load_sibling(stem: str) -> ModuleType:
 
 #: wraps the functions the program's own code calls into (markers, hooks): never raise there
 _shielded = _load_inproc().shielded
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
-    return int(value) if value.lstrip("-").isdigit() else None
-
-
-def proc_dir_name(pid: int) -> str:
-    """`<host>-<pid>`, plus `-rank<R>` from RANK (else LOCAL_RANK) when the launcher set it."""
-    rank = _env_int("RANK")
-    rank = _env_int("LOCAL_RANK") if rank is None else rank
-    tail = "" if rank is None else f"-rank{rank}"
-    return f"{socket.gethostname()}-{pid}{tail}"
-
-
-def claim_dir(path: Path) -> Path:
-    """Create this process's directory, `path` or, when that is taken, `path.2`, `path.3`...
-
-    A process that `os.exec*`s keeps its pid: the new image's bootstrap finds the old one's
-    directory (as does a pid the system reused) and writes beside it, never over it. The
-    run's `procs/` is not created here: when the program deleted the run, nothing of it is
-    made again.
-    """
-    candidate, number = path, 1
-    while True:
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            number += 1
-            candidate = path.with_name(f"{path.name}.{number}")
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write beside `path`, then rename over it: readers see the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+_procdir = _load_sibling("procdir")  # the process's directory and files in the run
+_env_int, proc_dir_name, claim_dir = _procdir.env_int, _procdir.proc_dir_name, _procdir.claim_dir
+_write_atomic, _note_error = _procdir.write_atomic, _procdir.note_error
+ERRORS_LOG = _procdir.ERRORS_LOG
 
 
 class OwnedLock:
@@ -193,7 +162,7 @@ class HostCollector:
 
     def start(self) -> None:
         self._claim()
-        self._stack_file = _register_stack_dump(self.dir)
+        self._stack_file = _procdir.register_stack_dump(self.dir, STACK_SIGNAL)
         self.flush()
         self._thread = threading.Thread(target=self._loop, name="gpudiag-flush", daemon=True)
         self._thread.start()
@@ -395,34 +364,6 @@ class HostCollector:
             mp_util.register_after_fork(self, _finalize_at_mp_exit)
 
 
-def _register_stack_dump(proc_dir: Path) -> str | None:
-    """Have STACK_SIGNAL write every thread's Python stack to `<proc>/stacks-python.txt`.
-
-    faulthandler writes from the signal handler without the GIL, so it answers even a
-    process deadlocked on it (the watchdog's case). Only where the signal is free (never
-    replacing a handler of the program) and on a platform that has it; None otherwise.
-    """
-    global _stack_log  # the one open file faulthandler keeps writing to
-    if not hasattr(signal, "SIGRTMIN"):
-        return None
-    try:
-        import faulthandler
-
-        if threading.current_thread() is not threading.main_thread() and _stack_log is None:
-            return None
-        if _stack_log is None and signal.getsignal(STACK_SIGNAL) not in (signal.SIG_DFL, None):
-            return None
-        path = proc_dir / "stacks-python.txt"
-        log = path.open("a")
-        faulthandler.register(STACK_SIGNAL, file=log, all_threads=True, chain=False)
-        previous, _stack_log = _stack_log, log
-        if previous is not None:
-            previous.close()  # the parent's, in a forked child
-        return str(path)
-    except (OSError, ValueError, RuntimeError, AttributeError):
-        return None
-
-
 def _finalize_at_mp_exit(collector: HostCollector) -> None:
     import multiprocessing.util
 
@@ -485,27 +426,6 @@ def swap_active(collector: HostCollector | None) -> HostCollector | None:
 def is_active() -> bool:
     """True inside a process that `gpudiag profile` is collecting from."""
     return _active is not None
-
-
-#: the run's log of collector problems, made (empty) by whoever made the run directory
-ERRORS_LOG = "bootstrap-errors.log"
-
-
-def _note_error(run_dir: Path, exc: BaseException | str) -> None:
-    """Append a bootstrap failure to `<run>/bootstrap-errors.log` (the session reports it).
-
-    Never creates it: a program that deletes the run directory made the periodic flush
-    fail, whose report made the file again in the middle of the program's `rmtree`, which
-    then failed ("Directory not empty") and the program with it.
-    """
-    text = exc if isinstance(exc, str) else f"{exc.__class__.__name__}: {exc}"
-    try:
-        log = os.open(run_dir / ERRORS_LOG, os.O_WRONLY | os.O_APPEND)
-    except OSError:
-        return
-    with contextlib.suppress(OSError):
-        os.write(log, f"pid {os.getpid()}: {text}\n".encode())
-    os.close(log)
 
 
 @_shielded
@@ -576,29 +496,10 @@ def start_from_env() -> None:
         return
     atexit.register(collector.stop)
     os.register_at_fork(after_in_child=_after_fork)
-    _watch_exec()
+    _procdir.watch_exec(_before_exec)
     _load_sibling("sigterm").flush_on_sigterm(collector, _load_inproc().main_thread_call,
                                               receipts=collector.run_dir / "signals",
                                               pipe=_load_sibling("wakeup").WakeupPipe)
-
-
-def _watch_exec() -> None:
-    """`os.exec*` replaces the process image without atexit: the final flush runs first.
-
-    Every `os.exec*` function ends in `os.execv` or `os.execve` (looked up in the module
-    at each call), so wrapping those two covers them all.
-    """
-    for name in ("execv", "execve"):
-        original = getattr(os, name, None)
-        if original is None or getattr(original, "_gpudiag_exec", False):
-            continue
-
-        def exec_(path: Any, *args: Any, _original: Any = original) -> Any:
-            _before_exec(path)
-            return _original(path, *args)
-
-        exec_._gpudiag_exec = True  # type: ignore[attr-defined]
-        setattr(os, name, exec_)
 
 
 @_shielded
