@@ -168,6 +168,23 @@ def test_a_program_in_a_folder_not_named_in_utf8_is_profiled(tmp_path: Path) -> 
     assert (ranges["name"] == "aten::mm").sum() == 3 and (ranges["source"] == "step").any()
 
 
+def test_a_marker_named_in_bytes_that_are_not_utf8_keeps_every_marker(tmp_path: Path) -> None:
+    """A region named after a file whose name is not UTF-8 holds a lone surrogate: Parquet
+    refused it and the whole flush failed, losing every marker of the process."""
+    script = _script(tmp_path, """
+        import os, gpudiag
+        for name in ("ok", os.fsdecode(b"caf\\xe9.bin")):
+            gpudiag.step()
+            with gpudiag.region(name):
+                pass
+    """)
+    done = subprocess.run([*PROFILE, "-o", str(tmp_path / "run"), "--", sys.executable,
+                           str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    names = set(gpudiag.load(tmp_path / "run" / "trace").ranges["name"].astype(str))
+    assert names == {"step 0", "step 1", "ok", "caf\\xe9.bin"}
+
+
 def _limited(limits: str, *args: str, cwd: Path | None = None
              ) -> subprocess.CompletedProcess[str]:
     """`args` run under `ulimit LIMITS` (bash: the limit is the process's own, inherited)."""

@@ -206,6 +206,8 @@ class HostCollector:
                                               exc)
                 return
             self._writer_ready = True
+        if not name.isascii():
+            name = _utf8(name)
         if not self._lock.take(self._in_signal):
             return  # a signal interrupted this very thread while it held the lock
         try:
@@ -362,6 +364,21 @@ class HostCollector:
         mp_util = sys.modules.get("multiprocessing.util")
         if mp_util is not None:  # the child clears finalizers first, then runs after-forkers
             mp_util.register_after_fork(self, _finalize_at_mp_exit)
+
+
+def _utf8(name: str) -> str:
+    """`name` as text Parquet can hold: a name made from bytes that are not UTF-8 (a file
+    name, `gpudiag.region(path.name)`) has lone surrogates, which failed the whole flush
+    and lost every marker with it; those bytes are written as escapes (`\\xff`)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            raw = name.encode("utf-8", "surrogateescape")  # the file system's own bytes
+        except UnicodeEncodeError:
+            raw = name.encode("utf-8", "surrogatepass")
+        return raw.decode("utf-8", "backslashreplace")
+    return name
 
 
 def _finalize_at_mp_exit(collector: HostCollector) -> None:
