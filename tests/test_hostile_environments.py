@@ -66,12 +66,14 @@ HANDLERS = {
 }
 
 
+@pytest.mark.parametrize("to", ["group", "session"])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
 @pytest.mark.parametrize("program", sorted(HANDLERS))
-def test_a_signal_to_the_whole_process_group_reaches_the_program_once(
-        tmp_path: Path, program: str, signum: int) -> None:
+def test_a_signal_reaches_the_program_once(tmp_path: Path, program: str, signum: int,
+                                           to: str) -> None:
     """`timeout`, `kill -- -PGID`, Slurm and systemd signal every process: the program got
-    the signal from them and again from the session, and its handler ran twice."""
+    the signal from them and again from the session, and its handler ran twice. A signal
+    sent to the session alone is still forwarded (once)."""
     script = _script(tmp_path, HANDLERS[program])
     got, ready = tmp_path / "got", tmp_path / "ready"
     proc = subprocess.Popen([*PROFILE, "-o", str(tmp_path / "run"), "--", sys.executable,
@@ -80,7 +82,10 @@ def test_a_signal_to_the_whole_process_group_reaches_the_program_once(
                             start_new_session=True)  # its own group: the test is not in it
     wait_for(ready, 60)
     time.sleep(0.3)  # the handlers are set before `ready`; let the loop reach its wait
-    os.killpg(proc.pid, signum)
+    if to == "group":
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 12, err
     assert got.read_text() == f"{int(signum)}\n"  # once
