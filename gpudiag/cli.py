@@ -6,18 +6,19 @@ with status 2; `--debug` shows the traceback instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
 
 from gpudiag import __version__
-from gpudiag.errors import GpudiagError, InputError
+from gpudiag.errors import GpudiagError, InputError, exhausted
 from gpudiag.reports.safe_text import printable, terminal
 
 if TYPE_CHECKING:  # imported where used: `--workers` starts its pool before pandas loads
@@ -501,12 +502,24 @@ def profile(*, output: Path | None, backend: str, duration: float | None, delay:
                    err=True)
         sys.exit(127)
     except RunNotWritten as exc:  # the program ran: say it, and exit with its own status
-        click.echo(f"gpudiag: error: the command ran (exit status {exc.result.exit_code}) but "
-                   f"its profile could not be written to {printable(exc)} (free space, or -o on "
-                   "another file system)", err=True)
-        sys.exit(exc.result.exit_code)
-    _show_profile(gathered, "gpudiag profile -- " + " ".join(command), report=not no_report)
+        _after_run_failed(exc.result, exc.error)
+    try:
+        _show_profile(gathered, "gpudiag profile -- " + " ".join(command),
+                      report=not no_report)
+    except Exception as exc:  # the same: the program's status is what comes back
+        _after_run_failed(gathered.result, exc)
     sys.exit(gathered.result.exit_code)
+
+
+def _after_run_failed(result: Any, error: BaseException) -> NoReturn:
+    """One line for what failed after the command ran; exit with the command's status."""
+    from gpudiag.profiler.notes import after_run_failure
+
+    if _DEBUG["on"]:
+        traceback.print_exception(error)
+    line = after_run_failure(result.run_dir, result.exit_code, error)
+    click.echo(f"gpudiag: error: {printable(line)}", err=True)
+    sys.exit(result.exit_code)
 
 
 def _show_profile(gathered: Any, generated_for: str, *, report: bool) -> None:
@@ -580,6 +593,7 @@ def _load(paths: list[Path]) -> Trace:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn errors into one line and an exit status."""
+    _lenient_streams()
     try:
         cli.main(args=argv, prog_name="gpudiag", standalone_mode=False)
     except GpudiagError as exc:
@@ -599,8 +613,23 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # a bug in gpudiag: one line, traceback with --debug
         if _DEBUG["on"]:
             traceback.print_exc()
+        limit = exhausted(exc)  # a limit of the machine's is not a bug: say which
+        if limit is not None:
+            click.echo(f"gpudiag: error: {printable(limit)}", err=True)
+            sys.exit(limit.exit_code)
         click.echo(
             f"gpudiag: internal error: {exc.__class__.__name__}: {printable(exc)} "
             "(run with --debug for the traceback, and please report it)", err=True,
         )
         sys.exit(1)
+
+
+def _lenient_streams() -> None:
+    """stdout and stderr write what their encoding cannot as escapes (`\\xb5`), never fail:
+    `PYTHONIOENCODING=ascii`, a latin-1 terminal, or a file name that is not UTF-8 (its
+    bytes are surrogates in Python) made a µ or a name end the command with a traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")

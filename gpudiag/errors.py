@@ -55,3 +55,42 @@ class CollectorError(GpudiagError):
 
 class SchemaError(Exception):
     """A table does not match the declared schema: a bug in a reader, never the user's input."""
+
+
+class ResourceError(GpudiagError):
+    """A limit of the machine or of the process (memory, the address space, open files)
+    stopped gpudiag: which limit, and how to raise it."""
+
+
+def exhausted(exc: BaseException) -> ResourceError | None:
+    """`exc` as the limit it ran into (a MemoryError, a shared library that could not be
+    mapped, too many open files), or None when it is something else.
+
+    Under `ulimit -v` pandas and pyarrow fail to import ("failed to map segment from shared
+    object") or allocate (MemoryError); under `ulimit -n` opening a file fails with EMFILE.
+    Neither is a bug of gpudiag's: the message names the limit and how to raise it.
+    """
+    import errno
+
+    text = str(exc)
+    if isinstance(exc, MemoryError) or "failed to map segment" in text or (
+            isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+        return ResourceError(f"out of memory{_limit('RLIMIT_AS', 'ulimit -v', 1024, ' KB')}: "
+                             "raise the limit or free memory")
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        return ResourceError(f"too many open files{_limit('RLIMIT_NOFILE', 'ulimit -n', 1)}:"
+                             " raise the limit (ulimit -n 4096)")
+    return None
+
+
+def _limit(name: str, shell: str, unit: int, suffix: str = "") -> str:
+    """` (the limit, `ulimit -v`, is 614400 KB)` when the process has a finite one."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(getattr(resource, name))
+    except (ImportError, AttributeError, ValueError, OSError):
+        return ""
+    if soft == resource.RLIM_INFINITY:
+        return ""
+    return f" (the limit, `{shell}`, is {soft // unit}{suffix})"

@@ -150,7 +150,7 @@ class Trace:
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         for name, frame in self.tables().items():
-            frame.to_parquet(out / f"{name}.parquet", index=False)
+            write_parquet(frame, out / f"{name}.parquet")
         meta = {**self.meta, "gpudiag_format": FORMAT_NAME,
                 "gpudiag_format_version": FORMAT_VERSION}
         (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
@@ -169,6 +169,14 @@ class Trace:
         meta.pop("gpudiag_format", None)
         meta.pop("gpudiag_format_version", None)
         return cls(meta=meta, **tables)
+
+
+def write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    """`frame` as Parquet at `path`, through a file Python opened: pyarrow encodes a path
+    as UTF-8 and failed on a name that is not (a folder named in latin-1 reaches Python as
+    surrogates), where Python's own `open` writes the bytes the file system gave."""
+    with open(path, "wb") as handle:
+        frame.to_parquet(handle, index=False)
 
 
 def _read_table(file: Path, name: str) -> pd.DataFrame:

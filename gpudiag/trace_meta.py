@@ -106,7 +106,7 @@ COMMAND = opt(either(STR, list_of(SCALAR)))
 PROCESS = record({
     "pid": opt(INT), "host": opt(STR), "rank": opt(INT), "world_size": opt(INT),
     "collectors": list_of(STR), "data": BOOL, "gpudiag_thread_ids": list_of(INT),
-    "start_ns": opt(INT), "end_ns": opt(INT), "command": COMMAND,
+    "start_ns": opt(INT), "end_ns": opt(INT), "command": COMMAND, "notes": list_of(STR),
 })
 
 #: a run directory's own meta.json (`gpudiag profile`'s session), also kept as meta["run"]

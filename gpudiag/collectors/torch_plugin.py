@@ -27,18 +27,17 @@ from __future__ import annotations
 
 import atexit
 import functools
-import gc
 import importlib
 import os
-import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpudiag.collectors import torch_host as host
+from gpudiag.collectors import torch_program as program
 from gpudiag.optional import require
-from gpudiag.readers.kineto import repair as kineto_repair
+from gpudiag.profiler.inproc import shielded
 
 #: a new segment begins once the process grew by this much since the open one began, and
 #: segments hold as many steps as stopping them costs in memory within this much
@@ -86,12 +85,17 @@ class TorchCollector:
         self._segment_steps = 0  # steps opened while the open segment records
         self._steps_per_segment = DEFAULT_STEPS_PER_SEGMENT  # until a stop measured it
         self._optimizer: int | None = None  # id() of the optimizer whose steps are counted
+        self._own = program.OwnCalls()  # set around gpudiag's own profiler starts
+        self._gave_way = False  # the program started a profiler of its own (torch_program)
+        self._forked = False  # a forked child: the parent's profiler state looks enabled
 
     def start(self) -> None:
         """Get ready; the first segment begins at `resume()`, when the window is open.
 
         The final export is registered with atexit now, after torch's own hooks, so it runs
-        before them (atexit is last-in, first-out); then the two hooks of the docstring.
+        before them (atexit is last-in, first-out); then the two hooks of the docstring, and
+        what gives way to the program (`torch_program`: its own profiler, and the end of
+        the thread that imported torch when that is not the main thread).
         """
         atexit.register(self._at_exit)  # before torch's atexit hooks (registered earlier)
         # Kineto writes a 'USDT: ... profiler_start/stop' line (and 'STAGE:' lines) to the
@@ -100,6 +104,13 @@ class TorchCollector:
         # errors and drops these, and what a lost collection means gpudiag says itself;
         # a KINETO_LOG_LEVEL the user set is kept.
         os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
+        program.watch_program_profilers(self.torch, self._own, self._program_started)
+        if self._owner != threading.main_thread().ident \
+                and not program.on_thread_end(self._owner_ending):
+            self._finished = True  # a thread of C's or _thread's: its end cannot be seen
+            host.note_process("torch: torch was imported on a thread that Python's threading "
+                              "did not start, whose end gpudiag cannot see: no torch profile "
+                              "(Kineto must be stopped on the thread that started it)")
         try:  # the package deletes its `optimizer` attribute: import the module by name
             hooks = importlib.import_module("torch.optim.optimizer")
         except ImportError:
@@ -108,15 +119,49 @@ class TorchCollector:
             hooks.register_optimizer_step_post_hook(self._optimizer_stepped)
         self._wrap_process_group_teardown()
 
+    @shielded
+    def _program_started(self) -> None:
+        """The program starts a torch profiler of its own: write what gpudiag recorded and
+        stop for good, before the program's starts (Kineto runs one per process)."""
+        if self._gave_way:
+            return
+        self._gave_way = True
+        host.note_process("torch: the program started its own torch.profiler: gpudiag's "
+                          "torch profile ends there (what it recorded before is kept); the "
+                          "program's profiler and its files are as they would be without "
+                          "gpudiag")
+        if threading.get_ident() != self._owner or not self._lock.acquire(blocking=False):
+            self._finished = True  # stopped only on its own thread: it ends with the process
+            return
+        try:
+            self._finished = True
+            self._export_segment()
+        finally:
+            self._lock.release()
+
+    @shielded
+    def _owner_ending(self) -> None:
+        """The thread that imported torch (not the main one) ends: write the open segment on
+        it, then the main thread owns the profiler and goes on recording."""
+        with self._lock:
+            running = self._profiler is not None
+            self._export_segment()
+            self._owner = threading.main_thread().ident or self._owner
+            self._pending = [action for action in self._pending if action != "rotate"]
+        if running and not self._finished:
+            self._deferred("resume")
+
+    @shielded
     def _at_exit(self) -> None:
         """The process's whole final flush, now (this segment with it): so a SIGTERM that
         arrives while it runs (a Pool terminating its workers) sees the flush under way and
         lets it end, instead of flushing again and dying in the middle of the export."""
-        boot = _bootstrap()
+        boot = host.bootstrap()
         if boot is not None and boot.is_active():
             boot.final_flush()
         self.flush(True)  # outside a session (capture()), or already done: a no-op then
 
+    @shielded
     def _optimizer_stepped(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         """Every optimizer's step ends here; one optimizer's (the first seen) count as steps,
         so two optimizers per iteration (a GAN) or accumulation still give one per step."""
@@ -124,7 +169,7 @@ class TorchCollector:
             self._optimizer = id(optimizer)
         if id(optimizer) != self._optimizer:
             return
-        boot = _bootstrap()
+        boot = host.bootstrap()
         if boot is not None:
             self._in_hook = threading.get_ident() == self._owner
             try:
@@ -149,7 +194,7 @@ class TorchCollector:
         def step(*args: Any, **kwargs: Any) -> Any:
             result = inner(*args, **kwargs)
             if self._pending and threading.get_ident() == self._owner:
-                self._apply_pending()
+                shielded(self._apply_pending)()
             return result
 
         step._gpudiag_outer = True  # type: ignore[attr-defined]
@@ -170,7 +215,7 @@ class TorchCollector:
         @functools.wraps(original)
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == self._owner:
-                self.flush(True)  # the last segment: a profiler restarted after it crashes
+                shielded(self.flush)(True)  # the last one: a profiler restarted after it crashes
             return original(*args, **kwargs)
 
         destroy_process_group._gpudiag_wrapped = True  # type: ignore[attr-defined]
@@ -185,21 +230,36 @@ class TorchCollector:
             self._start_segment()
 
     def _start_segment(self) -> None:
-        """Start a profiler unless one runs or collection ended (the caller holds the lock)."""
-        if self._profiler is None and not self._finished:
-            profiler = self.torch.profiler
-            activities = [profiler.ProfilerActivity.CPU]
-            if self.cuda:
-                activities.append(profiler.ProfilerActivity.CUDA)
-            # the segment's bounds first: the flush thread reads them once _profiler is set
-            self._segment_rss = _resident_bytes()
-            self._segment_start_s = time.monotonic()
-            self._segment_steps = 0
-            self._profiler = profiler.profile(
-                activities=activities, record_shapes=True, with_stack=True,
-                profile_memory=self.memory,
-            )
-            self._profiler.start()
+        """Start a profiler unless one runs or collection ended (the caller holds the lock).
+
+        Without Python stacks while the program has a profile function of its own (torch's
+        stack tracing would replace it), and never over a profiler the program started.
+        """
+        if self._profiler is not None or self._finished:
+            return
+        if not self._forked and program.program_profiler_running(self.torch):
+            self._gave_way = True
+            self._finished = True
+            host.note_process("torch: the program's own torch.profiler was running when "
+                              "gpudiag's would start: gpudiag's torch profile is left out")
+            return
+        profiler = self.torch.profiler
+        activities = [profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(profiler.ProfilerActivity.CUDA)
+        # the segment's bounds first: the flush thread reads them once _profiler is set
+        self._segment_rss = host.resident_bytes()
+        self._segment_start_s = time.monotonic()
+        self._segment_steps = 0
+        stack = not program.program_profiles() and program.stack_names_utf8()
+        self._own.active = True
+        try:
+            self._profiler = program.start_profiler(profiler, activities, stack, self.memory)
+        except Exception:
+            self._finished = True  # a failed start leaves Kineto unusable in this process
+            raise
+        finally:
+            self._own.active = False
 
     def pause(self) -> None:
         """Close the open segment and write it (the window closed)."""
@@ -214,12 +274,14 @@ class TorchCollector:
         if self._deferred("discard"):
             return
         with self._lock:
+            if self._gave_way:
+                return  # what was written before the program's profiler is all there is
             profiler, self._profiler = self._profiler, None
             if profiler is not None:
-                started, before = time.time_ns(), _resident_bytes()
-                profiler.stop()
-                self._learn_segment_size(_resident_bytes() - before)
-                _note_pause("gpudiag: profiler stopped (warm-up dropped)", started)
+                started, before = time.time_ns(), host.resident_bytes()
+                host.stop(profiler)
+                self._learn_segment_size(host.resident_bytes() - before)
+                host.note_pause("gpudiag: profiler stopped (warm-up dropped)", started)
             for old in self.out_dir.glob("segment-*.pt.trace.json"):
                 old.unlink(missing_ok=True)
 
@@ -252,11 +314,11 @@ class TorchCollector:
 
     def _schedule(self) -> None:
         if self._owner == threading.main_thread().ident and not self._scheduled:
-            self._scheduled = _main_thread_call(self._apply_pending)
+            self._scheduled = host.main_thread_call(self._apply_pending)
 
     def _apply_pending(self) -> None:
         self._scheduled = False
-        if threading.get_ident() != self._owner or self._in_hook or _inside_optimizer_step():
+        if threading.get_ident() != self._owner or self._in_hook or host.inside_optimizer_step():
             return  # the outer step wrapper applies them once Optimizer.step# closed
         actions, self._pending = self._pending, []
         for action in actions:
@@ -293,7 +355,7 @@ class TorchCollector:
         if time.monotonic() - self._segment_start_s > self.segment_s:
             return True
         return (self._segment_rss > 0
-                and _resident_bytes() - self._segment_rss > self.segment_bytes)
+                and host.resident_bytes() - self._segment_rss > self.segment_bytes)
 
     def flush(self, final: bool) -> None:
         """At exit: write the open segment. Periodically (the flush thread): rotate when the
@@ -313,7 +375,7 @@ class TorchCollector:
         # Never wait here: from a SIGTERM handler the interrupted code may be this very
         # thread in the middle of writing a segment (the lock is not re-entrant on purpose).
         if not self._lock.acquire(blocking=False):
-            _note_error("torch: the open segment was lost: the process was stopped while "
+            host.note_error("torch: the open segment was lost: the process was stopped while "
                         "gpudiag was writing a segment")
             return
         try:
@@ -339,91 +401,30 @@ class TorchCollector:
         self._pending = []
         self._scheduled = False
         self.cuda = False
+        self._forked = True
         self.resume()
 
     def _export_segment(self) -> None:
         profiler, self._profiler = self._profiler, None
         if profiler is None:
             return
-        started, before = time.time_ns(), _resident_bytes()
-        profiler.stop()
-        self._learn_segment_size(_resident_bytes() - before)
+        started, before = time.time_ns(), host.resident_bytes()
+        host.stop(profiler)
+        self._learn_segment_size(host.resident_bytes() - before)
+        if not self.out_dir.is_dir():  # the program deleted the run: nothing to write into
+            host.note_error("torch: the segment was not written: its folder was deleted")
+            return
         self._segments += 1
         final = self.out_dir / f"segment-{self._segments:04d}.pt.trace.json"
         tmp = final.with_name(f".{final.name}.tmp")
-        profiler.export_chrome_trace(str(tmp))
+        with program.torch_path(tmp) as name:
+            profiler.export_chrome_trace(name)
         escape_bare_quotes(tmp)
         os.replace(tmp, final)
         del profiler
-        _release_memory()
-        _note_pause("gpudiag: profiler segment written", started)
+        host.release_memory()
+        host.note_pause("gpudiag: profiler segment written", started)
 
 
-def _note_pause(name: str, started_ns: int) -> None:
-    """Mark the time the program's thread spent in gpudiag (stopping, writing a segment),
-    so step times can be read with it in view."""
-    boot = _bootstrap()
-    if boot is not None:
-        boot.record_range(name, started_ns, time.time_ns(), "annotation")
-
-
-def _release_memory() -> None:
-    """Give a written segment's memory back: torch.profiler's results sit in reference
-    cycles (freed only by a full collection) and glibc keeps freed arenas unless trimmed;
-    without both, each segment's gigabyte stays and the process grows segment by segment."""
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the collection alone
-        pass
-
-
-def _resident_bytes() -> int:
-    """This process's resident set (Linux /proc; 0 elsewhere: segments then follow the window
-    edges only)."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _inside_optimizer_step() -> bool:
-    """Whether this thread is inside torch's `Optimizer.step` wrapper (its record_function)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(os.path.join("torch", "optim", "optimizer.py")):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
-def _bootstrap() -> Any:
-    """The bootstrap module of this process (loaded by path under its package name)."""
-    return sys.modules.get("gpudiag.profiler.bootstrap")
-
-
-def _note_error(message: str) -> None:
-    boot = _bootstrap()
-    if boot is not None:
-        boot.report_problem(message)
-
-
-def _main_thread_call(function: Callable[[], None]) -> bool:
-    from gpudiag.profiler import inproc  # the bootstrap's instance when it loaded one
-
-    return inproc.main_thread_call(function)
-
-
-def escape_bare_quotes(path: Path) -> int:
-    """Escape the bare quotes Kineto leaves in event names in place; the lines repaired.
-
-    Done at export, so the segment gpudiag merges is valid JSON for every other tool too
-    (`readers/kineto/repair.py` says why it happens).
-    """
-    fixed, repaired = kineto_repair.escape_bare_quotes(path.read_bytes())
-    if repaired:
-        path.write_bytes(fixed)
-    return repaired
+#: kept here for its callers: the Kineto name repair done at export (`torch_host`)
+escape_bare_quotes = host.escape_bare_quotes

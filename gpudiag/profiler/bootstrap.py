@@ -11,7 +11,12 @@ so eight workers never collide. Files are replaced atomically (temp file + `os.r
 by a flush thread every interval and at exit: a crash or SIGKILL loses at most the last
 interval. A forked child (torch.multiprocessing with fork) restarts the collector under its
 own pid and flushes at multiprocessing's exit; other code that leaves through `os._exit`
-skips atexit and keeps its last periodic flush.
+skips atexit and keeps its last periodic flush. An `os.exec*` flushes first, and the new
+image (same pid) writes beside it, in `<host>-<pid>.2` (`procdir.py`).
+
+Whatever gpudiag does inside the program's own calls (markers, the optimizer hook, atexit)
+never raises into it (`inproc.shielded`), and never imports from the program's folder
+(`isolation.py`): its result is what it would be without gpudiag.
 """
 
 from __future__ import annotations
@@ -43,7 +48,6 @@ _FORMAT = {"gpudiag_format": "gpudiag-trace", "gpudiag_format_version": 1}
 #: a real-time one, which programs leave alone (SIGUSR1/2 belong to them and their launchers)
 STACK_SIGNAL = int(getattr(signal, "SIGRTMIN", 34)) + 6
 _active: HostCollector | None = None
-_stack_log: Any = None  # the open file faulthandler writes to (it must stay open)
 
 
 def _load_inproc() -> ModuleType:
@@ -64,24 +68,12 @@ def _load_sibling(stem: str) -> ModuleType:
     return module
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
-    return int(value) if value.lstrip("-").isdigit() else None
-
-
-def proc_dir_name(pid: int) -> str:
-    """`<host>-<pid>`, plus `-rank<R>` from RANK (else LOCAL_RANK) when the launcher set it."""
-    rank = _env_int("RANK")
-    rank = _env_int("LOCAL_RANK") if rank is None else rank
-    tail = "" if rank is None else f"-rank{rank}"
-    return f"{socket.gethostname()}-{pid}{tail}"
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write beside `path`, then rename over it: readers see the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+#: wraps the functions the program's own code calls into (markers, hooks): never raise there
+_shielded = _load_inproc().shielded
+_procdir = _load_sibling("procdir")  # the process's directory and files in the run
+_env_int, proc_dir_name, claim_dir = _procdir.env_int, _procdir.proc_dir_name, _procdir.claim_dir
+_write_atomic, _note_error = _procdir.write_atomic, _procdir.note_error
+ERRORS_LOG = _procdir.ERRORS_LOG
 
 
 class OwnedLock:
@@ -136,7 +128,8 @@ class HostCollector:
             self.skipped += [f"{name} (launcher process)" for name in names
                              if name in inproc.PLUGINS]
             names = ["host"]
-        self.plugins = inproc.Plugins(names, settings, self.report)
+        self.plugins = inproc.Plugins(names, settings, self.report,
+                                      imports=_load_sibling("isolation").private_imports)
         self.window = _load_sibling("collection_window").Window(settings, self.plugins.edge)
         self._reset_for_process()
 
@@ -144,11 +137,13 @@ class HostCollector:
         """State that belongs to one pid (called again in a forked child)."""
         self.pid = os.getpid()
         self.dir = self.run_dir / "procs" / proc_dir_name(self.pid)
+        self._claimed = False  # the directory is made (exclusively) by _claim
         self.start_ns = time.time_ns()
         self.ranges: list[tuple[int, int, int, str, str]] = []
         self._flushed_ranges = 0  # rows of the open tail already in ranges.parquet
         self._sealed = 0  # marker chunks written
         self._writer_ready = False
+        self._writer_failed = False
         self._lock = OwnedLock()
         self._flush_lock = OwnedLock()  # the flush thread and the final flush share temp files
         self._in_signal = False  # the final flush runs from a signal handler
@@ -163,21 +158,31 @@ class HostCollector:
         self._boundary_ns: int | None = None  # the last optimizer step's end
         self._stack_file: str | None = None
         self._auto_steps = 0
+        self.notes: list[str] = []  # lines the session prints about this process
 
     def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._stack_file = _register_stack_dump(self.dir)
+        self._claim()
+        self._stack_file = _procdir.register_stack_dump(self.dir, STACK_SIGNAL)
         self.flush()
         self._thread = threading.Thread(target=self._loop, name="gpudiag-flush", daemon=True)
         self._thread.start()
         self.plugins.arm(_load_inproc().ImportWatcher.install(), lambda: self.dir)
         self.window.begin()
 
+    def _claim(self) -> None:
+        """This process's own directory, made once (`claim_dir`)."""
+        if not self._claimed:
+            self.dir = claim_dir(self.dir)
+            self._claimed = True
+
     def _loop(self) -> None:
         """Flush every interval; a failure (a full disk) is reported once, never printed into
-        the program's stderr as a thread traceback, and the next interval tries again."""
+        the program's stderr as a thread traceback, and the next interval tries again. Ends
+        when the process's directory is gone (the program deleted the run)."""
         failed = False
         while not self._wake.wait(self.interval_s):
+            if not self.dir.is_dir():
+                return  # the program deleted the run: write nothing into its rmtree
             try:
                 self.flush()
             except Exception as exc:
@@ -191,8 +196,18 @@ class HostCollector:
 
     def add_range(self, name: str, start_ns: int, end_ns: int, source: str) -> None:
         if not self._writer_ready:
-            _import_writer()
+            if self._writer_failed:
+                return  # said once; markers are not kept without a way to write them
+            try:
+                _import_writer()
+            except Exception as exc:  # an address-space limit, a module the program shadows
+                self._writer_failed = True
+                _load_inproc().report_failure("host markers are not recorded: importing pandas",
+                                              exc)
+                return
             self._writer_ready = True
+        if not name.isascii():
+            name = _utf8(name)
         if not self._lock.take(self._in_signal):
             return  # a signal interrupted this very thread while it held the lock
         try:
@@ -232,6 +247,7 @@ class HostCollector:
             "collectors": ["host", *self.plugins.started],
             "collectors_failed": self.plugins.failed, "collectors_skipped": self.skipped,
             "window": self.window.info(), "gpudiag_thread_ids": self.own_thread_ids(),
+            "notes": list(self.notes),
         }
         if self._stack_file is not None:  # what the session's watchdog signals for stacks
             process.update(stack_signal=STACK_SIGNAL, stack_file=self._stack_file)
@@ -294,7 +310,7 @@ class HostCollector:
     def _write_ranges(self, ranges: list[tuple[int, int, int, str, str]], path: Path) -> None:
         import pandas as pd
 
-        from gpudiag.trace import Trace
+        from gpudiag.trace import Trace, write_parquet
 
         tid, start, end, name, source = zip(*ranges, strict=True) if ranges else ([],) * 5
         frame = pd.DataFrame({
@@ -303,7 +319,7 @@ class HostCollector:
         })
         table = Trace(ranges=frame).ranges
         tmp = path.with_name(f".{path.name}.{self.pid}.tmp")
-        table.to_parquet(tmp, index=False)
+        write_parquet(table, tmp)
         os.replace(tmp, path)
 
     @property
@@ -316,18 +332,21 @@ class HostCollector:
 
         `from_signal`: called from a signal handler, which may have interrupted this thread
         inside a flush or a marker: then nothing waits for a lock this thread holds (what
-        that flush had not written is lost and reported, the process still ends).
+        that flush had not written is lost and reported, the process still ends). The
+        program's own SIGINT/SIGTERM handlers wait until the flush is written
+        (`sigterm.held_signals`).
         """
         if not self._stop_claim.acquire(blocking=False):  # one C call: no handler runs
             return  # in it; stopped already or stopping (SIGTERM flush, then atexit)
         self._in_signal = from_signal
-        self._wake.set()
-        self.window.cancel()
         try:
-            self.plugins.close()
-            self.flush(final=True)
-            if self._stack_file is not None and os.path.getsize(self._stack_file) == 0:
-                os.unlink(self._stack_file)  # never asked for: leave no empty file behind
+            with _load_sibling("sigterm").held_signals():
+                self._wake.set()
+                self.window.cancel()
+                self.plugins.close()
+                self.flush(final=True)
+                if self._stack_file is not None and os.path.getsize(self._stack_file) == 0:
+                    os.unlink(self._stack_file)  # never asked for: leave no empty file
         except Exception as exc:  # exit must not fail because of gpudiag
             _note_error(self.run_dir, exc)
 
@@ -338,7 +357,7 @@ class HostCollector:
         registered here for the finalizers it runs before that, does the final flush.
         """
         self._reset_for_process()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._claim()  # before the plugins make their folders in it
         self.window.after_fork()
         self.plugins.after_fork(self.dir)
         self.start()
@@ -347,32 +366,19 @@ class HostCollector:
             mp_util.register_after_fork(self, _finalize_at_mp_exit)
 
 
-def _register_stack_dump(proc_dir: Path) -> str | None:
-    """Have STACK_SIGNAL write every thread's Python stack to `<proc>/stacks-python.txt`.
-
-    faulthandler writes from the signal handler without the GIL, so it answers even a
-    process deadlocked on it (the watchdog's case). Only where the signal is free (never
-    replacing a handler of the program) and on a platform that has it; None otherwise.
-    """
-    global _stack_log  # the one open file faulthandler keeps writing to
-    if not hasattr(signal, "SIGRTMIN"):
-        return None
+def _utf8(name: str) -> str:
+    """`name` as text Parquet can hold: a name made from bytes that are not UTF-8 (a file
+    name, `gpudiag.region(path.name)`) has lone surrogates, which failed the whole flush
+    and lost every marker with it; those bytes are written as escapes (`\\xff`)."""
     try:
-        import faulthandler
-
-        if threading.current_thread() is not threading.main_thread() and _stack_log is None:
-            return None
-        if _stack_log is None and signal.getsignal(STACK_SIGNAL) not in (signal.SIG_DFL, None):
-            return None
-        path = proc_dir / "stacks-python.txt"
-        log = path.open("a")
-        faulthandler.register(STACK_SIGNAL, file=log, all_threads=True, chain=False)
-        previous, _stack_log = _stack_log, log
-        if previous is not None:
-            previous.close()  # the parent's, in a forked child
-        return str(path)
-    except (OSError, ValueError, RuntimeError, AttributeError):
-        return None
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            raw = name.encode("utf-8", "surrogateescape")  # the file system's own bytes
+        except UnicodeEncodeError:
+            raw = name.encode("utf-8", "surrogatepass")
+        return raw.decode("utf-8", "backslashreplace")
+    return name
 
 
 def _finalize_at_mp_exit(collector: HostCollector) -> None:
@@ -386,12 +392,35 @@ def _import_writer() -> None:
 
     Done eagerly (once, on the first range) because a first import during interpreter
     shutdown fails: pandas and pyarrow register atexit hooks, refused after shutdown began.
+    Never from the program's folder (`isolation.private_imports`), and all of it now: one
+    empty table is written to memory, so the modules pandas imports only when it first
+    writes Parquet (its arrow extension types import json) are loaded while the program's
+    own json.py is not yet in `sys.modules`.
     """
-    import pyarrow.parquet  # noqa: F401 -- loaded lazily by pandas.to_parquet otherwise
+    with _load_sibling("isolation").private_imports():
+        import io
 
-    import gpudiag.trace  # noqa: F401 -- pandas and the schema
+        import pyarrow.parquet  # noqa: F401 -- loaded lazily by pandas.to_parquet otherwise
+
+        from gpudiag.trace import Trace
+
+        Trace().ranges.to_parquet(io.BytesIO(), index=False)
 
 
+def release_shadowed(before: set[str]) -> None:
+    """Called by sitecustomize once the bootstrap started: the standard modules it imported
+    that the program's folder shadows are dropped from `sys.modules`, so the program imports
+    its own (`isolation.release_shadowed`). Never raises: the program runs on regardless."""
+    try:
+        isolation = _load_sibling("isolation")
+        isolation.remember_program_dir()
+        isolation.release_shadowed(before)
+    except Exception as exc:
+        if _active is not None:
+            _active.report(f"start-up imports not released: {exc.__class__.__name__}: {exc}")
+
+
+@_shielded
 def record_range(name: str, start_ns: int, end_ns: int, source: str = "annotation") -> None:
     """Record a named host time range (`time.time_ns()` clock) in this process's trace.
 
@@ -416,16 +445,7 @@ def is_active() -> bool:
     return _active is not None
 
 
-def _note_error(run_dir: Path, exc: BaseException | str) -> None:
-    """Append a bootstrap failure to `<run>/bootstrap-errors.log` (the session reports it)."""
-    text = exc if isinstance(exc, str) else f"{exc.__class__.__name__}: {exc}"
-    try:
-        with (run_dir / "bootstrap-errors.log").open("a") as log:
-            log.write(f"pid {os.getpid()}: {text}\n")
-    except OSError:
-        pass
-
-
+@_shielded
 def step_opened() -> None:
     """Called by `gpudiag.step()` when a step opens: the step window counts them."""
     collector = _active
@@ -434,12 +454,22 @@ def step_opened() -> None:
         collector.plugins.call("on_step", optional=True)
 
 
+@_shielded
 def final_flush() -> None:
     """The final flush now (atexit hooks of plugins that must run before their framework's
     own call it); later calls, the bootstrap's own atexit included, do nothing."""
     collector = _active
     if collector is not None:
         collector.stop()
+
+
+def note_process(message: str) -> None:
+    """A line the session prints about this process: what gpudiag gave way to (the program's
+    own profiler, another `gpudiag profile` inside this one). Not a problem: the program
+    ran as it would have."""
+    collector = _active
+    if collector is not None and message not in collector.notes:
+        collector.notes.append(message)
 
 
 def report_problem(message: str) -> None:
@@ -449,6 +479,7 @@ def report_problem(message: str) -> None:
         collector.report(message)
 
 
+@_shielded
 def optimizer_stepped(at_ns: int) -> None:
     """Called by the torch plugin's optimizer-step hook (`HostCollector.optimizer_stepped`)."""
     collector = _active
@@ -482,7 +513,21 @@ def start_from_env() -> None:
         return
     atexit.register(collector.stop)
     os.register_at_fork(after_in_child=_after_fork)
-    _load_sibling("sigterm").flush_on_sigterm(collector, _load_inproc().main_thread_call)
+    _procdir.watch_exec(_before_exec)
+    _load_sibling("sigterm").flush_on_sigterm(collector, _load_inproc().main_thread_call,
+                                              receipts=collector.run_dir / "signals",
+                                              pipe=_load_sibling("wakeup").WakeupPipe)
+
+
+@_shielded
+def _before_exec(path: Any) -> None:
+    """The final flush before an exec that will succeed (an `execvp` tries each PATH entry:
+    the ones that fail leave the process, and its collection, running)."""
+    collector = _active
+    if collector is None or collector.pid != os.getpid():
+        return
+    if isinstance(path, int) or (os.path.isfile(path) and os.access(path, os.X_OK)):
+        collector.stop()
 
 
 def _after_fork() -> None:

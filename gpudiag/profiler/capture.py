@@ -55,6 +55,7 @@ class capture:
         if self._collector is not None:
             raise CollectorError("a capture() object collects once: make a new one")
         (self.run_dir / "procs").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / bootstrap.ERRORS_LOG).touch()
         settings = {"backend": self.plan.backend, "memory": self.memory,
                     "flush_interval_s": self.flush_interval_s}
         self._write_meta(start_ns=time.time_ns(), end_ns=None)

@@ -20,6 +20,7 @@ every Python process of the profiled command half a second of pandas). Three par
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -29,7 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 #: plugin name -> (module, modules whose first import starts it; empty: at process start)
 PLUGINS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -41,6 +42,7 @@ PLUGINS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 Callback = Callable[[ModuleType], None]
+_T = TypeVar("_T")
 _PENDING_CALLBACK = None  # our one Py_AddPendingCall callback (ctypes), made on first use
 _PENDING_ROUNDS = 64  # rounds of calls queued while the pending call runs, run in it (a
 # function that queues itself each time must not hold the main thread forever)
@@ -70,6 +72,52 @@ def is_launcher(argv: Sequence[str] | None = None) -> bool:
         elif not arg.startswith("-") or arg == "-c":
             return Path(arg).name in LAUNCHER_SCRIPTS
     return False
+
+
+def shielded(function: Callable[..., _T]) -> Callable[..., _T | None]:
+    """`function`, run where gpudiag's code sits on the program's own call stack (a marker, the
+    optimizer hook, an import callback, an atexit hook): a failure of gpudiag's (the run
+    directory deleted, an address-space limit that refuses pandas, a module of the program's
+    shadowing one gpudiag needs) goes to bootstrap-errors.log and returns None, never into
+    the program, whose result must stay what it is without gpudiag.
+
+    Only `Exception`: a KeyboardInterrupt or SystemExit raised by the program's own signal
+    handler is the program's and goes on.
+    """
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> _T | None:
+        try:
+            return function(*args, **kwargs)
+        except Exception as exc:
+            report_failure(function.__qualname__, exc)
+            return None
+
+    return wrapper
+
+
+def report_failure(where: str, exc: BaseException) -> None:
+    """One line for bootstrap-errors.log: what failed and, when the failure was raised in a
+    file of neither Python's, a library's nor gpudiag's (a module of the program's that
+    shadows one gpudiag imports), that file."""
+    text = f"{where} failed: {exc.__class__.__name__}: {exc}"
+    origin = _foreign_file(exc)
+    if origin is not None:
+        text += f" (raised in {origin})"
+    boot = sys.modules.get("gpudiag.profiler.bootstrap")
+    with contextlib.suppress(Exception):
+        if boot is not None:
+            boot.report_problem(text)
+
+
+def _foreign_file(exc: BaseException) -> str | None:
+    import traceback  # only when something failed: start-up imports stay few
+
+    ours = (sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).parents[1]))
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    last = frames[-1].filename if frames else ""
+    if not last or last.startswith(("<", *ours)) or "site-packages" in last:
+        return None
+    return last
 
 
 class _NotifyingLoader:
@@ -160,13 +208,17 @@ class Plugins:
     """The started plugins of one process and their output directories.
 
     `report(exc)` receives every plugin failure (the bootstrap appends it to the run's
-    bootstrap-errors.log); a plugin that failed to start is not called again.
+    bootstrap-errors.log); a plugin that failed to start is not called again. `imports()`
+    surrounds a plugin's import and start (the bootstrap's keeps them out of the program's
+    folder).
     """
 
     def __init__(
-        self, names: Sequence[str], settings: dict[str, Any], report: Callable[[str], None]
+        self, names: Sequence[str], settings: dict[str, Any], report: Callable[[str], None],
+        imports: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.names = [name for name in names if name in PLUGINS]
+        self.imports = imports  # where plugins are imported from (isolation.private_imports)
         self.settings = settings
         self.report = report
         self.started: dict[str, Any] = {}
@@ -199,8 +251,9 @@ class Plugins:
             try:
                 out_dir = proc_dir / name
                 out_dir.mkdir(parents=True, exist_ok=True)
-                plugin = importlib.import_module(module).create(out_dir, self.settings)
-                plugin.start()
+                with self.imports():
+                    plugin = importlib.import_module(module).create(out_dir, self.settings)
+                    plugin.start()
                 if self.window_on:  # both are no-ops when already in that state
                     plugin.resume()
                 else:

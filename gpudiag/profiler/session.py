@@ -18,21 +18,20 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from gpudiag.collectors import external
 from gpudiag.errors import CollectorError, InputError
 from gpudiag.profiler import bootstrap
 from gpudiag.profiler.backends import Plan
+from gpudiag.profiler.forwarding import RECEIPTS, forward_signals
+from gpudiag.profiler.notes import run_notes
 from gpudiag.profiler.watchdog import DEFAULT_GRACE_S, Watchdog
 from gpudiag.readers.run_dir import compress_segments, merge_run
 from gpudiag.trace import Trace, is_trace_dir
@@ -49,18 +48,28 @@ import importlib.util as _u
 import os as _os
 import sys as _sys
 
-_here = _os.path.dirname(_os.path.abspath(__file__))
-_rest = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
-_spec = _m.PathFinder.find_spec("sitecustomize", _rest)
+_rest = list(_sys.path)
+while True:  # the user's own sitecustomize: never a gpudiag one (`gpudiag profile` nested)
+    _spec = _m.PathFinder.find_spec("sitecustomize", _rest)
+    if _spec is None or _spec.origin is None or not _os.path.isfile(_spec.origin):
+        break
+    with open(_spec.origin, "rb") as _file:
+        if not _file.read(80).startswith(b'"""Written by gpudiag profile'):
+            break
+    _here = _os.path.abspath(_os.path.dirname(_spec.origin))
+    _kept = [p for p in _rest if _os.path.abspath(p or ".") != _here]
+    _spec, _rest = None, _kept if len(_kept) < len(_rest) else []
 if _spec is not None and _spec.loader is not None:
     _mod = _u.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)  # the user's own: its errors are the user's, as without us
+_before = set(_sys.modules)  # what the interpreter and the user's sitecustomize imported
 try:
     _spec = _u.spec_from_file_location("gpudiag.profiler.bootstrap", {bootstrap!r})
     _boot = _u.module_from_spec(_spec)
     _sys.modules[_spec.name] = _boot  # so `gpudiag.profiler.bootstrap` is this instance
     _spec.loader.exec_module(_boot)
     _boot.start_from_env()
+    _boot.release_shadowed(_before)
 except Exception as _exc:  # never break the user's program
     _sys.modules.pop("gpudiag.profiler.bootstrap", None)
     _sys.stderr.write("gpudiag: bootstrap not started: %r\\n" % (_exc,))
@@ -137,6 +146,9 @@ def run(
     if not cmd:
         raise ValueError("run() needs a command")
     run_dir = make_run_dir(cmd, out_dir)
+    if bootstrap.is_active():  # this session runs inside another one's command
+        bootstrap.note_process(f"ran `gpudiag profile` itself: its command is profiled in "
+                               f"{run_dir} (the innermost session collects it)")
     child_env = child_environment(run_dir, env if env is not None else os.environ, options)
     argv = wrap(run_dir, cmd) if wrap is not None else cmd
     start_ns = time.time_ns()
@@ -154,7 +166,7 @@ def run(
                 write_json(run_dir / "meta.json", meta)
             raise CommandNotStarted(exc.errno, exc.strerror or str(exc)) from exc
         watchdog = Watchdog(run_dir, options.stall_timeout_s)
-        with _forward_signals(proc):
+        with forward_signals(proc, run_dir / RECEIPTS):
             returncode = watchdog.wait(proc, on_exit=sampler.stop if sampler else None)
         if watchdog.ended:
             meta["watchdog"] = watchdog.ended
@@ -179,10 +191,13 @@ class CommandNotStarted(OSError):
 
 
 class RunNotWritten(Exception):
-    """The command ran, but its run directory could not be written (a full disk)."""
+    """The command ran, but gpudiag could not write, merge or analyze its profile (a full
+    disk, the run directory deleted while it ran, a memory limit): the command's own exit
+    status still comes back, and `error` says what failed (`notes.after_run_failure`)."""
 
-    def __init__(self, result: SessionResult, error: OSError) -> None:
-        super().__init__(f"{result.run_dir}: {error.strerror or error}")
+    def __init__(self, result: SessionResult, error: BaseException) -> None:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        super().__init__(f"{result.run_dir}: {reason}")
         self.result = result
         self.error = error
 
@@ -248,7 +263,7 @@ def profile_command(
                                        workers=workers)
         return _gather(result, plan, options, tool=tool, version=version, notes=notes,
                        progress=progress)
-    except OSError as exc:
+    except Exception as exc:  # the program ran: whatever failed here, its status comes back
         raise RunNotWritten(result, exc) from exc
 
 
@@ -297,91 +312,6 @@ def _gather(result: SessionResult, plan: Plan, options: ProfileOptions, *, tool:
                     trace=trace)
 
 
-def run_notes(run_dir: Path, meta: dict[str, Any], plan: Plan, options: ProfileOptions
-              ) -> list[str]:
-    """One line each: what was missing, what failed, what the window caught (`meta`: the
-    merged run's)."""
-    notes = []
-    missing = list(plan.not_collected)
-    if not missing:  # without a GPU the plan said it already; else NVML's own reasons
-        missing += meta.get("run", {}).get("not_collected", [])
-    if missing:
-        notes.append("not collected: " + "; ".join(missing)
-                     + " (`gpudiag doctor` says how to get them)")
-    errors = run_dir / "bootstrap-errors.log"
-    if errors.exists():
-        notes.append(f"collectors reported problems: see {errors}")
-    processes = meta.get("processes", [])
-    notes += window_notes(processes)
-    notes += _unfinished(processes, meta.get("run", {}).get("watchdog", []))
-    kept = {process.get("pid"): process.get("data", False) for process in processes}
-    for ended in meta.get("run", {}).get("watchdog", []):
-        who = f"rank {ended['rank']}" if ended.get("rank") is not None else "process"
-        data = ("its profile was written before it ended" if kept.get(ended["pid"])
-                else "its profile is lost")
-        notes.append(f"{who} (pid {ended['pid']}) {ended['reason']}: ended with "
-                     f"{ended['ended_by']}; {data}, the others' data is kept; its stacks are "
-                     f"in {ended['stacks']}")
-    started = sorted({collector for process in processes
-                      for collector in process.get("collectors", [])} - {"host"})
-    if processes and not started and set(plan.collectors) - {"host"}:
-        wanted = ", ".join(sorted(set(plan.collectors) - {"host"}))
-        notes.append(f"no in-process collector started ({wanted} start when the program "
-                     "imports torch / jax / cupy): only host markers were recorded")
-    return notes
-
-
-def _unfinished(processes: list[dict[str, Any]], ended: list[dict[str, Any]]) -> list[str]:
-    """Processes that never ran their final flush (SIGKILL, a crash, os._exit) and were not
-    ended by the watchdog (which says its own line): what their profiler held is lost."""
-    by_watchdog = {record.get("pid") for record in ended}
-    lines = []
-    for process in processes:
-        plugins = set(process.get("collectors", [])) & {"torch", "jax"}
-        if process.get("end_ns") is not None or not plugins or process["pid"] in by_watchdog:
-            continue
-        rank = process.get("rank")
-        who = f"rank {rank} (pid {process['pid']})" if rank is not None \
-            else f"pid {process['pid']}"
-        kept = "its earlier segments are kept" if process.get("data") else "nothing of it"
-        lines.append(f"{who} ended without its final flush (killed, crashed or os._exit): "
-                     f"its {'/'.join(sorted(plugins))} profile since the last written segment "
-                     f"is lost ({kept}); its host markers are kept up to its last flush")
-    return lines
-
-
-def window_notes(processes: list[dict[str, Any]]) -> list[str]:
-    """What the collection window caught, said once for the processes it was the same in."""
-    said: dict[str, list[str]] = {}
-    for process in processes:
-        window = process.get("window") or {}
-        if window.get("mode") != "steps" or not set(process.get("collectors", [])) - {"host"}:
-            continue
-        rank = process.get("rank", process.get("local_rank"))
-        who = f"rank {rank}" if rank is not None else f"pid {process.get('pid')}"
-        if window.get("step_source") is None:
-            line = (f"no training step found (no optimizer step, no gpudiag.step()): "
-                    f"collected the first {window['startup_limit_s']:g} s at most; choose "
-                    "another part with --delay/--duration")
-        elif window.get("recorded") == "provisional":
-            line = (f"the program ran {window['steps_seen']} steps, within the "
-                    f"{window['warmup_steps']} warm-up steps: the whole run was collected, "
-                    "warm-up included")
-        else:
-            first = window["warmup_steps"] + 1
-            last = min(window["steps_seen"] - 1 if window.get("closed_by") == "steps"
-                       else window["steps_seen"], window["warmup_steps"] + window["steps"])
-            source = "the optimizer" if window["step_source"] == "optimizer" \
-                else "gpudiag.step()"
-            line = (f"collected steps {first}-{last} (steps from {source}; "
-                    f"{window['warmup_steps']} warm-up steps left out; --steps all for "
-                    "the whole run)")
-        said.setdefault(line, []).append(who)
-    if len(processes) <= 1:
-        return list(said)
-    return [f"{line} [{', '.join(whos)}]" for line, whos in said.items()]
-
-
 def make_run_dir(cmd: list[str], out_dir: Path | None) -> Path:
     """Create the run directory; an existing non-empty one is never reused (suffix -2, -3...).
 
@@ -402,6 +332,8 @@ def make_run_dir(cmd: list[str], out_dir: Path | None) -> Path:
                 suffix += 1
                 candidate = Path(f"{out_dir}-{suffix}")
         (candidate / "procs").mkdir()
+        (candidate / RECEIPTS).mkdir()
+        (candidate / bootstrap.ERRORS_LOG).touch()  # processes append, never create it
     except OSError as exc:  # nothing has run yet: one line, not "cannot start CMD"
         raise InputError(candidate, f"cannot be created as the run directory "
                          f"({exc.strerror or exc})", "pass a writable -o RUN_DIR") from exc
@@ -471,39 +403,3 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str))
     os.replace(tmp, path)
-
-
-@contextmanager
-def _forward_signals(proc: subprocess.Popen[bytes]) -> Iterator[None]:
-    """Pass SIGINT/SIGTERM on to the child while it runs, then restore the old handlers.
-
-    The child shares our process group, so a Ctrl-C typed at the terminal already reached
-    it: SIGINT is forwarded only when we are not the terminal's foreground group (a `kill`
-    aimed at the session). SIGTERM is always forwarded. The child decides when to exit;
-    we keep waiting for it (and its exit status).
-    """
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and _terminal_delivered():
-            return
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    try:
-        old = {signal_number: signal.signal(signal_number, handler)
-               for signal_number in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread: signals cannot be handled here
-        yield
-        return
-    try:
-        yield
-    finally:
-        for signum, previous in old.items():
-            signal.signal(signum, previous)
-
-
-def _terminal_delivered() -> bool:
-    """True when our process group is the terminal's foreground group (Ctrl-C hit it all)."""
-    try:
-        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
-    except (OSError, ValueError, AttributeError):
-        return False

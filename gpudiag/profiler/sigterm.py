@@ -31,19 +31,40 @@ Whatever the flush meets, the process still ends: the first SIGTERM arms faultha
 deadline (`FLUSH_DEADLINE_S`), a C thread that needs no GIL. Past it, every thread's Python
 stack goes to stderr and the process exits (status 1), so a pool joining its terminated
 workers never waits forever on gpudiag's flush.
+
+A program may set a wakeup fd of its own (asyncio's loop does, and sets none back when it
+closes): `wakeup.py` keeps gpudiag's pipe and passes the bytes on to the program's (a program
+that had used asyncio once ignored SIGTERM). The handler, once it ran, also starts the thread
+that asks for the flush itself, not relying on the pipe.
+
+The reading thread also leaves a *receipt* for each SIGINT and SIGTERM the process got
+(`<run>/signals/<pid>-<signum>-<time_ns>`): the session forwards a signal it got to the
+command only when no profiled process got the same one at the same time (a `kill` of the
+process group, `timeout`, Slurm and systemd signal them all: forwarding again made the
+program's handler run twice).
+
+`held_signals()`: while the final flush runs on the main thread, the program's own SIGINT and
+SIGTERM handlers wait, and run once it is written. A handler that raised there (a second
+Ctrl-C, a forwarded copy) stopped the flush half-way, lost the torch profile and crashed the
+process at exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from gpudiag.profiler.wakeup import WakeupPipe
 
 #: how long a flush asked of the main thread may wait before the signal is sent again
 RESEND_S = 0.5
@@ -51,6 +72,9 @@ RESEND_S = 0.5
 FLUSH_DEADLINE_S = 120.0
 #: how often the thread that escalates looks again while the flush has not begun
 POLL_S = 0.01
+#: the signals the session forwards, and so the ones a receipt is left for
+FORWARDED: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+_handlers: list[Any] = []  # the handlers gpudiag installed (never held by held_signals)
 
 
 class Collector(Protocol):
@@ -63,16 +87,25 @@ class Collector(Protocol):
 
 
 def flush_on_sigterm(collector: Collector,
-                     main_thread_call: Callable[[Callable[[], None]], bool]) -> None:
+                     main_thread_call: Callable[[Callable[[], None]], bool],
+                     receipts: Path | None = None,
+                     pipe: type[WakeupPipe] | None = None) -> None:
     """Install the handler (main thread only, and only over SIGTERM's default), and the
-    thread that makes sure a SIGTERM reaches it."""
+    thread that makes sure a SIGTERM reaches it (and leaves receipts in `receipts`).
+    `pipe`: the bootstrap's `wakeup.WakeupPipe` (loaded by path); else imported."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
     guard = _Guard(collector, main_thread_call)
+    guard.receipts = receipts
     signal.signal(signal.SIGTERM, guard.on_sigterm)
-    guard.watch()
+    _handlers.append(guard.on_sigterm)
+    if pipe is None:
+        from gpudiag.profiler.wakeup import WakeupPipe
+
+        pipe = WakeupPipe
+    guard.watch(pipe)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=guard.after_fork)
 
@@ -87,7 +120,9 @@ class _Guard:
         self.main = threading.get_ident()  # the main thread (checked by the caller)
         self.asked = False  # the flush is asked of the main thread's next bytecode
         self.in_handler = False  # the handler's own bytecode may still be on the stack
-        self.wakeup: tuple[int, int] | None = None  # our pipe (read end, write end)
+        self.wakeup: WakeupPipe | None = None  # our pipe, when it could be set
+        self.receipts: Path | None = None  # where each SIGINT/SIGTERM got leaves a receipt
+        self._escalating = threading.Lock()  # one escalation at a time
 
     def ours(self) -> bool:
         """SIGTERM still leads to this handler (the program may have replaced it)."""
@@ -109,13 +144,23 @@ class _Guard:
             self.finish()
             return
         self.asked = self.in_handler = True
-        if self.wakeup is None:  # no pipe, so no watching thread: one of its own escalates
-            threading.Thread(target=self.escalate, name="gpudiag-sigterm", daemon=True).start()
+        # Not left to the pipe's thread: the program may have set a wakeup fd of its own
+        # since (asyncio), and then that thread never hears of this SIGTERM.
+        threading.Thread(target=self.escalate, name="gpudiag-sigterm", daemon=True).start()
         self.in_handler = False  # last: no bytecode of this handler checks for calls after it
 
     def escalate(self) -> None:
         """Until the flush begins: once the handler asked for it, ask the main thread's next
-        bytecode; and every RESEND_S without a flush, send the signal to the main thread."""
+        bytecode; and every RESEND_S without a flush, send the signal to the main thread.
+        One at a time (the handler and the pipe's thread may both start one)."""
+        if not self._escalating.acquire(blocking=False):
+            return
+        try:
+            self._escalate()
+        finally:
+            self._escalating.release()
+
+    def _escalate(self) -> None:
         queued = False
         resend_at = time.monotonic() + RESEND_S
         while self.ours() and not self.collector.stopping:
@@ -131,53 +176,71 @@ class _Guard:
                     return  # the main thread is gone: the interpreter is ending anyway
             time.sleep(POLL_S)
 
-    def watch(self) -> None:
-        """Have CPython's C handler write each signal's number to our pipe, and read it on a
-        daemon thread. Not when a wakeup fd is set already: it stays, and the handler
-        starts a thread of its own to escalate (which cannot help when the handler itself
-        never runs). A program that sets one later (asyncio, trio) replaces ours the same
-        way."""
-        try:
-            read_end, write_end = os.pipe()  # close-on-exec: a program's children never see it
-            os.set_blocking(write_end, False)
-            previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-        except (OSError, ValueError):
-            return
-        if previous != -1:
-            signal.set_wakeup_fd(previous)
-            os.close(read_end)
-            os.close(write_end)
-            return
-        self.wakeup = (read_end, write_end)
-        threading.Thread(target=self._read_wakeups, args=(read_end,), name="gpudiag-sigterm",
-                         daemon=True).start()
+    def watch(self, pipe: type[WakeupPipe]) -> None:
+        """Read every signal's number through gpudiag's wakeup pipe (`wakeup.py`, which also
+        passes them on to a program that sets a wakeup fd of its own). Not when a wakeup fd
+        is set already: it stays, and the handler still escalates by itself (which cannot
+        help when the handler itself never runs)."""
+        wakeup = pipe(self.on_signals)
+        if wakeup.install():
+            self.wakeup = wakeup
 
-    def _read_wakeups(self, read_end: int) -> None:
-        while True:
-            try:
-                data = os.read(read_end, 512)
-            except OSError:
-                return  # closed: a forked child made a pipe of its own
-            if not data:
-                return
-            if signal.SIGTERM in data and self.ours():
-                self.escalate()
+    def on_signals(self, data: bytes) -> None:
+        """Signals the C handler saw: a receipt of each forwarded one, and a SIGTERM the
+        handler may never run for is escalated."""
+        for signum in {number for number in data if number in FORWARDED}:
+            self.leave_receipt(signum)
+        if signal.SIGTERM in data and self.ours():
+            self.escalate()
+
+    def leave_receipt(self, signum: int) -> None:
+        """`<receipts>/<pid>-<signum>-<time_ns>`: the session then knows this process got
+        the signal itself and forwards no second one. Never created when the program
+        deleted the run (the folder is the session's)."""
+        if self.receipts is None:
+            return
+        name = f"{os.getpid()}-{signum}-{time.time_ns()}"
+        with contextlib.suppress(OSError):
+            os.close(os.open(self.receipts / name, os.O_CREAT | os.O_WRONLY, 0o644))
 
     def after_fork(self) -> None:
         """In a forked child: nothing asked yet, this thread is its main one, and a pipe of
         its own (the parent's thread would otherwise read the child's signals as its own)."""
         self.main = threading.get_ident()
         self.asked = self.in_handler = False
-        inherited, self.wakeup = self.wakeup, None
-        if inherited is None:
-            return
-        try:
-            current = signal.set_wakeup_fd(-1)
-        except ValueError:  # not the main thread (never on CPython 3.10+): leave it set
-            return
-        for fd in inherited:
-            os.close(fd)
-        if current == inherited[1]:
-            self.watch()
-        else:  # the program's own since: keep it
-            signal.set_wakeup_fd(current)
+        if self.wakeup is not None:
+            self.wakeup.after_fork()
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """While the block runs (the final flush, on the main thread), the program's own SIGINT
+    and SIGTERM handlers wait; each one that arrived runs once after the block, and an
+    exception it raises there is dropped (the process is ending: as Python drops one an
+    atexit hook raises, without the traceback). The same signal a second time runs the
+    program's handler at once: whoever sends it twice wants the program's answer now."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved: dict[int, Any] = {}
+    held: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if signum in held:
+            saved[signum](signum, frame)
+        else:
+            held.append(signum)
+
+    for number in FORWARDED:
+        current = signal.getsignal(number)
+        if callable(current) and current not in _handlers:
+            saved[number] = current
+            signal.signal(number, hold)
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+        for number in held:
+            with contextlib.suppress(BaseException):
+                saved[number](number, None)

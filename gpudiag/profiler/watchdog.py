@@ -44,7 +44,8 @@ POLL_S = 0.5
 TERM_WAIT_S = 5.0
 #: after the command exits, how long a child it left may take to show up (its bootstrap)
 SETTLE_S = 1.0
-_DIR = re.compile(r"^(?P<host>.+)-(?P<pid>\d+)(?:-rank(?P<rank>\d+))?$")
+#: `<host>-<pid>[-rank<R>][.<N>]`: N counts the images of one pid (`os.exec*`, pid reuse)
+_DIR = re.compile(r"^(?P<host>.+)-(?P<pid>\d+)(?:-rank(?P<rank>\d+))?(?:\.(?P<image>\d+))?$")
 
 
 class Watchdog:
@@ -122,13 +123,15 @@ class Watchdog:
 
     def _procs(self) -> dict[int, dict[str, Any]]:
         """pid -> {dir, rank} of this host's profiled processes that wrote their meta."""
-        out = {}
+        out: dict[int, dict[str, Any]] = {}
         for path in (self.run_dir / "procs").glob("*"):
             match = _DIR.match(path.name)
             if match is None or match["host"] != self.host or not (path / "meta.json").exists():
                 continue
-            rank = match["rank"]
-            out[int(match["pid"])] = {"dir": path, "rank": int(rank) if rank else None}
+            rank, image = match["rank"], int(match["image"] or 1)
+            if out.get(int(match["pid"]), {}).get("image", 0) < image:  # the newest image
+                out[int(match["pid"])] = {"dir": path, "rank": int(rank) if rank else None,
+                                          "image": image}
         return out
 
     def _end(self, pid: int, info: dict[str, Any], reason: str) -> None:

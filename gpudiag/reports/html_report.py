@@ -11,6 +11,7 @@ this page does not depend on the figure builders; the slots are listed in `FIGUR
 
 from __future__ import annotations
 
+import copy
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.findings import HOST_CAUSES
 from gpudiag.analyzers.summary import summarize
 from gpudiag.commands import program_name
+from gpudiag.inputs.text import valid_tree
 from gpudiag.reports.formats import format_bytes, format_ns, format_window, untimed_window
 from gpudiag.reports.html import Section, page
 from gpudiag.reports.html_ranks import stragglers
@@ -54,6 +56,7 @@ def report(trace: Trace, dx: Diagnosis, *, figures: Mapping[str, Any] | None = N
     `info`: the run summary when the caller has it (a job diagnosed rank by rank passes
     `JobDiagnosis.summary()` with a `trace` that holds only the job's meta).
     """
+    trace, title, generated_for = _displayable(trace, title, generated_for)
     if info is None:
         info = summarize(trace, top=TOP_ROWS, window_ns=dx.window_ns)
     figs = {name: _as_list(fig) for name, fig in (figures or {}).items()}
@@ -132,6 +135,17 @@ def _cut(frame: pd.DataFrame, notes: list[str], what: str, n: int = TOP_ROWS) ->
         notes.append(f"showing the top {n} of {len(frame):,} {what}; "
                      "`gpudiag analyze --json` lists all")
     return frame.head(n).reset_index(drop=True)
+
+
+def _displayable(trace: Trace, title: str | None, generated_for: str | None
+                 ) -> tuple[Trace, str | None, str | None]:
+    """The trace (a shallow copy when its meta needed it), title and command line with every
+    name that is not UTF-8 escaped (`inputs.text.valid_tree`)."""
+    meta = valid_tree(trace.meta)
+    if meta is not trace.meta:
+        trace = copy.copy(trace)
+        trace.meta = meta
+    return trace, valid_tree(title), valid_tree(generated_for)
 
 
 def _run_summary(trace: Trace, info: dict[str, Any]) -> Section:

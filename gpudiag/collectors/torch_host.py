@@ -1,0 +1,105 @@
+"""What the torch collector asks of the process around it, apart from torch.profiler itself.
+
+The bootstrap (markers for the time gpudiag spent, lines for the session, problems for
+bootstrap-errors.log), calls on the program's main thread, the process's resident memory
+and giving it back after a segment, where the program's thread is (inside
+`Optimizer.step`), and the repair of the bare quotes Kineto writes into names.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpudiag.collectors import torch_program as program
+from gpudiag.readers.kineto import repair as kineto_repair
+
+
+def stop(profiler: Any) -> None:
+    """Stop a profiler, then give the program back the profile function torch's stack
+    tracing cleared (torch_program)."""
+    hook = program.program_profile_hook()
+    profiler.stop()
+    program.restore_profile_hook(hook)
+
+
+def note_pause(name: str, started_ns: int) -> None:
+    """Mark the time the program's thread spent in gpudiag (stopping, writing a segment),
+    so step times can be read with it in view."""
+    boot = bootstrap()
+    if boot is not None:
+        boot.record_range(name, started_ns, time.time_ns(), "annotation")
+
+
+def release_memory() -> None:
+    """Give a written segment's memory back: torch.profiler's results sit in reference
+    cycles (freed only by a full collection) and glibc keeps freed arenas unless trimmed;
+    without both, each segment's gigabyte stays and the process grows segment by segment."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the collection alone
+        pass
+
+
+def resident_bytes() -> int:
+    """This process's resident set (Linux /proc; 0 elsewhere: segments then follow the window
+    edges only)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def inside_optimizer_step() -> bool:
+    """Whether this thread is inside torch's `Optimizer.step` wrapper (its record_function)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(os.path.join("torch", "optim", "optimizer.py")):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def bootstrap() -> Any:
+    """The bootstrap module of this process (loaded by path under its package name)."""
+    return sys.modules.get("gpudiag.profiler.bootstrap")
+
+
+def note_error(message: str) -> None:
+    boot = bootstrap()
+    if boot is not None:
+        boot.report_problem(message)
+
+
+def note_process(message: str) -> None:
+    """A line the session prints about this process (what gpudiag gave way to)."""
+    boot = bootstrap()
+    if boot is not None and hasattr(boot, "note_process"):
+        boot.note_process(message)
+
+
+def main_thread_call(function: Callable[[], None]) -> bool:
+    from gpudiag.profiler import inproc  # the bootstrap's instance when it loaded one
+
+    return inproc.main_thread_call(function)
+
+
+def escape_bare_quotes(path: Path) -> int:
+    """Escape the bare quotes Kineto leaves in event names in place; the lines repaired.
+
+    Done at export, so the segment gpudiag merges is valid JSON for every other tool too
+    (`readers/kineto/repair.py` says why it happens).
+    """
+    fixed, repaired = kineto_repair.escape_bare_quotes(path.read_bytes())
+    if repaired:
+        path.write_bytes(fixed)
+    return repaired
