@@ -6,7 +6,6 @@ with status 2; `--debug` shows the traceback instead.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import traceback
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 from rich.console import Console
 
-from gpudiag import __version__
+from gpudiag import __version__, streams
 from gpudiag.errors import GpudiagError, InputError, exhausted
 from gpudiag.reports.safe_text import printable, terminal
 
@@ -593,7 +592,7 @@ def _load(paths: list[Path]) -> Trace:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn errors into one line and an exit status."""
-    _lenient_streams()
+    streams.lenient()
     try:
         cli.main(args=argv, prog_name="gpudiag", standalone_mode=False)
     except GpudiagError as exc:
@@ -624,12 +623,3 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
-def _lenient_streams() -> None:
-    """stdout and stderr write what their encoding cannot as escapes (`\\xb5`), never fail:
-    `PYTHONIOENCODING=ascii`, a latin-1 terminal, or a file name that is not UTF-8 (its
-    bytes are surrogates in Python) made a µ or a name end the command with a traceback."""
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            with contextlib.suppress(ValueError, OSError):
-                reconfigure(errors="backslashreplace")

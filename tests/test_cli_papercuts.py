@@ -155,3 +155,32 @@ def test_a_tensorflow_xspace_gets_tensorflow_advice() -> None:
                                               "--json"]).output)
     assert not any("tf.function" in f["advice"] for f in jax["diagnosis"]["findings"]
                    if f["cause"].startswith("host_"))
+
+
+def test_a_reader_that_stops_early_costs_neither_the_page_nor_the_status(tmp_path: Path) -> None:
+    """`gpudiag compare A B -o diff.html | head` used to raise BrokenPipeError at the first
+    print after head exited: no page, status 1. The pipe here has no reader from the start
+    (the hardest case); the page is still written and the status is the comparison's own."""
+    trace = str(ROOT / "examples/traces/train_loop_sync.pt.trace.json.gz")
+    page = tmp_path / "diff.html"
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpudiag", "compare", trace, trace, "-o", str(page), "--cdn"],
+            stdout=writer, stderr=subprocess.PIPE, timeout=300)
+    finally:
+        os.close(writer)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert b"Traceback" not in done.stderr and b"BrokenPipe" not in done.stderr
+    assert "<html" in page.read_text(encoding="utf-8").lower()
+
+
+def test_an_ascii_terminal_gets_escapes_not_a_traceback() -> None:
+    """A µ in a duration on a terminal that only writes ASCII is written as an escape."""
+    trace = str(ROOT / "examples/traces/train_loop_sync.pt.trace.json.gz")
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", trace],
+                          capture_output=True, timeout=300,
+                          env={**os.environ, "PYTHONIOENCODING": "ascii", **WIDE})
+    assert done.returncode == 0 and b"Traceback" not in done.stderr
+    assert done.stdout.isascii()
