@@ -8,6 +8,13 @@ exceptions: they are ours to fix, not the user's.
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
+
+_RESOURCE: ModuleType | None
+try:  # now, not when a limit is hit: under `ulimit -v` the module itself cannot be mapped
+    import resource as _RESOURCE
+except ImportError:  # Windows has no rlimits
+    _RESOURCE = None
 
 
 class GpudiagError(Exception):
@@ -85,12 +92,12 @@ def exhausted(exc: BaseException) -> ResourceError | None:
 
 def _limit(name: str, shell: str, unit: int, suffix: str = "") -> str:
     """` (the limit, `ulimit -v`, is 614400 KB)` when the process has a finite one."""
-    try:
-        import resource
-
-        soft, _hard = resource.getrlimit(getattr(resource, name))
-    except (ImportError, AttributeError, ValueError, OSError):
+    if _RESOURCE is None:
         return ""
-    if soft == resource.RLIM_INFINITY:
+    try:
+        soft, _hard = _RESOURCE.getrlimit(getattr(_RESOURCE, name))
+    except (AttributeError, ValueError, OSError):
+        return ""
+    if soft == _RESOURCE.RLIM_INFINITY:
         return ""
     return f" (the limit, `{shell}`, is {soft // unit}{suffix})"

@@ -102,6 +102,16 @@ def cli_status(*args: str) -> int:
     return 0
 
 
+def refused_in_one_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """Run `gpudiag ARGS` in this process: exit status 2 and one line of stderr, which is
+    returned (what every refusal of bad input must look like)."""
+    status = cli_status(*args)
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert len(err.strip().splitlines()) == 1 and "internal error" not in err, err
+    return err
+
+
 @pytest.fixture(scope="module")
 def dask_client() -> Iterator[Any]:
     """A real Dask LocalCluster of 2 worker processes, started here, and its client."""

@@ -21,6 +21,15 @@ import pytest
 import gpudiag
 from tests.conftest import fixture, framework, wait_for
 
+STEPPING_PROGRAM = """
+    import sys, torch, gpudiag
+    x = torch.randn(8, 8)
+    for _ in range(4):
+        gpudiag.step()
+        x = x @ x
+    print("ran")
+    sys.exit(3)
+"""  # four steps of torch work, one line of output, and an exit status of its own
 PROFILE = [sys.executable, "-m", "gpudiag", "profile", "--no-report", "--flush-interval", "0.2"]
 
 
@@ -225,15 +234,7 @@ def test_a_marker_under_a_1gb_address_space_never_fails_the_program(tmp_path: Pa
     """pyarrow cannot be mapped under 1 GB with torch loaded: the ImportError came out of
     the program's `gpudiag.step()` (status 1 for a program that exits 3)."""
     framework("torch")
-    script = _script(tmp_path, """
-        import sys, torch, gpudiag
-        x = torch.randn(8, 8)
-        for _ in range(4):
-            gpudiag.step()
-            x = x @ x
-        print("ran")
-        sys.exit(3)
-    """)
+    script = _script(tmp_path, STEPPING_PROGRAM)
     done = _limited("-v 1000000", *PROFILE, "-o", str(tmp_path / "run"), "--",
                     sys.executable, str(script))
     assert done.returncode == 3 and done.stdout == "ran\n", done.stderr
@@ -242,14 +243,7 @@ def test_a_marker_under_a_1gb_address_space_never_fails_the_program(tmp_path: Pa
 
 def test_profile_and_analyze_with_32_open_files(tmp_path: Path) -> None:
     framework("torch")
-    script = _script(tmp_path, """
-        import sys, torch, gpudiag
-        x = torch.randn(8, 8)
-        for _ in range(4):
-            gpudiag.step()
-            x = x @ x
-        sys.exit(3)
-    """)
+    script = _script(tmp_path, STEPPING_PROGRAM)
     done = _limited("-n 32", *PROFILE, "-o", str(tmp_path / "run"), "--steps", "all", "--",
                     sys.executable, str(script))
     assert done.returncode == 3, done.stderr

@@ -19,7 +19,7 @@ import gpudiag
 from gpudiag.errors import InputError
 from gpudiag.reports.export import write_chrome_trace, write_tables
 from tests.builders import KinetoTrace
-from tests.conftest import cli_status
+from tests.conftest import cli_status, refused_in_one_line
 
 BAD = os.fsdecode(b"r\xff\xfe")  # 'r\udcff\udcfe'
 SHOWN = "r\\xff\\xfe"
@@ -85,14 +85,6 @@ def test_meta_json_strings_that_escape_lone_surrogates(tmp_path: Path,
 # -- output paths -----------------------------------------------------------------------------
 
 
-def _one_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    status = cli_status(*args)
-    err = capsys.readouterr().err
-    assert status == 2, err
-    assert len(err.strip().splitlines()) == 1 and "internal error" not in err, err
-    return err
-
-
 @pytest.mark.parametrize("fmt, make, said", [
     ("perfetto", "folder", "is a folder, not a file"),
     ("chrome", "folder", "is a folder, not a file"),
@@ -119,7 +111,7 @@ def test_export_outputs_in_the_way_are_one_line(fmt: str, make: str, said: str,
         out = tmp_path / "afile" / "out"
     elif make == "table is a folder":
         (out / "kernels.csv").mkdir(parents=True)
-    err = _one_line(capsys, "export", str(path), "--format", fmt, "-o", str(out))
+    err = refused_in_one_line(capsys, "export", str(path), "--format", fmt, "-o", str(out))
     assert said in err and str(tmp_path) in err
     if make == "file":
         assert out.read_text() == "keep"
@@ -141,7 +133,7 @@ def test_an_output_that_cannot_take_bytes_is_one_line(target: str, tmp_path: Pat
     path = _kineto(tmp_path / "t.json")
     for args in (["export", str(path), "-o", target],
                  ["report", str(path), "-o", target]):
-        assert f"{target}: cannot be written" in _one_line(capsys, *args)
+        assert f"{target}: cannot be written" in refused_in_one_line(capsys, *args)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a mode 555 directory")
@@ -153,7 +145,7 @@ def test_a_read_only_folder_is_one_line(tmp_path: Path,
     for args in (["export", str(path), "-o", str(locked / "t.json")],
                  ["export", str(path), "--format", "csv", "-o", str(locked / "csv")],
                  ["report", str(path), "-o", str(locked / "r.html")]):
-        assert "Permission denied" in _one_line(capsys, *args)
+        assert "Permission denied" in refused_in_one_line(capsys, *args)
 
 
 def test_the_library_raises_input_errors_for_outputs(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import pytest
 import gpudiag
 from gpudiag.errors import InputError
 from tests.builders import kernel, trace
-from tests.conftest import cli_status
+from tests.conftest import refused_in_one_line
 
 
 def _saved(root: Path) -> Path:
@@ -36,19 +36,10 @@ def _kernels(saved: Path) -> pa.Table:
     return pq.read_table(saved / "kernels.parquet")
 
 
-def _one_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    """Run the CLI: exit status 2 and one line of stderr, which is returned."""
-    status = cli_status(*args)
-    err = capsys.readouterr().err
-    assert status == 2, err
-    assert len(err.strip().splitlines()) == 1 and "internal error" not in err, err
-    return err
-
-
 def _both_commands(capsys: pytest.CaptureFixture[str], saved: Path, tmp_path: Path) -> str:
     """`analyze` and `report` each end in the same one line; it is returned."""
-    said = _one_line(capsys, "analyze", str(saved))
-    assert _one_line(capsys, "report", str(saved), "-o", str(tmp_path / "r.html")) == said
+    said = refused_in_one_line(capsys, "analyze", str(saved))
+    assert refused_in_one_line(capsys, "report", str(saved), "-o", str(tmp_path / "r.html")) == said
     return said
 
 
@@ -131,7 +122,7 @@ def test_a_dictionary_bomb_is_refused_before_it_is_decoded(
     _dictionary_bomb(saved, 200_000)  # ~40 MB once conformed, from a few KB
     assert (saved / "kernels.parquet").stat().st_size < 100_000
     start = time.perf_counter()
-    said = _one_line(capsys, "analyze", str(saved))
+    said = refused_in_one_line(capsys, "analyze", str(saved))
     assert time.perf_counter() - start < 10
     assert "claims 200,000 rows" in said and "GPUDIAG_MAX_INFLATION_RATIO" in said
     monkeypatch.setenv("GPUDIAG_MAX_INFLATED_BYTES", str(1 << 30))  # the budget is the line
@@ -227,5 +218,5 @@ def test_fifos_in_a_run_directory_are_one_line(part: str, said: str, tmp_path: P
     trace(kernels=[kernel(1_000, 2_000)]).save(proc / "cupti" / "chunk-0")
     (run / part).unlink()
     os.mkfifo(run / part)
-    err = _one_line(capsys, "analyze", str(run))
+    err = refused_in_one_line(capsys, "analyze", str(run))
     assert f"{run / part}: {said}" in err
