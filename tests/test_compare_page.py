@@ -9,17 +9,27 @@ import re
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from click.testing import CliRunner
 
 import gpudiag
-from gpudiag.analyzers.compare import compare
+from gpudiag.analyzers.compare import Comparison, compare
 from gpudiag.cli import cli
 from gpudiag.reports.compare import text as compare_text
 from gpudiag.reports.compare.figures import runs_waterfall
 from tests.conftest import fixture
 
+ROOT = Path(__file__).resolve().parents[1]
+
 A = "kineto/a100_rank0of2_nccl_eventsync_annotations.json.gz"
 B = "kineto/v100_rank1of2_nccl_profile_memory.json.gz"
+
+
+@pytest.fixture(scope="module")
+def a_and_b() -> Comparison:
+    """The two fixtures compared once (each diagnosis takes seconds), as the CLI labels them."""
+    return compare([gpudiag.load(fixture(A)), gpudiag.load(fixture(B))],
+                   [Path(A).name.split(".")[0], Path(B).name.split(".")[0]])
 
 
 def _cells(page: str) -> list[str]:
@@ -27,7 +37,7 @@ def _cells(page: str) -> list[str]:
             for cell in re.findall(r"<td[^>]*>(.*?)</td>", page, flags=re.S)]
 
 
-def test_the_page_shows_the_terminals_words(tmp_path: Path) -> None:
+def test_the_page_shows_the_terminals_words(tmp_path: Path, a_and_b: Comparison) -> None:
     page_path = tmp_path / "diff.html"
     done = CliRunner(env={"COLUMNS": "400"}).invoke(
         cli, ["compare", str(fixture(A)), str(fixture(B)), "-o", str(page_path), "--cdn"])
@@ -37,8 +47,7 @@ def test_the_page_shows_the_terminals_words(tmp_path: Path) -> None:
     for raw in ("wall_time_ns", "delta:", "rel:", "pp:", "peak_reserved_bytes"):
         assert raw not in page, raw
     assert not [cell for cell in cells if re.search(r"\d[eE][+-]\d", cell)]
-    cmp = compare([gpudiag.load(fixture(A)), gpudiag.load(fixture(B))],
-                  [Path(A).name.split(".")[0], Path(B).name.split(".")[0]])
+    cmp = a_and_b
     text = html.unescape(page.replace("<wbr>", ""))
     for table in compare_text.tables(cmp):
         assert table.title in text
@@ -51,14 +60,14 @@ def test_the_page_shows_the_terminals_words(tmp_path: Path) -> None:
     assert "Where the GPU time went, run by run" in page
 
 
-def test_the_runs_waterfall_has_a_bar_per_run_with_the_runs_shares() -> None:
-    a, b = gpudiag.load(fixture(A)), gpudiag.load(fixture(B))
-    cmp = compare([a, b], ["a100", "v100"])
+def test_the_runs_waterfall_has_a_bar_per_run_with_the_runs_shares(a_and_b: Comparison) -> None:
+    cmp = a_and_b
+    labels = list(cmp.labels)
     fig = runs_waterfall(cmp)
     assert fig is not None
     useful = next(trace for trace in fig.data if trace.name == "useful")
-    assert list(useful.y) == ["A: a100", "B: v100"]
-    assert list(useful.x) == [cmp.shares.at["useful", "a100"], cmp.shares.at["useful", "v100"]]
+    assert list(useful.y) == [f"A: {labels[0]}", f"B: {labels[1]}"]
+    assert list(useful.x) == [cmp.shares.at["useful", label] for label in labels]
     totals = pd.DataFrame({t.name: list(t.x) for t in fig.data}).sum(axis=1)
     assert ((totals - 1).abs() < 1e-6).all()  # each bar is its run's whole window
 
@@ -67,7 +76,8 @@ def test_a_profile_runs_resident_peak_is_its_own_row() -> None:
     """A `gpudiag profile` run's meta.json holds the program's peak resident set (1 GB in
     the report that prompted this); the profiler's CPU tensor total (1.88 MiB there) is a
     different number and is labelled as what it is."""
-    a, b = gpudiag.load(fixture(A)), gpudiag.load(fixture(A))
+    example = ROOT / "examples/traces/train_loop_sync.pt.trace.json.gz"
+    a, b = gpudiag.load(example), gpudiag.load(example)
     a.meta["run"] = {"peak_rss_bytes": 1_000_000_000}
     b.meta["run"] = {"peak_rss_bytes": 1_200_000_000}
     cmp = compare([a, b], ["before", "after"])

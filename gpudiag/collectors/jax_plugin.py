@@ -11,6 +11,13 @@ jax runs one trace per process: a program that starts its own (`jax.profiler.tra
 `jax._src.profiler.start_trace`, which is wrapped: a start that is not gpudiag's first stops
 gpudiag's trace (its XSpace is written) for good, and the program's runs as it would alone.
 
+`start_trace` initializes jax's backends, after which the program can no longer configure
+them: a program that sets `jax_num_cpu_devices` or calls `jax.distributed.initialize()` right
+after `import jax` (the documented order) failed when gpudiag started its trace at import.
+So the trace starts only once the backends are up: at once if they are, else when the
+program's own first use initializes them (`when_backends_ready` wraps `xla_bridge.backends`,
+through which every device query and computation initializes them).
+
     plugin = create(out_dir, {})
     plugin.start(); plugin.resume(); ...; plugin.flush(final=True)
 """
@@ -44,9 +51,11 @@ class JaxCollector:
         self._tracing = False
         self._finished = False
         self._gave_way = False  # the program started a trace of its own
+        self._waiting = False  # the window is open but the program has not initialized jax
         self._lock = threading.Lock()
         self._start_trace, self._stop_trace = watch_program_traces(self.jax,
                                                                    self._program_started)
+        when_backends_ready(self._backends_ready)
 
     def start(self) -> None:
         """Nothing to prepare; the final stop is registered after jax's own atexit hooks."""
@@ -56,13 +65,32 @@ class JaxCollector:
         with self._lock:
             if self._tracing or self._finished:
                 return
-            try:
-                self._start_trace(str(self.out_dir))
-            except RuntimeError:  # "Profile has already been started": the program's runs
-                self._give_way("the program's own jax trace was running when gpudiag's "
-                               "would start: gpudiag's jax profile is left out")
+            if not backends_initialized():
+                self._waiting = True  # `_backends_ready` starts it
                 return
-            self._tracing = True
+            self._start()
+
+    @shielded
+    def _backends_ready(self) -> None:
+        """The program's first use of jax initialized its backends: start the waiting trace."""
+        if not self._waiting:
+            return
+        with self._lock:
+            if self._waiting:
+                self._start()
+
+    def _start(self) -> None:
+        """Start gpudiag's trace (the caller holds the lock)."""
+        self._waiting = False
+        if self._tracing or self._finished:
+            return
+        try:
+            self._start_trace(str(self.out_dir))
+        except RuntimeError:  # "Profile has already been started": the program's runs
+            self._give_way("the program's own jax trace was running when gpudiag's "
+                           "would start: gpudiag's jax profile is left out")
+            return
+        self._tracing = True
 
     @shielded
     def _program_started(self) -> None:
@@ -85,6 +113,7 @@ class JaxCollector:
 
     def pause(self) -> None:
         with self._lock:
+            self._waiting = False
             self._stop()
 
     def discard(self) -> None:
@@ -103,6 +132,7 @@ class JaxCollector:
             return
         with self._lock:
             self._finished = True
+            self._waiting = False
             self._stop()
 
     def after_fork(self, out_dir: Path) -> None:
@@ -116,6 +146,34 @@ class JaxCollector:
         if self._tracing:
             self._tracing = False
             self._stop_trace()
+
+
+def backends_initialized() -> bool:
+    """Whether jax's backends are up (the program ran or queried something on a device)."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    ready = getattr(bridge, "backends_are_initialized", None)
+    if ready is not None:
+        return bool(ready())
+    return bool(getattr(bridge, "_backends", True))  # an older jax: its dict, else assume up
+
+
+def when_backends_ready(callback: Callable[[], None]) -> None:
+    """Call `callback()` after each call of `xla_bridge.backends` that returns initialized
+    backends (a cheap flag check once the trace started)."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    original = getattr(bridge, "backends", None)
+    if original is None or getattr(original, "_gpudiag_watched", False):
+        return
+
+    @functools.wraps(original)
+    def backends(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        if result:
+            callback()
+        return result
+
+    backends._gpudiag_watched = True  # type: ignore[attr-defined]
+    setattr(bridge, "backends", backends)  # noqa: B010 -- a module mypy cannot see
 
 
 def watch_program_traces(jax: Any, on_program_start: Callable[[], None]

@@ -88,6 +88,8 @@ class TorchCollector:
         self._own = program.OwnCalls()  # set around gpudiag's own profiler starts
         self._gave_way = False  # the program started a profiler of its own (torch_program)
         self._forked = False  # a forked child: the parent's profiler state looks enabled
+        self._shapes = True  # record shapes in the next segment (off from a swap to a step)
+        self._segment_shapes = False  # the open segment records shapes
 
     def start(self) -> None:
         """Get ready; the first segment begins at `resume()`, when the window is open.
@@ -105,6 +107,7 @@ class TorchCollector:
         # a KINETO_LOG_LEVEL the user set is kept.
         os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO)
         program.watch_program_profilers(self.torch, self._own, self._program_started)
+        program.watch_tensor_swaps(self.torch, self._before_swap)
         if self._owner != threading.main_thread().ident \
                 and not program.on_thread_end(self._owner_ending):
             self._finished = True  # a thread of C's or _thread's: its end cannot be seen
@@ -138,6 +141,24 @@ class TorchCollector:
             self._export_segment()
         finally:
             self._lock.release()
+
+    @shielded
+    def _before_swap(self) -> None:
+        """The program swaps tensors (`torch_program.watch_tensor_swaps`): the open segment
+        records shapes, whose references would make the swap fail, so it is written now and
+        the next records without shapes until the next step opens."""
+        if not self._segment_shapes or threading.get_ident() != self._owner or self._in_hook:
+            return
+        with self._lock:
+            if self._profiler is None or not self._segment_shapes:
+                return
+            self._shapes = False
+            host.note_process("torch: the program swaps tensors (torch.utils.swap_tensors: "
+                              "Module.to_empty, fully_shard), which fails while torch.profiler"
+                              " records shapes: from each swap to the next step, ops are "
+                              "recorded without their input shapes")
+            self._export_segment()
+            self._start_segment()
 
     @shielded
     def _owner_ending(self) -> None:
@@ -253,8 +274,10 @@ class TorchCollector:
         self._segment_steps = 0
         stack = not program.program_profiles() and program.stack_names_utf8()
         self._own.active = True
+        self._segment_shapes = self._shapes
         try:
-            self._profiler = program.start_profiler(profiler, activities, stack, self.memory)
+            self._profiler = program.start_profiler(profiler, activities, stack, self.memory,
+                                                    shapes=self._segment_shapes)
         except Exception:
             self._finished = True  # a failed start leaves Kineto unusable in this process
             raise
@@ -330,6 +353,10 @@ class TorchCollector:
         if threading.get_ident() != self._owner:
             return
         self._segment_steps += 1
+        if not self._shapes:  # a swap turned shapes off: back on from this step
+            self._shapes = True
+            if self._profiler is not None and "rotate" not in self._pending:
+                self._pending.append("rotate")
         too_many = self._profiler is not None and self._segment_steps > self._steps_per_segment
         if (too_many or self._too_big()) and "rotate" not in self._pending:
             self._pending.append("rotate")

@@ -1,6 +1,6 @@
 """What the profiled program does with torch that the torch backend must give way to.
 
-The program's result must not change under `gpudiag profile`, and three things it may do
+The program's result must not change under `gpudiag profile`, and four things it may do
 collide with gpudiag's own torch.profiler:
 
 - **Its own profiler.** Kineto holds one profiling session per process: a program that
@@ -19,6 +19,12 @@ collide with gpudiag's own torch.profiler:
   started it; a profiler left running when that thread ended crashed the process at exit.
   `on_thread_end` runs a callback on that thread just before it ends (the last thing
   `threading.Thread` does there), where the open segment is written.
+- **Swapping tensors.** `record_shapes` keeps a weak reference to every tensor a recorded op
+  saw until the profiler is deleted, and `torch.utils.swap_tensors` refuses a tensor with
+  any ("Expected no weakrefs to t1's Tensor object"): the FSDP2 example failed on every rank
+  in `model.to_empty()`, and `fully_shard` swaps every parameter. `watch_tensor_swaps` calls
+  back before each swap, where the plugin writes the open segment (which drops those
+  references) and records without shapes until the next step.
 """
 
 from __future__ import annotations
@@ -65,6 +71,24 @@ def watch_program_profilers(torch: Any, own: OwnCalls,
     return True
 
 
+def watch_tensor_swaps(torch: Any, before_swap: Callable[[], None]) -> bool:
+    """Call `before_swap()` before every `torch.utils.swap_tensors` (how `Module._apply`,
+    `to_empty`, parametrizations and `fully_shard` reach it). False when this torch has none."""
+    utils: Any = getattr(torch, "utils", None)
+    original = getattr(utils, "swap_tensors", None)
+    if original is None or getattr(original, "_gpudiag_watched", False):
+        return False
+
+    @functools.wraps(original)
+    def swap_tensors(*args: Any, **kwargs: Any) -> Any:
+        before_swap()
+        return original(*args, **kwargs)
+
+    swap_tensors._gpudiag_watched = True  # type: ignore[attr-defined]
+    utils.swap_tensors = swap_tensors
+    return True
+
+
 def program_profiler_running(torch: Any) -> bool:
     """A profiler is running that gpudiag did not start (it started before gpudiag would)."""
     enabled = getattr(getattr(torch, "autograd", None), "_profiler_enabled", None)
@@ -108,12 +132,13 @@ def stack_names_utf8() -> bool:
     return True
 
 
-def start_profiler(profiler: Any, activities: list[Any], stack: bool, memory: bool) -> Any:
+def start_profiler(profiler: Any, activities: list[Any], stack: bool, memory: bool,
+                   shapes: bool = True) -> Any:
     """A started `torch.profiler.profile`, the program's profile function kept; a start
     that failed is stopped again before the error goes on (a profiler left half-started
     crashed the process at exit)."""
     hook = program_profile_hook()
-    started = profiler.profile(activities=activities, record_shapes=True, with_stack=stack,
+    started = profiler.profile(activities=activities, record_shapes=shapes, with_stack=stack,
                                profile_memory=memory)
     try:
         started.start()
