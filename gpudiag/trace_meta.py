@@ -107,12 +107,13 @@ PROCESS = record({
     "pid": opt(INT), "host": opt(STR), "rank": opt(INT), "world_size": opt(INT),
     "collectors": list_of(STR), "data": BOOL, "gpudiag_thread_ids": list_of(INT),
     "start_ns": opt(INT), "end_ns": opt(INT), "command": COMMAND, "notes": list_of(STR),
+    "exception": opt(STR),
 })
 
 #: a run directory's own meta.json (`gpudiag profile`'s session), also kept as meta["run"]
 RUN = record({"command": COMMAND, "options": opt(record({"backend": opt(STR)})),
               "not_collected": list_of(STR), "watchdog": list_of(map_of(ANY)),
-              "backend": opt(STR)})
+              "backend": opt(STR), "exit_code": opt(INT), "signal": opt(INT)})
 
 #: every meta.json key that gpudiag reads, and what it must hold
 META: dict[str, Shape] = {

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpudiag.analyzers import run_facts
+from gpudiag.analyzers import run_facts, run_outcome
 from gpudiag.analyzers import window as window_mod
 from gpudiag.commands import program_name
 from gpudiag.names import short_names
@@ -33,10 +33,12 @@ def summarize(trace: Trace, top: int = 10, *, window_ns: tuple[int, int] | None 
     Every value is JSON-serializable; times are integer nanoseconds. `window_ns` (the
     analyzed window, `Diagnosis.window_ns`) restricts the rows and top kernels to what
     overlaps it; `window` then describes it (see `_window`). `run` is set for a
-    `gpudiag profile` run: its program (`commands.program_name`) and process count.
+    `gpudiag profile` run: its program (`commands.program_name`) and process count;
+    `outcome` says how it failed (`run_outcome.outcome`), None when it did not.
     """
     shown = trace if window_ns is None else window_mod.within(trace, window_ns)
     return {
+        "outcome": run_outcome.outcome(trace.meta),
         "sources": trace.meta.get("sources", []),
         "run": _run_of(trace.meta),
         "ranks": _ranks_of(trace.meta),
@@ -209,6 +211,7 @@ def combine(parts: list[Part], meta: dict[str, Any], top: int = 10, *,
     first = whole[0] if whole else (min(s[0] for s in spans) if spans else 0)
     rows = {name: sum(piece.rows.get(name, 0) for piece in parts) for name in parts[0].rows}
     return {
+        "outcome": run_outcome.outcome(meta),
         "sources": meta.get("sources", []),
         "run": _run_of(meta),
         "ranks": _ranks_of(meta),

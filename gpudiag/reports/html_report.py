@@ -177,6 +177,9 @@ def _run_summary(trace: Trace, info: dict[str, Any]) -> Section:
     counts = ", ".join(f"{name} {n:,}" for name, n in info["rows"].items() if n)
     rows.append(("rows", counts or "none"))
     notes = [f"{kind}: {count}" for kind, count in info["warnings"].items()]
+    if info.get("outcome"):  # how the run failed comes first
+        notes.insert(0, info["outcome"]["headline"])
+        rows.insert(0, ("outcome", info["outcome"]["headline"]))
     facts = Table(pd.DataFrame(rows, columns=["", "value"]).astype(str), sortable=False)
     return Section("Run summary", notes=notes, tables=[facts, *_devices(info["devices"])])
 

@@ -22,7 +22,12 @@ __all__ = ["print_diagnosis", "print_summary", "sources_line"]
 
 
 def print_summary(info: dict[str, Any], console: Console) -> None:
-    """Print the output of `gpudiag.analyzers.summary.summarize` as a few compact tables."""
+    """Print the output of `gpudiag.analyzers.summary.summarize` as a few compact tables,
+    after how the run failed when it did (the first thing to know)."""
+    ended = info.get("outcome")
+    if ended:
+        color = "bold red" if ended["failed"] else "yellow"
+        console.print(f"[{color}]{safe(ended['headline'])}[/{color}]", highlight=False)
     console.print(f"[bold]Sources[/bold]: {safe(sources_line(info))}", highlight=False)
     if info["ranks"]:
         console.print(f"[bold]Ranks[/bold]: {safe(', '.join(map(str, info['ranks'])))}")

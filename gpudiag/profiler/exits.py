@@ -1,0 +1,41 @@
+"""How a profiled process ended, for the diagnosis to say first when the run failed.
+
+The session knows the command's exit status; what it cannot know is which of the program's
+processes died and of what. Each process keeps the uncaught exception that ends it (Python
+calls `sys.excepthook` with it just before the process exits, after which the bootstrap's
+final flush writes it into the process's meta). A process that never wrote its final meta
+(`end_ns` missing) ended without exiting Python: killed, crashed, or through `os._exit`.
+
+    exits.watch(lambda text: setattr(collector, "exception", text))   # stdlib only
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from types import TracebackType
+
+#: an exception's text is kept up to this many characters (a CUDA error's is a paragraph)
+MAX_TEXT = 500
+
+
+def watch(record: Callable[[str], None]) -> None:
+    """Call `record("RuntimeError: ...")` with the uncaught exception that ends the main
+    thread, then the program's (or Python's) own hook, whose output is unchanged."""
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], value: BaseException,
+                   traceback: TracebackType | None) -> None:
+        with contextlib.suppress(Exception):  # the program's own report is printed anyway
+            record(describe(value))
+        previous(kind, value, traceback)
+
+    sys.excepthook = excepthook
+
+
+def describe(error: BaseException) -> str:
+    """'RuntimeError: the message' on one line, at most MAX_TEXT characters."""
+    text = " ".join(str(error).split())
+    line = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return line if len(line) <= MAX_TEXT else line[:MAX_TEXT - 1] + "…"

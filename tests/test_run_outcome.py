@@ -1,0 +1,91 @@
+"""A failed run says so first: the exit status, which processes died and of what, before any
+finding (issue: a diagnosis of a run whose ranks died did not mention it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from gpudiag.analyzers.run_outcome import outcome
+from tests.conftest import framework
+
+PROCESS = {"pid": 10, "rank": None, "start_ns": 1, "end_ns": 2}
+
+
+def test_a_run_that_ended_well_has_no_outcome_line() -> None:
+    assert outcome({"run": {"exit_code": 0, "signal": None}, "processes": [PROCESS]}) is None
+    assert outcome({"sources": [{"path": "x.json"}]}) is None  # not a profile run
+
+
+def test_the_exit_the_exceptions_and_the_unfinished_are_named() -> None:
+    meta = {"run": {"exit_code": 1, "signal": None}, "processes": [
+        PROCESS, {"pid": 11, "rank": 1, "end_ns": 5, "exception": "RuntimeError: NCCL timeout"},
+        {"pid": 12, "rank": 2, "end_ns": None}]}
+    said = outcome(meta)
+    assert said is not None and said["failed"]
+    assert said["headline"] == (
+        "The run failed: exit status 1; rank 1 (pid 11) raised RuntimeError: NCCL timeout; "
+        "rank 2 (pid 12) ended without exiting Python (killed, crashed or os._exit): what "
+        "follows covers what was recorded before")
+    killed = outcome({"run": {"exit_code": 137, "signal": 9}, "processes": []})
+    assert killed is not None and killed["headline"].startswith("The run failed: killed by SIGKILL")
+
+
+def test_a_helper_killed_while_the_run_succeeded_is_not_a_failure() -> None:
+    said = outcome({"run": {"exit_code": 0}, "processes": [{"pid": 3, "end_ns": None}]})
+    assert said is not None and not said["failed"]
+    assert said["headline"].startswith("The run ended, but not every process did: pid 3")
+
+
+CRASHING = """
+    import multiprocessing as mp, os, signal, time, torch, gpudiag
+
+    def killed():
+        time.sleep(1.0)                      # after a flush or two
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if __name__ == "__main__":
+        child = mp.get_context("spawn").Process(target=killed)
+        child.start()
+        x = torch.randn(32, 32)
+        for _ in range(3):
+            gpudiag.step()
+            x = x @ x
+        child.join()
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+"""
+
+
+def test_a_crashed_run_is_said_first_in_every_output(tmp_path: Path) -> None:
+    """The program raises after three steps; a child it spawned died of SIGKILL. `analyze`
+    opens with both, `--json` has them under `outcome`, and the report's summary too."""
+    framework("torch")
+    script = tmp_path / "crash.py"
+    script.write_text(textwrap.dedent(CRASHING))
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir),
+                           "--no-report", "--flush-interval", "0.2", "--steps", "all", "--",
+                           sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "illegal memory access" in done.stderr  # the program's own traceback, unchanged
+    analyzed = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", str(run_dir)],
+                              capture_output=True, text=True, timeout=300,
+                              env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"})
+    assert analyzed.returncode == 0, analyzed.stderr
+    first = analyzed.stdout.splitlines()[0]
+    assert first.startswith("The run failed: exit status 1;"), analyzed.stdout
+    assert "raised RuntimeError: CUDA error: an illegal memory access" in first
+    assert "ended without exiting Python" in first
+    info = json.loads(subprocess.run(
+        [sys.executable, "-m", "gpudiag", "analyze", "--json", str(run_dir)],
+        capture_output=True, text=True, timeout=300, check=True).stdout)
+    said = info["outcome"]
+    assert said["failed"] and said["exit_code"] == 1 and len(said["processes"]) == 2
+    page = tmp_path / "r.html"
+    subprocess.run([sys.executable, "-m", "gpudiag", "report", str(run_dir), "-o", str(page),
+                    "--cdn"], capture_output=True, timeout=300, check=True)
+    assert "The run failed: exit status 1" in page.read_text(encoding="utf-8")
