@@ -6,7 +6,10 @@ the step's time):
 
 - `data_loading`: DataLoader `__next__` (the `enumerate(DataLoader)#...__next__`
   annotation, or its Python frame) on the step's thread;
-- `optimizer`: `Optimizer.step#...` and `Optimizer.zero_grad#...`;
+- `optimizer`: `Optimizer.step#...` and `Optimizer.zero_grad#...`, less the closure's work
+  inside them: a closure optimizer (LBFGS, Lightning's `optimizer.step(closure)`) runs the
+  forward and backward inside `step`, and those are forward and backward (the ops before
+  the first backward op inside the step, and the backward itself);
 - `backward`: autograd's `autograd::engine::evaluate_function: ...` ops (older traces:
   the bare `...Backward` node names) on any thread of the process (on a GPU they run on
   autograd's own thread while the training thread waits), and the training thread's
@@ -112,6 +115,7 @@ def category_spans(ranges: Columns, lane_tid: int | None, step_start: npt.ArrayL
                                         iv.as_ns(step_end), op_start)
     raw["forward"] = _spans(ops.take(torch & before))
     raw["other_ops"] = _spans(ops.take(torch & ~before))
+    raw["optimizer"] = _without_closure(raw["optimizer"], raw["backward"], ops)
     raw["ops"] = _spans(ops.take(~torch))
     out: dict[str, iv.Spans] = {}
     taken = _empty()
@@ -121,6 +125,23 @@ def category_spans(ranges: Columns, lane_tid: int | None, step_start: npt.ArrayL
         taken = iv.union(np.concatenate([taken[0], mine[0]]),
                          np.concatenate([taken[1], mine[1]]))
     return out
+
+
+def _without_closure(optimizer: iv.Spans, backward: iv.Spans, ops: Columns) -> iv.Spans:
+    """The optimizer's spans less the closure it ran: in each optimizer span that holds
+    backward work, the outermost ops that start before that backward (the closure's
+    forward) and the backward itself. A span without backward (a plain `step()`, which
+    runs after the backward) is the optimizer's whole."""
+    if not len(optimizer[0]) or not len(backward[0]):
+        return optimizer
+    start, end = optimizer
+    first = _first_backward(backward, start, end, ops["start_ns"])  # int64 max: no closure
+    held = first < np.iinfo(np.int64).max
+    closure_forward = ops.take(ops["_torch_op"] & held & (ops["start_ns"] < first))
+    inside = iv.intersect(backward, optimizer)
+    work = iv.union(np.concatenate([closure_forward["start_ns"], inside[0]]),
+                    np.concatenate([closure_forward["end_ns"], inside[1]]))
+    return iv.subtract(optimizer, work)
 
 
 def _first_backward(backward: iv.Spans, start: IntArray, end: IntArray,

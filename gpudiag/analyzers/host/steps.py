@@ -71,7 +71,9 @@ def has_host_events(trace: Trace) -> bool:
 
 def host_by_step(trace: Trace) -> pd.DataFrame:
     """One row per step of every process: `rank` (NA: none), `pid`, `tid`, `step`, `index`,
-    `start_ns`, `end_ns`, `dur_ns`, `warmup`, `profiled`, `<category>_ns` for each category
+    `start_ns`, `end_ns`, `dur_ns` (the step's time less gpudiag's own pauses in it: the
+    profiler writing a segment on the program's thread), `warmup`, `profiled`,
+    `<category>_ns` for each category
     (they sum to `dur_ns`; 0 in steps that were not profiled) and `cpu_peak_bytes` (NA
     without CPU memory events).
 
@@ -170,7 +172,8 @@ def _compute(trace: Trace) -> dict[str, Any]:
                            int(pid))
         known = windows["tid"][~pd.isna(windows["tid"])]
         tid = int(known[0]) if len(known) else None
-        spans = category_spans(mine, tid, windows["start_ns"], windows["end_ns"])
+        spans = _without_own_pauses(
+            category_spans(mine, tid, windows["start_ns"], windows["end_ns"]), mine)
         mem = memory_rows.get((rank, pid), memory.iloc[0:0])
         table = _per_step(windows, spans, mem)
         by_step.append(table)
@@ -180,6 +183,28 @@ def _compute(trace: Trace) -> dict[str, Any]:
         gaps.append(_python_gaps(trace, mine, tid, spans, steady))
         lanes.append(Lane(int(rank), int(pid), tid, spans, steady))
     return {**_tables(by_step, top_ops, mem_rows, gaps), "lanes": lanes}
+
+
+#: what gpudiag's profiler names the time it held the program's thread (writing a segment)
+OWN_PAUSE = "gpudiag: "
+
+
+def _without_own_pauses(spans: dict[str, iv.Spans], ranges: Columns) -> dict[str, iv.Spans]:
+    """The categories less the time gpudiag's profiler held the program's thread (its
+    `gpudiag: ...` ranges: stopping torch.profiler and writing a segment took up to seconds
+    under load, and counted as the program's Python or optimizer), which is kept apart as
+    `OWN` so that no category, nor the Python remainder, nor a step's time holds it."""
+    notes = ranges.take(ranges["_annotation"])
+    own = notes.take(np.fromiter((str(name).startswith(OWN_PAUSE) for name in notes["name"]),
+                                 dtype=bool, count=len(notes)))
+    pauses = iv.union(own["start_ns"], own["end_ns"])
+    if len(pauses[0]):
+        spans = {category: iv.subtract(time, pauses) for category, time in spans.items()}
+    return {**spans, OWN: pauses}
+
+
+#: the key of gpudiag's own pauses among a process's category spans
+OWN = "gpudiag"
 
 
 def _by_process(frame: pd.DataFrame) -> dict[tuple[int, int], pd.DataFrame]:
@@ -262,7 +287,9 @@ def _per_step(windows: dict[str, Any], spans: dict[str, iv.Spans], memory: pd.Da
     out = dict(windows)
     start, end = windows["start_ns"], windows["end_ns"]
     profiled = windows["profiled"]
-    covered = np.zeros(len(start), dtype=np.int64)
+    own = np.where(profiled, amounts(spans[OWN], start, end), 0)
+    out["dur_ns"] = np.asarray(windows["dur_ns"], dtype=np.int64) - own
+    covered = own.copy()
     for category in CATEGORIES[:-1]:
         time = np.where(profiled, amounts(spans[category], start, end), 0)
         out[f"{category}_ns"] = time
