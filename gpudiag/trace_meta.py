@@ -103,11 +103,26 @@ def record(fields: Mapping[str, Shape]) -> Shape:
 
 
 COMMAND = opt(either(STR, list_of(SCALAR)))
+#: `process.role` values of processes that serve a training process rather than train
+#: (`profiler/roles.py` sets them): left out of the training loop's host numbers
+HELPER_ROLES = ("dataloader worker",)
+
+
+def helper_pids(meta: Mapping[str, Any]) -> set[int]:
+    """The pids of a trace's helper processes (a merged run's `processes`, or a single
+    process's `process`)."""
+    processes = list(meta.get("processes") or [])
+    if isinstance(meta.get("process"), dict):
+        processes.append(meta["process"])
+    return {int(process["pid"]) for process in processes
+            if process.get("role") in HELPER_ROLES and process.get("pid") is not None}
+
+
 PROCESS = record({
     "pid": opt(INT), "host": opt(STR), "rank": opt(INT), "world_size": opt(INT),
     "collectors": list_of(STR), "data": BOOL, "gpudiag_thread_ids": list_of(INT),
     "start_ns": opt(INT), "end_ns": opt(INT), "command": COMMAND, "notes": list_of(STR),
-    "exception": opt(STR),
+    "exception": opt(STR), "role": opt(STR),
 })
 
 #: a run directory's own meta.json (`gpudiag profile`'s session), also kept as meta["run"]

@@ -253,6 +253,7 @@ class HostCollector:
             "collectors_failed": self.plugins.failed, "collectors_skipped": self.skipped,
             "window": self.window.info(), "gpudiag_thread_ids": self.own_thread_ids(),
             "notes": list(self.notes), "exception": self.exception,
+            "role": _load_sibling("roles").role(),
         }
         if self._stack_file is not None:  # what the session's watchdog signals for stacks
             process.update(stack_signal=STACK_SIGNAL, stack_file=self._stack_file)

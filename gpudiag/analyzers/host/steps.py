@@ -51,6 +51,7 @@ from gpudiag.analyzers.host.columns import Columns
 from gpudiag.analyzers.steps.training import training_steps
 from gpudiag.intervals import nesting_depth
 from gpudiag.trace import Trace
+from gpudiag.trace_meta import helper_pids
 
 WHOLE = "(whole trace)"
 BY_STEP = ("rank", "pid", "tid", "step", "index", "start_ns", "end_ns", "dur_ns", "warmup",
@@ -164,9 +165,10 @@ def _compute(trace: Trace) -> dict[str, Any]:
     memory = _cpu_memory(trace)
     memory_rows = _by_process(memory)
     by_step, top_ops, mem_rows, gaps, lanes = [], [], [], [], []
+    helpers = helper_pids(trace.meta)  # DataLoader workers: their time is not a step's
     for (rank, pid), mine in rows.groups(rows["_rank"], rows["_pid"]):
         ops = mine.take(mine["_op"] | mine["_annotation"])
-        if not len(ops):
+        if not len(ops) or pid in helpers:
             continue
         windows = _windows(step_rows.get((rank, pid), steps.iloc[0:0]), ops, int(rank),
                            int(pid))

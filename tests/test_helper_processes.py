@@ -1,0 +1,70 @@
+"""DataLoader worker processes are helpers, not training loops (issue: `gpudiag profile` on
+today's training programs). Their whole life used to be one "(whole trace)" step of
+"Python between ops, 99.8%", and that came first, while the trainer waited most of its
+step on the loader. Each worker now says its role in its meta (`profiler/roles.py`) and the
+host numbers are the training process's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import gpudiag
+from gpudiag.analyzers.host import steps as host_steps
+from gpudiag.trace_meta import helper_pids
+from tests.conftest import framework
+
+SLOW_LOADER = """
+    import time, torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 64
+        def __getitem__(self, i):
+            time.sleep(0.05)             # a slow decode, in the loader's worker processes
+            return torch.randn(32), i % 4
+
+    model = torch.nn.Linear(32, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if __name__ == "__main__":
+        for x, y in DataLoader(Slow(), batch_size=8, num_workers=2):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        print("done")
+"""
+
+
+def test_helper_pids_come_from_a_runs_or_a_processs_meta() -> None:
+    worker = {"pid": 7, "role": "dataloader worker"}
+    assert helper_pids({"processes": [{"pid": 6, "role": None}, worker]}) == {7}
+    assert helper_pids({"process": worker}) == {7}  # one process of a job, read alone
+    assert helper_pids({}) == set()
+
+
+def test_a_planted_slow_loader_is_the_first_finding_not_its_workers_python(
+        tmp_path: Path) -> None:
+    """Read against the run: 8 samples of 50 ms per batch on 2 workers is ~200 ms of loader
+    work per batch, against a few ms of forward, backward and SGD on a 32x4 linear: the
+    trainer waits in `_MultiProcessingDataLoaderIter.__next__` for most of every step."""
+    framework("torch")
+    script = tmp_path / "loader.py"
+    script.write_text(textwrap.dedent(SLOW_LOADER))
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir),
+                           "--no-report", "--steps", "all", "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    trace = gpudiag.load(run_dir)
+    roles = [process.get("role") for process in trace.meta["processes"]]
+    assert roles.count("dataloader worker") == 2 and roles.count(None) == 1, roles
+    trainer = next(p["pid"] for p in trace.meta["processes"] if p.get("role") is None)
+    breakdown = host_steps.host_breakdown(trace)
+    assert set(breakdown["pid"]) == {trainer}  # the trainer's data is there, alone
+    shares = breakdown.set_index("category")["share"]
+    assert shares["data_loading"] > 0.5 and shares["python"] < 0.2, shares
+    first = gpudiag.diagnose(trace).findings.iloc[0]
+    assert first["cause"] == "host_data_loading", first
+    assert "DataLoader" in str(first["where"]) and "num_workers" in str(first["advice"])
