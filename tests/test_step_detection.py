@@ -126,6 +126,21 @@ def test_a_repeating_op_sequence_is_cut_into_steps_at_its_first_op() -> None:
     assert "'aten::conv2d' opens each step of 3 ops" in steps["detail"].iloc[0]
 
 
+def test_set_up_that_repeats_is_not_a_loop() -> None:
+    """`fully_shard` set-up views and copies each of 40 parameters (`aten::as_strided_`,
+    `aten::copy_`, 40 times): it repeats, but nothing in it computes, so it made 40 steps
+    up. Torch ops repeat into steps only when the repeats hold a matmul, convolution,
+    attention, backward or launch."""
+    rows = []
+    for k in range(40):
+        s = 100 * k
+        rows += [r("aten::as_strided_", s, s + 30), r("aten::copy_", s + 40, s + 90)]
+    assert detect_steps(trace_of(rows)).empty
+    computing = [dict(row, name="aten::mm") if row["name"] == "aten::copy_" else row
+                 for row in rows]
+    assert len(detect_steps(trace_of(computing))) >= 39  # the same shape with a matmul
+
+
 def test_the_pattern_is_found_below_a_wrapping_annotation() -> None:
     rows = [r("[benchmark]", 0, 10_000, "annotation")]
     for k in range(3):

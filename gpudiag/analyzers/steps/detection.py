@@ -29,7 +29,11 @@ steps wins, in this order:
    pattern segment's time x its number of repeats (a one-off long segment such as a CUDA
    init does not win), and its repeats must cover `min_cover` of the thread's op time.
    A step runs from one anchor to the next; the last, the pattern's length of ops from
-   the last anchor when they repeat the pattern.
+   the last anchor when they repeat the pattern. On torch ops, a pattern is a loop that
+   trains or serves only when its steps compute (`COMPUTE`: a matmul, convolution,
+   attention, embedding, a backward node, a kernel or graph launch, compiled code):
+   set-up that repeats (`fully_shard`'s `as_strided_` per parameter, a garbage collector's
+   frees) is no step, and the trace is diagnosed as one window.
 
 Steps are per process (`rank`, `pid`; NA counts as one value). The segment keys of (4)
 are polynomial hashes over prefix sums (one vectorized pass per anchor), so a trace of a
@@ -66,6 +70,12 @@ JIT_MODULE = re.compile(r"^jit_(?P<fn>[^:(\s]+)")
 #: traces record (`CudnnConvolutionBackward`, `torch::autograd::AccumulateGrad`)
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|"
                          r"^torch::autograd::AccumulateGrad$")
+#: torch ops that compute: a repeating torch op sequence without one is set-up, not a loop
+COMPUTE = re.compile(r"^aten::(mm|bmm|addmm|baddbmm|matmul|linear|einsum|conv|_convolution|"
+                     r"cudnn_|mkldnn_|miopen_|embedding|scaled_dot_product|_scaled_dot_product|"
+                     r"_flash_attention|_efficient_attention)|^autograd::engine::"
+                     r"evaluate_function|Backward\d*$|^cu(da)?LaunchKernel|^cudaGraphLaunch|"
+                     r"^Torch-Compiled Region|^CompiledFunction")
 #: Kineto's step ranges (user annotations; torch_op in the 2021 schema)
 STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 #: range sources that are framework ops or user annotations on a host thread
@@ -316,9 +326,18 @@ def _pattern(ops: pd.DataFrame, min_steps: int, min_cover: float, levels: int,
     starts = starts if found.tail else starts[:-1]
     if len(starts) < min_steps or (ends - starts).sum() < min_cover * total:
         return None
+    if not _computes(thread, int(starts[0]), int(ends[-1])):
+        return None
     detail = (f"'{anchor}' opens each step of {found.length} op{'s' if found.length > 1 else ''}"
               f" (nesting level {level}), {found.repeats} repeats")
     return _steps(thread.iloc[0], starts, ends, "repeating_ops", detail)
+
+
+def _computes(thread: pd.DataFrame, start: int, end: int) -> bool:
+    """Whether the thread's ops in [start, end) hold a `COMPUTE` op, or are not torch's."""
+    inside = thread[(thread["start_ns"] >= start) & (thread["start_ns"] < end)]
+    torch = inside[(inside["source"] == "torch_op").to_numpy(bool)]
+    return torch.empty or bool(keys.matches(torch["name"], COMPUTE).any())
 
 
 def _main_lane(ops: pd.DataFrame) -> int | None:
