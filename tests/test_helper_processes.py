@@ -1,7 +1,7 @@
 """DataLoader worker processes are helpers, not training loops (issue: `gpudiag profile` on
 today's training programs). Their whole life used to be one "(whole trace)" step of
 "Python between ops, 99.8%", and that came first, while the trainer waited most of its
-step on the loader. Each worker now says its role in its meta (`profiler/roles.py`) and the
+step on the loader. Each worker now says its role in its meta (`profiler/process_facts.py`) and the
 host numbers are the training process's."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from gpudiag.analyzers.run_outcome import outcome
+from gpudiag.analyzers.summary import run_outcome as outcome
 from tests.conftest import framework
 
 PROCESS = {"pid": 10, "rank": None, "start_ns": 1, "end_ns": 2}

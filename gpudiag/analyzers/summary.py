@@ -5,13 +5,14 @@ Pure computation on a Trace; rendering lives in gpudiag/reports/.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import pandas as pd
 
-from gpudiag.analyzers import run_facts, run_outcome
+from gpudiag.analyzers import run_facts
 from gpudiag.analyzers import window as window_mod
 from gpudiag.commands import program_name
 from gpudiag.names import short_names
@@ -34,11 +35,11 @@ def summarize(trace: Trace, top: int = 10, *, window_ns: tuple[int, int] | None 
     analyzed window, `Diagnosis.window_ns`) restricts the rows and top kernels to what
     overlaps it; `window` then describes it (see `_window`). `run` is set for a
     `gpudiag profile` run: its program (`commands.program_name`) and process count;
-    `outcome` says how it failed (`run_outcome.outcome`), None when it did not.
+    `outcome` says how it failed (`run_outcome`), None when it did not.
     """
     shown = trace if window_ns is None else window_mod.within(trace, window_ns)
     return {
-        "outcome": run_outcome.outcome(trace.meta),
+        "outcome": run_outcome(trace.meta),
         "sources": trace.meta.get("sources", []),
         "run": _run_of(trace.meta),
         "ranks": _ranks_of(trace.meta),
@@ -211,7 +212,7 @@ def combine(parts: list[Part], meta: dict[str, Any], top: int = 10, *,
     first = whole[0] if whole else (min(s[0] for s in spans) if spans else 0)
     rows = {name: sum(piece.rows.get(name, 0) for piece in parts) for name in parts[0].rows}
     return {
-        "outcome": run_outcome.outcome(meta),
+        "outcome": run_outcome(meta),
         "sources": meta.get("sources", []),
         "run": _run_of(meta),
         "ranks": _ranks_of(meta),
@@ -238,3 +239,69 @@ def _top_of(parts: list[Part], top: int) -> list[dict[str, Any]]:
     grouped = sums.reindex(order).astype({"count": "int64", "sum": "int64"})
     grouped["mean"] = grouped["sum"] / grouped["count"]
     return _top_rows(grouped, float(grouped["sum"].sum()) or 1.0, top)
+
+
+#: processes named one by one in the headline; the rest are counted
+NAMED = 4
+
+
+def run_outcome(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """Whether a `gpudiag profile` run failed and which processes died of what, or None
+    when nothing failed: the first thing the diagnosis says (a crash is the finding).
+
+    The session records the command's exit status and signal (`meta["run"]`); each process
+    its uncaught exception (`profiler/process_facts.py`) and, at its final flush, `end_ns`.
+    A process without `end_ns` never finished Python's exit: it was killed (SIGKILL, the
+    OOM killer), crashed (SIGSEGV) or left through `os._exit`.
+
+        said = run_outcome(trace.meta)
+        said["headline"]   # 'The run failed: exit status 1; rank 1 (pid 41) raised ...'
+
+
+    `failed`: the command's exit status was not 0 (or a signal ended it); `processes`: one
+    row per process that raised or never finished (pid, rank, how), which alone do not make
+    the run failed (a helper killed by its parent is not a failure of the run)."""
+    run = meta.get("run") or {}
+    exit_code, signum = run.get("exit_code"), run.get("signal")
+    died = [row for row in map(_death, meta.get("processes") or []) if row is not None]
+    failed = bool(exit_code) or signum is not None
+    if not failed and not died:
+        return None
+    return {"failed": failed, "exit_code": exit_code, "signal": signum,
+            "signal_name": _signal_name(signum), "processes": died,
+            "headline": _headline(failed, exit_code, signum, died)}
+
+
+def _death(process: dict[str, Any]) -> dict[str, Any] | None:
+    exception = process.get("exception")
+    if exception:
+        how = f"raised {exception}"
+    elif process.get("end_ns") is None:
+        how = "ended without exiting Python (killed, crashed or os._exit)"
+    else:
+        return None
+    return {"pid": process.get("pid"), "rank": process.get("rank"), "how": how}
+
+
+def _signal_name(signum: Any) -> str | None:
+    try:
+        return signal.Signals(int(signum)).name
+    except (TypeError, ValueError):
+        return None
+
+
+def _headline(failed: bool, exit_code: Any, signum: Any, died: list[dict[str, Any]]) -> str:
+    parts = []
+    if failed:
+        name = _signal_name(signum)
+        parts.append(f"killed by {name or f'signal {signum}'}" if signum is not None
+                     else f"exit status {exit_code}")
+    for row in died[:NAMED]:
+        who = (f"rank {row['rank']} (pid {row['pid']})" if row["rank"] is not None
+               else f"pid {row['pid']}")
+        parts.append(f"{who} {row['how']}")
+    if len(died) > NAMED:
+        parts.append(f"{len(died) - NAMED} more processes as well")
+    lead = "The run failed" if failed else "The run ended, but not every process did"
+    tail = (": what follows covers what was recorded before" if failed else "")
+    return f"{lead}: {'; '.join(parts)}{tail}"

@@ -159,7 +159,7 @@ class HostCollector:
         self._stack_file: str | None = None
         self._auto_steps = 0
         self.notes: list[str] = []  # lines the session prints about this process
-        self.exception: str | None = None  # the uncaught exception that ended it (exits)
+        self.exception: str | None = None  # the uncaught exception that ended it
 
     def start(self) -> None:
         self._claim()
@@ -192,7 +192,8 @@ class HostCollector:
                 failed = True
 
     def died_of(self, exception: str) -> None:
-        """The uncaught exception that ends this process (`exits.watch`), kept for its meta."""
+        """The uncaught exception that ends this process (`process_facts.watch`), for its
+        meta."""
         self.exception = exception
 
     def report(self, message: str) -> None:
@@ -253,7 +254,7 @@ class HostCollector:
             "collectors_failed": self.plugins.failed, "collectors_skipped": self.skipped,
             "window": self.window.info(), "gpudiag_thread_ids": self.own_thread_ids(),
             "notes": list(self.notes), "exception": self.exception,
-            "role": _load_sibling("roles").role(),
+            "role": _load_sibling("process_facts").role(),
         }
         if self._stack_file is not None:  # what the session's watchdog signals for stacks
             process.update(stack_signal=STACK_SIGNAL, stack_file=self._stack_file)
@@ -518,7 +519,7 @@ def start_from_env() -> None:
         _note_error(Path(run_dir), exc)
         return
     atexit.register(collector.stop)
-    _load_sibling("exits").watch(collector.died_of)
+    _load_sibling("process_facts").watch(collector.died_of)
     os.register_at_fork(after_in_child=_after_fork)
     _procdir.watch_exec(_before_exec)
     _load_sibling("sigterm").flush_on_sigterm(collector, _load_inproc().main_thread_call,

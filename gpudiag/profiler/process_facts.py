@@ -1,4 +1,5 @@
-"""How a profiled process ended, for the diagnosis to say first when the run failed.
+"""What a profiled process's meta says about the process itself, besides what it recorded:
+the uncaught exception that ended it, and its role when it only serves a training process.
 
 The session knows the command's exit status; what it cannot know is which of the program's
 processes died and of what. Each process keeps the uncaught exception that ends it (Python
@@ -6,7 +7,12 @@ calls `sys.excepthook` with it just before the process exits, after which the bo
 final flush writes it into the process's meta). A process that never wrote its final meta
 (`end_ns` missing) ended without exiting Python: killed, crashed, or through `os._exit`.
 
-    exits.watch(lambda text: setattr(collector, "exception", text))   # stdlib only
+A DataLoader worker's whole life used to read as one step of "Python between ops, 99.8%",
+ahead of the trainer waiting on that very loader: `role()` names it, and the analyses leave
+helpers (`trace_meta.HELPER_ROLES`) out of the training loop's numbers.
+
+    process_facts.watch(collector.died_of)   # stdlib only, loaded by path
+    process_facts.role()                     # 'dataloader worker' or None
 """
 
 from __future__ import annotations
@@ -39,3 +45,11 @@ def describe(error: BaseException) -> str:
     text = " ".join(str(error).split())
     line = f"{type(error).__name__}: {text}" if text else type(error).__name__
     return line if len(line) <= MAX_TEXT else line[:MAX_TEXT - 1] + "…"
+
+
+def role() -> str | None:
+    """This process's role, from what the program runs in it (stdlib only, never imports)."""
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    if worker is not None and getattr(worker, "_worker_info", None) is not None:
+        return "dataloader worker"
+    return None
