@@ -31,7 +31,7 @@ steps wins, in this order:
    A step runs from one anchor to the next; the last, the pattern's length of ops from
    the last anchor when they repeat the pattern. On torch ops, a pattern is a loop that
    trains or serves only when its steps compute (`COMPUTE`: a matmul, convolution,
-   attention, embedding, a backward node, a kernel or graph launch, compiled code):
+   attention, embedding, a backward node, compiled code; or the GPU runtime called then):
    set-up that repeats (`fully_shard`'s `as_strided_` per parameter, a garbage collector's
    frees) is no step, and the trace is diagnosed as one window.
 
@@ -132,7 +132,8 @@ def _detect(trace: Trace, min_steps: int, min_cover: float, levels: int,
         if found is None:
             found = _jit(trace, mine, min_steps)
         if found is None:
-            found = _pattern(mine, min_steps, min_cover, levels, max_anchors)
+            found = _pattern(mine, min_steps, min_cover, levels, max_anchors,
+                               api=trace.api)
         if found is not None:
             frames.append(found)
     return _frame(pd.concat(frames, ignore_index=True) if frames else None)
@@ -295,7 +296,7 @@ class Pattern(NamedTuple):
 
 
 def _pattern(ops: pd.DataFrame, min_steps: int, min_cover: float, levels: int,
-             max_anchors: int) -> pd.DataFrame | None:
+             max_anchors: int, *, api: pd.DataFrame) -> pd.DataFrame | None:
     lane = _main_lane(ops)
     if lane is None:
         return None
@@ -326,18 +327,25 @@ def _pattern(ops: pd.DataFrame, min_steps: int, min_cover: float, levels: int,
     starts = starts if found.tail else starts[:-1]
     if len(starts) < min_steps or (ends - starts).sum() < min_cover * total:
         return None
-    if not _computes(thread, int(starts[0]), int(ends[-1])):
+    if not _computes(thread, api, int(starts[0]), int(ends[-1])):
         return None
     detail = (f"'{anchor}' opens each step of {found.length} op{'s' if found.length > 1 else ''}"
               f" (nesting level {level}), {found.repeats} repeats")
     return _steps(thread.iloc[0], starts, ends, "repeating_ops", detail)
 
 
-def _computes(thread: pd.DataFrame, start: int, end: int) -> bool:
-    """Whether the thread's ops in [start, end) hold a `COMPUTE` op, or are not torch's."""
+def _computes(thread: pd.DataFrame, api: pd.DataFrame, start: int, end: int) -> bool:
+    """Whether the thread's ops in [start, end) hold a `COMPUTE` op, or are not torch's, or
+    its process called the GPU runtime then (launches: the loop runs on the device)."""
     inside = thread[(thread["start_ns"] >= start) & (thread["start_ns"] < end)]
     torch = inside[(inside["source"] == "torch_op").to_numpy(bool)]
-    return torch.empty or bool(keys.matches(torch["name"], COMPUTE).any())
+    if torch.empty or keys.matches(torch["name"], COMPUTE).any():
+        return True
+    pid = thread["pid"].iloc[0]
+    calls = api[((api["start_ns"] >= start) & (api["start_ns"] < end)).to_numpy(bool)]
+    if pd.isna(pid):
+        return len(calls) > 0
+    return bool((calls["pid"] == pid).fillna(False).any())
 
 
 def _main_lane(ops: pd.DataFrame) -> int | None:
