@@ -4,9 +4,13 @@ under torch.profiler written by hand with the same options.
 
     python benchmarks/bench_profile_memory.py                      # 100 and 300 iterations
     python benchmarks/bench_profile_memory.py --iters 100 300 1000 --json memory.json
+    python benchmarks/bench_profile_memory.py --iters 60 --startup-s 20   # a long start-up
 
 The workload is `benchmarks/programs/gpt_char.py`, nanoGPT's character model shape on CPU
-(no gpudiag markers: steps come from the optimizer hook). Peak memory is the program's own
+(no gpudiag markers: steps come from the optimizer hook); `--startup-s S` gives it S seconds
+of start-up before the model is built, as HuggingFace's `run_clm` or a Lightning Trainer has
+(text tokenized in Python, one small tensor per example: the profiler records millions of
+Python calls before any step). Peak memory is the program's own
 peak resident set (getrusage of the waited-for child: for the gpudiag variants the session
 records it in the run's meta.json, so the session's own merge is not counted). Step time
 is the program's median step after 5 warm-up steps, measured inside its loop. Run on a
@@ -28,11 +32,12 @@ WORKLOAD = REPO / "benchmarks" / "programs" / "gpt_char.py"
 VARIANTS = ("bare", "gpudiag", "gpudiag --steps all", "torch.profiler by hand")
 
 
-def run_variant(variant: str, iters: int, scratch: Path) -> dict[str, Any]:
+def run_variant(variant: str, iters: int, startup_s: float, scratch: Path) -> dict[str, Any]:
     """One run: its peak RSS (bytes), median step (s) and wall time."""
-    program = [sys.executable, str(WORKLOAD), "--iters", str(iters)]
+    program = [sys.executable, str(WORKLOAD), "--iters", str(iters), "--startup-s",
+               str(startup_s)]
     if variant.startswith("gpudiag"):
-        run_dir = scratch / f"{variant.replace(' ', '_')}-{iters}"
+        run_dir = scratch / f"{variant.replace(' ', '_')}-{iters}-{startup_s}"
         extra = ["--steps", "all"] if variant.endswith("all") else []
         cmd = [sys.executable, "-m", "gpudiag", "profile", "--backend", "torch", "--no-report",
                "-o", str(run_dir), *extra, "--", *program]
@@ -55,29 +60,35 @@ def run_variant(variant: str, iters: int, scratch: Path) -> dict[str, Any]:
     peak = result["maxrss"]
     if run_dir is not None:
         peak = json.loads((run_dir / "meta.json").read_text())["peak_rss_bytes"]
-    return {"variant": variant, "iters": iters, "peak_rss_bytes": peak,
+    return {"variant": variant, "iters": iters, "startup_s": startup_s, "peak_rss_bytes": peak,
             "step_s": program_out["step_s"], "wall_s": result["wall_s"]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iters", type=int, nargs="+", default=[100, 300])
+    parser.add_argument("--startup-s", type=float, nargs="+", default=[0.0],
+                        help="Seconds of start-up work before the model is built (each value "
+                             "is a case, with every --iters).")
     parser.add_argument("--json", type=Path, help="Also write the rows as JSON here.")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for iters in args.iters:
-            for variant in VARIANTS:
-                rows.append(run_variant(variant, iters, Path(tmp)))
-                print(f"done: {variant} x {iters}", file=sys.stderr)
-    bare = {r["iters"]: r for r in rows if r["variant"] == "bare"}
-    print(f"{'variant':<24}{'iters':>6}{'peak RSS':>11}{'added':>10}{'step':>10}{'slower':>8}")
+        for startup_s in args.startup_s:
+            for iters in args.iters:
+                for variant in VARIANTS:
+                    rows.append(run_variant(variant, iters, startup_s, Path(tmp)))
+                    print(f"done: {variant} x {iters}, start-up {startup_s} s", file=sys.stderr)
+    bare = {(r["iters"], r["startup_s"]): r for r in rows if r["variant"] == "bare"}
+    print(f"{'variant':<24}{'iters':>6}{'start-up':>9}{'peak RSS':>11}{'added':>10}{'step':>10}"
+          f"{'slower':>8}{'wall':>8}")
     for row in rows:
-        base = bare[row["iters"]]
+        base = bare[row["iters"], row["startup_s"]]
         added = (row["peak_rss_bytes"] - base["peak_rss_bytes"]) / 2**20
         slower = row["step_s"] / base["step_s"] - 1
-        print(f"{row['variant']:<24}{row['iters']:>6}{row['peak_rss_bytes'] / 2**20:>9.0f}MB"
-              f"{added:>8.0f}MB{row['step_s'] * 1e3:>8.1f}ms{slower:>+8.0%}")
+        print(f"{row['variant']:<24}{row['iters']:>6}{row['startup_s']:>8.0f}s"
+              f"{row['peak_rss_bytes'] / 2**20:>9.0f}MB{added:>8.0f}MB"
+              f"{row['step_s'] * 1e3:>8.1f}ms{slower:>+8.0%}{row['wall_s']:>7.1f}s")
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))
 

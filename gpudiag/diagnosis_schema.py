@@ -578,10 +578,12 @@ _declare(
     _c("step", "str", "", "step name"),
     _c("index", "int64", "", "0-based position of the step in its process"),
     _ns("start_ns", "start of the step's window"), _ns("end_ns", "end of the step's window"),
-    _ns("dur_ns", "end_ns - start_ns"),
+    _ns("dur_ns", "end_ns - start_ns less gpudiag's pauses in it and, in a profiled step, "
+        "its part the profiler did not record"),
     _c("warmup", "bool", "", "a warm-up step"),
-    _c("profiled", "bool", "", "at least half of the step lies inside the span of its "
-       "process's recorded ops"),
+    _c("profiled", "bool", "", "the profiler recorded at least half of the step's time "
+       "that was the program's (the span of its process's host ranges but gpudiag's own "
+       "markers, less gpudiag's pauses)"),
     *(_ns(f"{name}_ns", f"host time in {what} (the categories sum to dur_ns; 0 in steps not "
           "profiled)") for name, what in HOST_CATEGORIES.items()),
     _c("cpu_peak_bytes", "Int64", "bytes", "highest running total of CPU allocations in the "

@@ -68,3 +68,54 @@ def test_a_planted_slow_loader_is_the_first_finding_not_its_workers_python(
     first = gpudiag.diagnose(trace).findings.iloc[0]
     assert first["cause"] == "host_data_loading", first
     assert "DataLoader" in str(first["where"]) and "num_workers" in str(first["advice"])
+
+
+#: pytorch/examples' mnist_hogwild, reduced: the parent shares the model, starts two
+#: processes that train it, and waits for them in `p.join()`
+HOGWILD = """
+    import torch, torch.multiprocessing as mp
+
+    def train(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(64, 128)
+        for _ in range(40):
+            loss = model(x).square().mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+
+    if __name__ == "__main__":
+        mp.set_start_method("spawn")     # fork after torch's OpenMP pool hangs, bare too
+        model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 1))
+        model.share_memory()
+        procs = [mp.Process(target=train, args=(model,)) for _ in range(2)]
+        for p in procs: p.start()
+        for p in procs: p.join()
+        print("done")
+"""
+
+
+def test_a_parent_waiting_on_its_trainers_is_not_a_training_loop(tmp_path: Path) -> None:
+    """Read against the run: the parent records a few ops while it builds the model, then
+    waits in `p.join()` for the whole run; its span used to be one "(whole trace)" step of
+    Python between ops, 99.9% of 12.7 s, the run's first finding. The two processes that
+    train have optimizer steps; they alone are the host tables."""
+    framework("torch")
+    script = tmp_path / "hogwild.py"
+    script.write_text(textwrap.dedent(HOGWILD))
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir),
+                           "--no-report", "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    trace = gpudiag.load(run_dir)
+    parent = next(p["pid"] for p in trace.meta["processes"]
+                  if p.get("argv", [""])[0].endswith("hogwild.py"))
+    ranges = trace.ranges
+    trainers = set(ranges.loc[ranges["source"] == "step", "pid"].astype(int))
+    assert len(trainers) == 2 and parent not in trainers
+    by_step = host_steps.host_by_step(trace)
+    assert set(by_step["pid"].astype(int)) == trainers
+    assert (by_step["step"] != host_steps.WHOLE).all()
+    findings = gpudiag.diagnose(trace).findings
+    python = findings[findings["cause"] == "host_python_overhead"]
+    assert python.empty or (python["share"] < 0.5).all(), python

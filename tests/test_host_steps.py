@@ -127,7 +127,8 @@ def test_without_steps_the_profiled_span_is_one_step() -> None:
 def test_steps_outside_the_profiled_window_do_not_count() -> None:
     t = loop()
     marks = pd.DataFrame([r(f"step {k}", 1000 * k, 1000 * (k + 1), "step") for k in range(8)])
-    t.ranges = pd.concat([t.ranges, marks], ignore_index=True)  # markers for the whole run
+    # markers for the whole run, in gpudiag's domain (what `gpudiag profile` writes)
+    t.ranges = pd.concat([t.ranges, marks.assign(domain="gpudiag")], ignore_index=True)
     by_step = host_steps.host_by_step(t)
     assert by_step["profiled"].tolist() == [False] + [True] * 4 + [False] * 3
     assert by_step.loc[~by_step["profiled"], "python_ns"].eq(0).all()
@@ -139,7 +140,7 @@ def test_steps_none_of_which_was_profiled_give_an_empty_breakdown() -> None:
     that holds only such steps): no step counts, so the breakdown is empty, not an error."""
     t = loop(steps=1)
     marks = pd.DataFrame([r(f"step {k}", 10_000 * k, 10_000 * k + 5_000, "step")
-                          for k in range(2, 5)])
+                          for k in range(2, 5)]).assign(domain="gpudiag")
     t.ranges = pd.concat([t.ranges, marks], ignore_index=True)
     assert not host_steps.host_by_step(t)["profiled"].any()
     empty = host_steps.host_breakdown(t)

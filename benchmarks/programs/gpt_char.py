@@ -14,6 +14,7 @@ JSON line: iterations, loop seconds, seconds per step after 5 warm-up steps.
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import math
@@ -60,14 +61,30 @@ class CharGPT(nn.Module):
         return self.head(self.norm(self.blocks(x)))
 
 
+def prepare_corpus(seconds: float, vocab: int) -> torch.Tensor:
+    """A start-up like HuggingFace's `run_clm` before its first step: text tokenized in
+    Python (many small calls) and each example turned into a tensor, for `seconds`."""
+    words = [f"w{i % 997}" for i in range(64)]
+    examples: collections.deque[torch.Tensor] = collections.deque(maxlen=1000)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        ids = [sum(map(ord, word)) % vocab for word in words]
+        examples.append(torch.tensor(ids, dtype=torch.long).clamp_(0, vocab - 1))
+    return torch.cat(list(examples))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--manual-profiler", action="store_true")
+    parser.add_argument("--startup-s", type=float, default=0.0,
+                        help="Seconds of start-up work before the model is built.")
     args = parser.parse_args()
     torch.manual_seed(0)
     vocab, block, batch = 65, 32, 8
     data = torch.randint(vocab, (200_000,))
+    if args.startup_s:
+        data = torch.cat([data, prepare_corpus(args.startup_s, vocab)])
     model = CharGPT(vocab, block, width=48, layers=4, heads=4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     profiler = nullcontext()

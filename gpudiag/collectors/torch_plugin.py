@@ -8,11 +8,18 @@ also runs beside the CUPTI backend.
 
 torch.profiler keeps its events in memory until it is stopped, so the trace is written as
 *segments* (`segment-NNNN.pt.trace.json`): one per collection window, plus a new one
-whenever the process grew by `segment_bytes` since the open one began (memory stays
-bounded however long the window). Kineto must be started and stopped on one thread: edges
-crossed elsewhere (timers, the flush thread) are applied on the program's main thread at its
-next bytecode (`inproc.main_thread_call`), else at its next step. A SIGKILL loses the open
-segment; the host markers and NVML samples of the same run survive.
+whenever stopping the open one would cost more than `segment_bytes`, checked ten times a
+second by the bootstrap's thread (`check`). Once steps run, segments hold as many steps as a
+stop measured to fit, and a new one begins when the process grew by `segment_bytes`. Before
+the first step (a start-up that imports large libraries, tokenizes text, builds a model) the
+process's growth is weighed by what a stop costs per byte recorded (`STOP_COST_PER_BYTE`:
+about 40 with Python stacks, whose millions of calls are small while recorded and large
+once stopped), so the profiler's memory stays bounded from the first second.
+
+Kineto must be started and stopped on one thread: edges crossed elsewhere (timers, the flush
+thread) are applied on the program's main thread at its next bytecode
+(`inproc.main_thread_call`), else at its next step. A SIGKILL loses the open segment; the
+host markers and NVML samples of the same run survive.
 
 Two hooks serve the rest of the session: the end of every optimizer step is a step boundary
 for a program that marks none (`bootstrap.optimizer_stepped`), and the open segment is
@@ -46,6 +53,14 @@ DEFAULT_SEGMENT_BYTES = 256 * 2**20
 DEFAULT_SEGMENT_S = 30.0
 #: ... or once it holds this many steps, before the first stop measured what a step costs
 DEFAULT_STEPS_PER_SEGMENT = 10
+#: what stopping a segment costs in memory per byte the process grew while it recorded, until
+#: a stop measured more (torch 2.13 on CPU, a Python-heavy start-up: 164 MB recorded with
+#: Python stacks took 5.6 GB more to stop; without stacks, 130 MB took 0.8-1.0 GB). Program
+#: allocations in a segment make a stop look cheaper than its events are, so a measurement
+#: only ever raises these.
+STOP_COST_PER_BYTE = {True: 40.0, False: 8.0}
+#: a stop's cost per byte recorded is learned only from segments that grew at least this much
+LEARN_FROM_BYTES = 2 * 2**20
 
 
 def create(out_dir: Path, settings: dict[str, Any]) -> TorchCollector:
@@ -78,6 +93,10 @@ class TorchCollector:
         self._lock = threading.Lock()  # never re-entered: see flush()
         self._owner = threading.get_ident()  # the thread that imported torch: the program's
         self._pending: list[str] = []  # edges waiting for the owner thread (_deferred)
+        # the list is changed from three threads (the program's, the flush thread's checks,
+        # the window's timers): an edge appended while the owner took the list was lost, and
+        # a capped start-up then recorded on (the owner never saw its pause)
+        self._pending_lock = threading.Lock()
         self._scheduled = False  # a main-thread call to apply them is queued
         self._in_hook = False  # inside the optimizer-step hook (inside Optimizer.step#)
         self._segment_rss = 0  # the process's resident bytes when the open segment began
@@ -90,6 +109,10 @@ class TorchCollector:
         self._forked = False  # a forked child: the parent's profiler state looks enabled
         self._shapes = True  # record shapes in the next segment (off from a swap to a step)
         self._segment_shapes = False  # the open segment records shapes
+        self._segment_stacks = False  # the open segment records Python stacks
+        self._stop_cost = dict(STOP_COST_PER_BYTE)  # by stacks: bytes a stop takes per byte
+        self._stepped = False  # a step opened: segments are bounded by steps from then on
+        self._restarting_since = 0  # time.time_ns() of the discard the next start follows
 
     def start(self) -> None:
         """Get ready; the first segment begins at `resume()`, when the window is open.
@@ -168,7 +191,8 @@ class TorchCollector:
             running = self._profiler is not None
             self._export_segment()
             self._owner = threading.main_thread().ident or self._owner
-            self._pending = [action for action in self._pending if action != "rotate"]
+            with self._pending_lock:
+                self._pending = [action for action in self._pending if action != "rotate"]
         if running and not self._finished:
             self._deferred("resume")
 
@@ -273,8 +297,10 @@ class TorchCollector:
         self._segment_start_s = time.monotonic()
         self._segment_steps = 0
         stack = not program.program_profiles() and program.stack_names_utf8()
+        self._segment_stacks = bool(stack)
         self._own.active = True
         self._segment_shapes = self._shapes
+        started, self._restarting_since = self._restarting_since or time.time_ns(), 0
         try:
             self._profiler = program.start_profiler(profiler, activities, stack, self.memory,
                                                     shapes=self._segment_shapes)
@@ -283,6 +309,7 @@ class TorchCollector:
             raise
         finally:
             self._own.active = False
+        host.note_pause("gpudiag: profiler started", started)
 
     def pause(self) -> None:
         """Close the open segment and write it (the window closed)."""
@@ -300,10 +327,15 @@ class TorchCollector:
             if self._gave_way:
                 return  # what was written before the program's profiler is all there is
             profiler, self._profiler = self._profiler, None
+            # from here to the next start (removing large segments takes a while too), the
+            # time is gpudiag's: one pause, noted when the profiler starts again
+            self._restarting_since = started = time.time_ns()
             if profiler is not None:
-                started, before = time.time_ns(), host.resident_bytes()
+                before = host.resident_bytes()
                 host.stop(profiler)
-                self._learn_segment_size(host.resident_bytes() - before)
+                self._learn_stop_cost(before, host.resident_bytes())
+                del profiler
+                release_memory(before)
                 host.note_pause("gpudiag: profiler stopped (warm-up dropped)", started)
             for old in self.out_dir.glob("segment-*.pt.trace.json"):
                 old.unlink(missing_ok=True)
@@ -330,10 +362,19 @@ class TorchCollector:
         """
         if threading.get_ident() == self._owner and not self._in_hook:
             return False
-        self._pending.append(action)
+        self._queue(action, once=False)
         if not self._in_hook:  # in the hook, the outer step wrapper applies it (no queue)
             self._schedule()
         return True
+
+    def _queue(self, action: str, once: bool = True) -> bool:
+        """Add an edge for the owner thread (`once`: unless it waits already); whether it was
+        added."""
+        with self._pending_lock:
+            if once and action in self._pending:
+                return False
+            self._pending.append(action)
+            return True
 
     def _schedule(self) -> None:
         if self._owner == threading.main_thread().ident and not self._scheduled:
@@ -343,7 +384,8 @@ class TorchCollector:
         self._scheduled = False
         if threading.get_ident() != self._owner or self._in_hook or host.inside_optimizer_step():
             return  # the outer step wrapper applies them once Optimizer.step# closed
-        actions, self._pending = self._pending, []
+        with self._pending_lock:
+            actions, self._pending = self._pending, []
         for action in actions:
             getattr(self, action)()
 
@@ -353,15 +395,26 @@ class TorchCollector:
         if threading.get_ident() != self._owner:
             return
         self._segment_steps += 1
+        self._stepped = True
         if not self._shapes:  # a swap turned shapes off: back on from this step
             self._shapes = True
-            if self._profiler is not None and "rotate" not in self._pending:
-                self._pending.append("rotate")
+            if self._profiler is not None:
+                self._queue("rotate")
         too_many = self._profiler is not None and self._segment_steps > self._steps_per_segment
-        if (too_many or self._too_big()) and "rotate" not in self._pending:
-            self._pending.append("rotate")
+        if too_many or self._too_big():
+            self._queue("rotate")
         if self._pending and not self._in_hook:  # in the hook: the outer wrapper applies
             self._apply_pending()
+
+    def _learn_stop_cost(self, before: int, after: int) -> None:
+        """What this stop cost (`after - before`, resident bytes around it) teaches: the
+        steps a segment can hold, and the cost per byte recorded that bounds the next ones."""
+        recorded = before - self._segment_rss
+        if self._segment_rss > 0 and recorded >= LEARN_FROM_BYTES:
+            per_byte = (after - before) / recorded
+            stacks = self._segment_stacks
+            self._stop_cost[stacks] = max(self._stop_cost[stacks], per_byte)
+        self._learn_segment_size(after - before)
 
     def _learn_segment_size(self, grown_bytes: int) -> None:
         """Size the next segments from what stopping this one cost: torch.profiler keeps
@@ -375,14 +428,25 @@ class TorchCollector:
         self._segment_steps = 0
 
     def _too_big(self) -> bool:
-        """Whether the open segment should be written now: the process grew past its bound,
-        or it is older than `segment_s` (a later kill then loses at most that much)."""
+        """Whether the open segment should be written now: stopping it would cost more than
+        `segment_bytes` (its growth times the cost per byte), or it is older than
+        `segment_s` (a later kill then loses at most that much). Before the first step,
+        the growth is weighed by the cost per byte (the start-up's Python calls); after it,
+        a step's events cost about what they grew (steps bound the segments)."""
         if self._profiler is None:
             return False
         if time.monotonic() - self._segment_start_s > self.segment_s:
             return True
-        return (self._segment_rss > 0
-                and host.resident_bytes() - self._segment_rss > self.segment_bytes)
+        grown = host.resident_bytes() - self._segment_rss
+        per_byte = 1.0 if self._stepped else self._stop_cost[self._segment_stacks]
+        return self._segment_rss > 0 and grown * per_byte > self.segment_bytes
+
+    def check(self) -> None:
+        """The bootstrap's thread, ten times a second: ask the owner's thread to write the
+        open segment once it grew past its bound (a second of Python-heavy start-up with
+        stacks records enough to take gigabytes to stop)."""
+        if self._too_big() and self._queue("rotate"):
+            self._schedule()
 
     def flush(self, final: bool) -> None:
         """At exit: write the open segment. Periodically (the flush thread): rotate when the
@@ -393,9 +457,7 @@ class TorchCollector:
         it is left to them.
         """
         if not final:
-            if self._too_big() and "rotate" not in self._pending:
-                self._pending.append("rotate")
-                self._schedule()
+            self.check()
             return
         if threading.get_ident() != self._owner:
             return
@@ -425,6 +487,7 @@ class TorchCollector:
         self._finished = False
         self._lock = threading.Lock()  # never re-entered: see flush()
         self._owner = threading.get_ident()
+        self._pending_lock = threading.Lock()  # the flush thread may have held it at the fork
         self._pending = []
         self._scheduled = False
         self.cuda = False
@@ -437,7 +500,7 @@ class TorchCollector:
             return
         started, before = time.time_ns(), host.resident_bytes()
         host.stop(profiler)
-        self._learn_segment_size(host.resident_bytes() - before)
+        self._learn_stop_cost(before, host.resident_bytes())
         if not self.out_dir.is_dir():  # the program deleted the run: nothing to write into
             host.note_error("torch: the segment was not written: its folder was deleted")
             return
@@ -449,8 +512,16 @@ class TorchCollector:
         escape_bare_quotes(tmp)
         os.replace(tmp, final)
         del profiler
-        host.release_memory()
+        release_memory(before)
         host.note_pause("gpudiag: profiler segment written", started)
+
+
+def release_memory(before: int) -> None:
+    """Give a stopped profiler's memory back when stopping it grew the process from `before`
+    by a measurable amount; a small one is left to the garbage collector (a full collection
+    on every small segment of a start-up would slow the program's model loading)."""
+    if host.resident_bytes() - before >= LEARN_FROM_BYTES:
+        host.release_memory()
 
 
 #: kept here for its callers: the Kineto name repair done at export (`torch_host`)

@@ -41,6 +41,11 @@ ENV_FLUSH_INTERVAL = "GPUDIAG_FLUSH_INTERVAL_S"
 ENV_SETTINGS = "GPUDIAG_SETTINGS"
 #: host markers kept open (rewritten each flush) before they are sealed into a chunk
 SEAL_ROWS = 50_000
+#: the domain of this collector's ranges (steps, markers, gpudiag's pauses), as their NVTX
+#: ranges have it (`gpudiag.markers.DOMAIN`): they cover the whole run, not only the window
+MARKER_DOMAIN = "gpudiag"
+#: how often the flush thread asks the collectors whether a buffer outgrew its bound (`check`)
+CHECK_INTERVAL_S = 0.1
 #: matches gpudiag.trace.FORMAT_NAME / FORMAT_VERSION (not imported: that pulls in pandas)
 _FORMAT = {"gpudiag_format": "gpudiag-trace", "gpudiag_format_version": 1}
 
@@ -181,9 +186,14 @@ class HostCollector:
         the program's stderr as a thread traceback, and the next interval tries again. Ends
         when the process's directory is gone (the program deleted the run)."""
         failed = False
-        while not self._wake.wait(self.interval_s):
+        flush_at = time.monotonic() + self.interval_s
+        while not self._wake.wait(min(CHECK_INTERVAL_S, self.interval_s)):
             if not self.dir.is_dir():
                 return  # the program deleted the run: write nothing into its rmtree
+            self.plugins.call("check", optional=True)
+            if time.monotonic() < flush_at:
+                continue
+            flush_at = time.monotonic() + self.interval_s
             try:
                 self.flush()
             except Exception as exc:
@@ -323,6 +333,7 @@ class HostCollector:
         frame = pd.DataFrame({
             "pid": self.pid, "tid": list(tid), "start_ns": list(start), "end_ns": list(end),
             "name": list(name), "source": list(source), "rank": _env_int("RANK"),
+            "domain": MARKER_DOMAIN,  # what sets them apart from what the profiler recorded
         })
         table = Trace(ranges=frame).ranges
         tmp = path.with_name(f".{path.name}.{self.pid}.tmp")

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from gpudiag import intervals as iv
@@ -50,6 +51,7 @@ from gpudiag.analyzers.host.categories import (
 from gpudiag.analyzers.host.columns import Columns
 from gpudiag.analyzers.steps.training import training_steps
 from gpudiag.intervals import nesting_depth
+from gpudiag.markers import DOMAIN as MARKER_DOMAIN
 from gpudiag.trace import Trace
 from gpudiag.trace_meta import helper_pids
 
@@ -72,8 +74,9 @@ def has_host_events(trace: Trace) -> bool:
 
 def host_by_step(trace: Trace) -> pd.DataFrame:
     """One row per step of every process: `rank` (NA: none), `pid`, `tid`, `step`, `index`,
-    `start_ns`, `end_ns`, `dur_ns` (the step's time less gpudiag's own pauses in it: the
-    profiler writing a segment on the program's thread), `warmup`, `profiled`,
+    `start_ns`, `end_ns`, `dur_ns` (the step's time less gpudiag's own pauses in it, the
+    profiler writing a segment on the program's thread, and less its part outside the
+    recorded span), `warmup`, `profiled`,
     `<category>_ns` for each category
     (they sum to `dur_ns`; 0 in steps that were not profiled) and `cpu_peak_bytes` (NA
     without CPU memory events).
@@ -161,6 +164,7 @@ def _compute(trace: Trace) -> dict[str, Any]:
                         rank=host["rank"].to_numpy(np.float64, na_value=np.nan),
                         pid=host["pid"].to_numpy(np.float64, na_value=np.nan))
     steps = training_steps(trace)
+    recorded = _recorded(ranges)
     step_rows = _by_process(steps)
     memory = _cpu_memory(trace)
     memory_rows = _by_process(memory)
@@ -168,14 +172,19 @@ def _compute(trace: Trace) -> dict[str, Any]:
     helpers = helper_pids(trace.meta)  # DataLoader workers: their time is not a step's
     for (rank, pid), mine in rows.groups(rows["_rank"], rows["_pid"]):
         ops = mine.take(mine["_op"] | mine["_annotation"])
-        if not len(ops) or pid in helpers:
+        if not len(ops) or pid in helpers or _waits_on_trainers((rank, pid), step_rows):
             continue
-        windows = _windows(step_rows.get((rank, pid), steps.iloc[0:0]), ops, int(rank),
-                           int(pid))
+        first, last = recorded.get((rank, pid)) or _span(ops.take(~_own_pauses(ops)), ops)
+        windows = _windows(step_rows.get((rank, pid), steps.iloc[0:0]), first, last,
+                           int(rank), int(pid))
         known = windows["tid"][~pd.isna(windows["tid"])]
         tid = int(known[0]) if len(known) else None
+        unrecorded = iv.subtract(iv.union(windows["start_ns"], windows["end_ns"]),
+                                 (np.array([first], dtype=np.int64),
+                                  np.array([last], dtype=np.int64)))
         spans = _without_own_pauses(
-            category_spans(mine, tid, windows["start_ns"], windows["end_ns"]), mine)
+            category_spans(mine, tid, windows["start_ns"], windows["end_ns"]), mine,
+            unrecorded)
         mem = memory_rows.get((rank, pid), memory.iloc[0:0])
         table = _per_step(windows, spans, mem)
         by_step.append(table)
@@ -191,22 +200,60 @@ def _compute(trace: Trace) -> dict[str, Any]:
 OWN_PAUSE = "gpudiag: "
 
 
-def _without_own_pauses(spans: dict[str, iv.Spans], ranges: Columns) -> dict[str, iv.Spans]:
+def _own_pauses(ranges: Columns) -> npt.NDArray[np.bool_]:
+    """Which of a process's ranges are gpudiag's own pauses (`OWN_PAUSE` annotations)."""
+    names = ranges["name"]
+    own = np.fromiter((str(name).startswith(OWN_PAUSE) for name in names), dtype=bool,
+                      count=len(names))
+    return own & ranges["_annotation"]
+
+
+def _waits_on_trainers(process: tuple[int, int],
+                       step_rows: dict[tuple[int, int], pd.DataFrame]) -> bool:
+    """Whether a process is not a training loop while others are: it has no step and
+    another process has (a parent waiting in `p.join()` on the processes that train, as
+    mnist_hogwild's; a launcher). Its whole span would read as one step of Python between
+    ops: 99.9% of 12.7 s for a parent that only waited."""
+    return bool(step_rows) and process not in step_rows
+
+
+def _recorded(ranges: pd.DataFrame) -> dict[tuple[int, int], tuple[int, int]]:
+    """Per process ((rank, pid) keys), the span the profiler recorded: its host ranges but
+    gpudiag's own (`markers.DOMAIN`: a `gpudiag profile` run's steps, `gpudiag.region()`
+    markers and pauses cover the whole run, not only the window the profiler recorded). A
+    process with only those has none here (its markers, less the pauses, are its span)."""
+    own = ranges["domain"] == MARKER_DOMAIN
+    mine = ranges[~own.fillna(False).to_numpy(bool) & ranges["tid"].notna().to_numpy(bool)]
+    rank, pid = keys.key_array(mine["rank"]), keys.key_array(mine["pid"])
+    start, end = mine["start_ns"].to_numpy(np.int64), mine["end_ns"].to_numpy(np.int64)
+    return {(int(r), int(p)): (int(start[rows].min()), int(end[rows].max()))
+            for (r, p), rows in keys.positions(rank, pid)}
+
+
+def _span(rows: Columns, fallback: Columns) -> tuple[int, int]:
+    """The first start and last end of `rows`, else of `fallback`."""
+    rows = rows if len(rows) else fallback
+    return int(rows["start_ns"].min()), int(rows["end_ns"].max())
+
+
+def _without_own_pauses(spans: dict[str, iv.Spans], ranges: Columns,
+                        unrecorded: iv.Spans) -> dict[str, iv.Spans]:
     """The categories less the time gpudiag's profiler held the program's thread (its
     `gpudiag: ...` ranges: stopping torch.profiler and writing a segment took up to seconds
     under load, and counted as the program's Python or optimizer), which is kept apart as
-    `OWN` so that no category, nor the Python remainder, nor a step's time holds it."""
-    notes = ranges.take(ranges["_annotation"])
-    own = notes.take(np.fromiter((str(name).startswith(OWN_PAUSE) for name in notes["name"]),
-                                 dtype=bool, count=len(notes)))
-    pauses = iv.union(own["start_ns"], own["end_ns"])
-    if len(pauses[0]):
-        spans = {category: iv.subtract(time, pauses) for category, time in spans.items()}
-    return {**spans, OWN: pauses}
+    `OWN` with the `unrecorded` time of the steps (a step the window cut: its part outside
+    the profiler's recording is not the program's Python), so that no category, nor the
+    Python remainder, nor a step's time holds either; `PAUSES` keeps the pauses alone."""
+    own = ranges.take(_own_pauses(ranges))
+    pauses = iv.union(np.concatenate([own["start_ns"], unrecorded[0]]),
+                      np.concatenate([own["end_ns"], unrecorded[1]]))
+    spans = {category: iv.subtract(time, pauses) for category, time in spans.items()}
+    return {**spans, OWN: pauses, PAUSES: iv.union(own["start_ns"], own["end_ns"])}
 
 
-#: the key of gpudiag's own pauses among a process's category spans
-OWN = "gpudiag"
+#: the key of gpudiag's own pauses and the steps' unrecorded time among a process's category
+#: spans, and of the pauses alone
+OWN, PAUSES = "gpudiag", "gpudiag pauses"
 
 
 def _by_process(frame: pd.DataFrame) -> dict[tuple[int, int], pd.DataFrame]:
@@ -260,10 +307,11 @@ def _tables(by_step: list[pd.DataFrame], top_ops: list[pd.DataFrame],
             "pieces": (by_step, top_ops, mem_rows, gaps)}
 
 
-def _windows(steps: pd.DataFrame, ops: Columns, rank: int, pid: int) -> dict[str, Any]:
-    """The process's steps as columns, with `profiled`; its profiled span as one step
-    without any. `rank` and `pid` are the process's int64 keys (`keys.MISSING` for NA)."""
-    first, last = int(ops["start_ns"].min()), int(ops["end_ns"].max())
+def _windows(steps: pd.DataFrame, first: int, last: int, rank: int, pid: int
+             ) -> dict[str, Any]:
+    """The process's steps as columns, with `profiled`; its recorded span `[first, last]`
+    as one step without any. `rank` and `pid` are the process's int64 keys
+    (`keys.MISSING` for NA)."""
     if steps.empty:
         return {"rank": np.array([rank]), "pid": np.array([pid]),
                 "tid": pd.Series([pd.NA]).array, "step": np.array([WHOLE], dtype=object),
@@ -288,9 +336,12 @@ def _per_step(windows: dict[str, Any], spans: dict[str, iv.Spans], memory: pd.Da
     the CPU memory peak, one frame built once."""
     out = dict(windows)
     start, end = windows["start_ns"], windows["end_ns"]
-    profiled = windows["profiled"]
-    own = np.where(profiled, amounts(spans[OWN], start, end), 0)
-    out["dur_ns"] = np.asarray(windows["dur_ns"], dtype=np.int64) - own
+    dur = np.asarray(windows["dur_ns"], dtype=np.int64)
+    paused, excluded = amounts(spans[PAUSES], start, end), amounts(spans[OWN], start, end)
+    # profiled: the profiler recorded at least half of the step's time that was the program's
+    profiled = out["profiled"] = 2 * (dur - excluded) >= dur - paused
+    own = np.where(profiled, excluded, paused)
+    out["dur_ns"] = dur - own
     covered = own.copy()
     for category in CATEGORIES[:-1]:
         time = np.where(profiled, amounts(spans[category], start, end), 0)
