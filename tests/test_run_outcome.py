@@ -23,13 +23,14 @@ def test_a_run_that_ended_well_has_no_outcome_line() -> None:
 def test_the_exit_the_exceptions_and_the_unfinished_are_named() -> None:
     meta = {"run": {"exit_code": 1, "signal": None}, "processes": [
         PROCESS, {"pid": 11, "rank": 1, "end_ns": 5, "exception": "RuntimeError: NCCL timeout"},
-        {"pid": 12, "rank": 2, "end_ns": None}]}
+        {"pid": 12, "rank": 2, "end_ns": None},
+        {"pid": 13, "rank": 3, "end_ns": 6, "ended_by": "SIGTERM"}]}
     said = outcome(meta)
     assert said is not None and said["failed"]
     assert said["headline"] == (
         "The run failed: exit status 1; rank 1 (pid 11) raised RuntimeError: NCCL timeout; "
-        "rank 2 (pid 12) ended without exiting Python (killed, crashed or os._exit): what "
-        "follows covers what was recorded before")
+        "rank 2 (pid 12) ended without exiting Python (killed, crashed or os._exit); rank 3 "
+        "(pid 13) was ended by SIGTERM: what follows covers what was recorded before")
     killed = outcome({"run": {"exit_code": 137, "signal": 9}, "processes": []})
     assert killed is not None and killed["headline"].startswith("The run failed: killed by SIGKILL")
 
@@ -47,21 +48,31 @@ CRASHING = """
         time.sleep(1.0)                      # after a flush or two
         os.kill(os.getpid(), signal.SIGKILL)
 
+    def waits():
+        time.sleep(120)                      # a rank stopped when another one failed
+
     if __name__ == "__main__":
         child = mp.get_context("spawn").Process(target=killed)
         child.start()
+        other = mp.get_context("spawn").Process(target=waits)
+        other.start()
         x = torch.randn(32, 32)
         for _ in range(3):
             gpudiag.step()
             x = x @ x
         child.join()
+        time.sleep(1.0)                      # the other one is up, its SIGTERM guard too
+        other.terminate()                    # what torchrun's agent does to the others
+        other.join()
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 """
 
 
 def test_a_crashed_run_is_said_first_in_every_output(tmp_path: Path) -> None:
-    """The program raises after three steps; a child it spawned died of SIGKILL. `analyze`
-    opens with both, `--json` has them under `outcome`, and the report's summary too."""
+    """The program raises after three steps; a child it spawned died of SIGKILL, another
+    one it stopped with SIGTERM (as torchrun's agent stops the ranks when one failed: each
+    used to end with its flush and no word of it). `analyze` opens with all three,
+    `--json` has them under `outcome`, and the report's summary too."""
     framework("torch")
     script = tmp_path / "crash.py"
     script.write_text(textwrap.dedent(CRASHING))
@@ -80,11 +91,12 @@ def test_a_crashed_run_is_said_first_in_every_output(tmp_path: Path) -> None:
     assert first.startswith("The run failed: exit status 1;"), analyzed.stdout
     assert "raised RuntimeError: CUDA error: an illegal memory access" in first
     assert "ended without exiting Python" in first
+    assert "was ended by SIGTERM" in first
     info = json.loads(subprocess.run(
         [sys.executable, "-m", "gpudiag", "analyze", "--json", str(run_dir)],
         capture_output=True, text=True, timeout=300, check=True).stdout)
     said = info["outcome"]
-    assert said["failed"] and said["exit_code"] == 1 and len(said["processes"]) == 2
+    assert said["failed"] and said["exit_code"] == 1 and len(said["processes"]) == 3
     page = tmp_path / "r.html"
     subprocess.run([sys.executable, "-m", "gpudiag", "report", str(run_dir), "-o", str(page),
                     "--cdn"], capture_output=True, timeout=300, check=True)

@@ -250,7 +250,8 @@ def run_outcome(meta: dict[str, Any]) -> dict[str, Any] | None:
     when nothing failed: the first thing the diagnosis says (a crash is the finding).
 
     The session records the command's exit status and signal (`meta["run"]`); each process
-    its uncaught exception (`profiler/process_facts.py`) and, at its final flush, `end_ns`.
+    its uncaught exception (`profiler/process_facts.py`), the SIGTERM that ended it (whose
+    handler wrote its last flush: `ended_by`) and, at its final flush, `end_ns`.
     A process without `end_ns` never finished Python's exit: it was killed (SIGKILL, the
     OOM killer), crashed (SIGSEGV) or left through `os._exit`.
 
@@ -276,6 +277,8 @@ def _death(process: dict[str, Any]) -> dict[str, Any] | None:
     exception = process.get("exception")
     if exception:
         how = f"raised {exception}"
+    elif process.get("ended_by"):  # a rank its launcher stopped when another one failed
+        how = f"was ended by {process['ended_by']}"
     elif process.get("end_ns") is None:
         how = "ended without exiting Python (killed, crashed or os._exit)"
     else:

@@ -28,12 +28,14 @@ def stop(profiler: Any) -> None:
     program.restore_profile_hook(hook)
 
 
-def note_pause(name: str, started_ns: int) -> None:
+def note_pause(name: str, started_ns: int, ended_ns: int | None = None) -> None:
     """Mark the time the program's thread spent in gpudiag (stopping, writing a segment),
-    so step times can be read with it in view."""
+    so step times can be read with it in view. Never while a profiler records: the first
+    range imports what writing ranges needs (pandas, pyarrow), millions of Python calls
+    that a profiler with stacks would record and take seconds to stop."""
     boot = bootstrap()
     if boot is not None:
-        boot.record_range(name, started_ns, time.time_ns(), "annotation")
+        boot.record_range(name, started_ns, ended_ns or time.time_ns(), "annotation")
 
 
 def release_memory() -> None:

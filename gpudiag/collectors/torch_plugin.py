@@ -113,6 +113,7 @@ class TorchCollector:
         self._stop_cost = dict(STOP_COST_PER_BYTE)  # by stacks: bytes a stop takes per byte
         self._stepped = False  # a step opened: segments are bounded by steps from then on
         self._restarting_since = 0  # time.time_ns() of the discard the next start follows
+        self._start_pause = (0, 0)  # when the running profiler's start began and ended
 
     def start(self) -> None:
         """Get ready; the first segment begins at `resume()`, when the window is open.
@@ -292,9 +293,6 @@ class TorchCollector:
         activities = [profiler.ProfilerActivity.CPU]
         if self.cuda:
             activities.append(profiler.ProfilerActivity.CUDA)
-        # the segment's bounds first: the flush thread reads them once _profiler is set
-        self._segment_rss = host.resident_bytes()
-        self._segment_start_s = time.monotonic()
         self._segment_steps = 0
         stack = not program.program_profiles() and program.stack_names_utf8()
         self._segment_stacks = bool(stack)
@@ -302,14 +300,19 @@ class TorchCollector:
         self._segment_shapes = self._shapes
         started, self._restarting_since = self._restarting_since or time.time_ns(), 0
         try:
-            self._profiler = program.start_profiler(profiler, activities, stack, self.memory,
-                                                    shapes=self._segment_shapes)
+            running = program.start_profiler(profiler, activities, stack, self.memory,
+                                             shapes=self._segment_shapes)
         except Exception:
             self._finished = True  # a failed start leaves Kineto unusable in this process
             raise
         finally:
             self._own.active = False
-        host.note_pause("gpudiag: profiler started", started)
+        self._start_pause = (started, time.time_ns())  # noted once this profiler stopped
+        # the segment's bounds before _profiler is set (the flush thread reads them then),
+        # after the start: Kineto's own set-up (tens of MB at the first) is not recorded
+        self._segment_rss = host.resident_bytes()
+        self._segment_start_s = time.monotonic()
+        self._profiler = running
 
     def pause(self) -> None:
         """Close the open segment and write it (the window closed)."""
@@ -334,6 +337,7 @@ class TorchCollector:
                 before = host.resident_bytes()
                 host.stop(profiler)
                 self._learn_stop_cost(before, host.resident_bytes())
+                self._note_start()  # after the measure: the first range imports pandas
                 del profiler
                 release_memory(before)
                 host.note_pause("gpudiag: profiler stopped (warm-up dropped)", started)
@@ -405,6 +409,14 @@ class TorchCollector:
             self._queue("rotate")
         if self._pending and not self._in_hook:  # in the hook: the outer wrapper applies
             self._apply_pending()
+
+    def _note_start(self) -> None:
+        """The stopped profiler's start, as a pause of gpudiag's (noted now that no profiler
+        records: see `torch_host.note_pause`)."""
+        started, ended = self._start_pause
+        if started:
+            host.note_pause("gpudiag: profiler started", started, ended)
+        self._start_pause = (0, 0)
 
     def _learn_stop_cost(self, before: int, after: int) -> None:
         """What this stop cost (`after - before`, resident bytes around it) teaches: the
@@ -501,6 +513,7 @@ class TorchCollector:
         started, before = time.time_ns(), host.resident_bytes()
         host.stop(profiler)
         self._learn_stop_cost(before, host.resident_bytes())
+        self._note_start()  # after the measure: the first range imports pandas
         if not self.out_dir.is_dir():  # the program deleted the run: nothing to write into
             host.note_error("torch: the segment was not written: its folder was deleted")
             return

@@ -165,6 +165,7 @@ class HostCollector:
         self._auto_steps = 0
         self.notes: list[str] = []  # lines the session prints about this process
         self.exception: str | None = None  # the uncaught exception that ended it
+        self.ended_by: str | None = None  # the signal whose handler wrote the last flush
 
     def start(self) -> None:
         self._claim()
@@ -264,6 +265,7 @@ class HostCollector:
             "collectors_failed": self.plugins.failed, "collectors_skipped": self.skipped,
             "window": self.window.info(), "gpudiag_thread_ids": self.own_thread_ids(),
             "notes": list(self.notes), "exception": self.exception,
+            "ended_by": self.ended_by,
             "role": _load_sibling("process_facts").role(),
         }
         if self._stack_file is not None:  # what the session's watchdog signals for stacks
@@ -357,6 +359,8 @@ class HostCollector:
         if not self._stop_claim.acquire(blocking=False):  # one C call: no handler runs
             return  # in it; stopped already or stopping (SIGTERM flush, then atexit)
         self._in_signal = from_signal
+        if from_signal:  # only the SIGTERM guard stops from a handler (sigterm.finish)
+            self.ended_by = "SIGTERM"
         try:
             with _load_sibling("sigterm").held_signals():
                 self._wake.set()
