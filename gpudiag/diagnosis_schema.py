@@ -80,7 +80,8 @@ TID = _c("tid", "Int64", "", "host thread id")
 LOSS_CAUSES = ("useful", "sync_stall", "launch_bound", "host_bound", "copy", "comm_wait",
                "small_grid")
 OTHER_CAUSES = ("fragmentation", "kernel", "comm", "throttle", "host_data_loading",
-                "host_python_overhead", "host_optimizer", "host_compile", "host_op")
+                "host_python_overhead", "host_optimizer", "host_compile", "host_op",
+                "host_off_cpu")
 GAP_CAUSES = ("sync_stall", "copy", "launch_bound", "host_bound")
 GAP_RULES = ("sync", "copy_in_progress", "queued", "host_wait", "launch_latency", "no_launch")
 WAIT_KINDS = ("device", "context", "stream", "event", "copy", "unknown")
@@ -586,6 +587,11 @@ _declare(
        "markers, less gpudiag's pauses)"),
     *(_ns(f"{name}_ns", f"host time in {what} (the categories sum to dur_ns; 0 in steps not "
           "profiled)") for name, what in HOST_CATEGORIES.items()),
+    _c("cpu_time", "Int64", "ns", "time the training thread ran on a CPU in the step (its "
+       "thread CPU time, measured by `gpudiag profile` at each step edge; NA: not measured)"),
+    _ns("python_off_cpu_ns", "of python_ns, the time the thread was off a CPU (wall less "
+        "CPU time, less data loading waits, at most python_ns; 0 without cpu_time): "
+        "descheduled or blocked, not Python to optimize"),
     _c("cpu_peak_bytes", "Int64", "bytes", "highest running total of CPU allocations in the "
        "step (NA without CPU memory events)"),
 )

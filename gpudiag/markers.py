@@ -79,7 +79,7 @@ def _recorder() -> Any:
 class _Range:
     """One open marker range: pushed to NVTX on open, popped and recorded on close."""
 
-    __slots__ = ("closed", "name", "nvtx", "source", "start_ns")
+    __slots__ = ("closed", "cpu_ns", "name", "nvtx", "source", "start_ns", "thread")
 
     def __init__(self, name: str, source: str) -> None:
         self.name = name
@@ -88,6 +88,8 @@ class _Range:
         self.nvtx = _nvtx_module()
         if self.nvtx is not None:
             self.nvtx.push_range(message=name, domain=DOMAIN)
+        self.thread = threading.get_ident()
+        self.cpu_ns = time.thread_time_ns()  # on-CPU vs waiting or descheduled, per step
         self.start_ns = time.time_ns()
 
     def close(self) -> None:
@@ -100,7 +102,9 @@ class _Range:
             self.nvtx.pop_range(domain=DOMAIN)
         record = _recorder()
         if record is not None:
-            record(self.name, self.start_ns, end_ns, self.source)
+            on_cpu = (time.thread_time_ns() - self.cpu_ns
+                      if threading.get_ident() == self.thread else None)
+            record(self.name, self.start_ns, end_ns, self.source, on_cpu)
 
 
 class region:

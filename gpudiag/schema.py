@@ -370,6 +370,8 @@ _table(
        ("torch_op", "annotation", "step", "python", "nvtx", "gpu_annotation", "host", "device_op")),
     _c("domain", "category", "", "NVTX domain or other namespace of the name"),
     EXTERNAL_ID,
+    _c("cpu_time", "Int64", "ns", "time the recording thread ran on a CPU within the range "
+       "(its thread CPU time: gpudiag's steps and markers; NA where not measured)"),
 )
 
 _table(

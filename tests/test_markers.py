@@ -49,7 +49,9 @@ def fake_recorder(
     ranges: list[tuple[str, int, int, str]] = []
     module = types.ModuleType(BOOTSTRAP)
 
-    def record_range(name: str, start_ns: int, end_ns: int, source: str = "annotation") -> None:
+    def record_range(name: str, start_ns: int, end_ns: int, source: str = "annotation",
+                     cpu_ns: int | None = None) -> None:
+        assert cpu_ns is None or cpu_ns >= 0  # the thread's CPU time in the range
         ranges.append((name, start_ns, end_ns, source))
 
     module.record_range = record_range  # type: ignore[attr-defined]

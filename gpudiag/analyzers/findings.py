@@ -26,7 +26,7 @@ LOSS_CAUSES = ("useful", "sync_stall", "launch_bound", "host_bound", "copy", "co
 
 #: host-side causes (`analyzers.host_steps`): host time in the steps, a share of step time
 HOST_CAUSES = ("host_data_loading", "host_python_overhead", "host_optimizer", "host_compile",
-               "host_op")
+               "host_op", "host_off_cpu")
 
 #: causes a finding may name besides the waterfall's (not shares of the timeline)
 OTHER_CAUSES = ("fragmentation", "kernel", "comm", "throttle", *HOST_CAUSES)

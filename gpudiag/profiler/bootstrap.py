@@ -41,6 +41,9 @@ ENV_FLUSH_INTERVAL = "GPUDIAG_FLUSH_INTERVAL_S"
 ENV_SETTINGS = "GPUDIAG_SETTINGS"
 #: host markers kept open (rewritten each flush) before they are sealed into a chunk
 SEAL_ROWS = 50_000
+#: a kept range: native thread id, start and end (ns), name, source, the thread's CPU time
+#: in it (None: not measured)
+Row = tuple[int, int, int, str, str, "int | None"]
 #: the domain of this collector's ranges (steps, markers, gpudiag's pauses), as their NVTX
 #: ranges have it (`gpudiag.markers.DOMAIN`): they cover the whole run, not only the window
 MARKER_DOMAIN = "gpudiag"
@@ -144,7 +147,7 @@ class HostCollector:
         self.dir = self.run_dir / "procs" / proc_dir_name(self.pid)
         self._claimed = False  # the directory is made (exclusively) by _claim
         self.start_ns = time.time_ns()
-        self.ranges: list[tuple[int, int, int, str, str]] = []
+        self.ranges: list[Row] = []
         self._flushed_ranges = 0  # rows of the open tail already in ranges.parquet
         self._sealed = 0  # marker chunks written
         self._writer_ready = False
@@ -161,6 +164,7 @@ class HostCollector:
         self._stop_claim = threading.Lock()
         self._thread: threading.Thread | None = None
         self._boundary_ns: int | None = None  # the last optimizer step's end
+        self._boundary_cpu = (0, 0)  # its thread and that thread's CPU time then
         self._stack_file: str | None = None
         self._auto_steps = 0
         self.notes: list[str] = []  # lines the session prints about this process
@@ -211,7 +215,8 @@ class HostCollector:
         """A collector problem: into `<run>/bootstrap-errors.log` (the session points at it)."""
         _note_error(self.run_dir, message)
 
-    def add_range(self, name: str, start_ns: int, end_ns: int, source: str) -> None:
+    def add_range(self, name: str, start_ns: int, end_ns: int, source: str,
+                  cpu_ns: int | None = None) -> None:
         if not self._writer_ready:
             if self._writer_failed:
                 return  # said once; markers are not kept without a way to write them
@@ -228,7 +233,8 @@ class HostCollector:
         if not self._lock.take(self._in_signal):
             return  # a signal interrupted this very thread while it held the lock
         try:
-            self.ranges.append((threading.get_native_id(), start_ns, end_ns, name, source))
+            self.ranges.append((threading.get_native_id(), start_ns, end_ns, name, source,
+                                cpu_ns))
         finally:
             self._lock.release()
 
@@ -242,9 +248,12 @@ class HostCollector:
         if self.window.step_source == "marker":
             return
         previous, self._boundary_ns = self._boundary_ns, at_ns
+        thread, cpu = threading.get_ident(), time.thread_time_ns()
+        (last_thread, last_cpu), self._boundary_cpu = self._boundary_cpu, (thread, cpu)
         if previous is not None:
             self._auto_steps += 1
-            self.add_range(f"step {self._auto_steps}", previous, at_ns, "step")
+            on_cpu = cpu - last_cpu if thread == last_thread else None
+            self.add_range(f"step {self._auto_steps}", previous, at_ns, "step", on_cpu)
         self.window.step("optimizer")
         self.plugins.call("on_step", optional=True)
 
@@ -312,7 +321,7 @@ class HostCollector:
         meta = json.dumps(self.meta(end_ns), indent=1).encode()
         _write_atomic(self.dir / "meta.json", meta)
 
-    def _seal(self, tail: list[tuple[int, int, int, str, str]]) -> None:
+    def _seal(self, tail: list[Row]) -> None:
         """Move a full tail into its own chunk (written before the tail is cleared, so a
         kill in between leaves the rows twice, which `merge_run` drops, never zero times)."""
         self._sealed += 1
@@ -326,15 +335,16 @@ class HostCollector:
         with self._lock:
             del self.ranges[:len(tail)]
 
-    def _write_ranges(self, ranges: list[tuple[int, int, int, str, str]], path: Path) -> None:
+    def _write_ranges(self, ranges: list[Row], path: Path) -> None:
         import pandas as pd
 
         from gpudiag.trace import Trace, write_parquet
 
-        tid, start, end, name, source = zip(*ranges, strict=True) if ranges else ([],) * 5
+        tid, start, end, name, source, cpu = zip(*ranges, strict=True) if ranges else ([],) * 6
         frame = pd.DataFrame({
             "pid": self.pid, "tid": list(tid), "start_ns": list(start), "end_ns": list(end),
             "name": list(name), "source": list(source), "rank": _env_int("RANK"),
+            "cpu_time": pd.array(list(cpu), dtype="Int64"),
             "domain": MARKER_DOMAIN,  # what sets them apart from what the profiler recorded
         })
         table = Trace(ranges=frame).ranges
@@ -443,8 +453,10 @@ def release_shadowed(before: set[str]) -> None:
 
 
 @_shielded
-def record_range(name: str, start_ns: int, end_ns: int, source: str = "annotation") -> None:
-    """Record a named host time range (`time.time_ns()` clock) in this process's trace.
+def record_range(name: str, start_ns: int, end_ns: int, source: str = "annotation",
+                 cpu_ns: int | None = None) -> None:
+    """Record a named host time range (`time.time_ns()` clock) in this process's trace,
+    with the time its thread ran on a CPU within it (`cpu_ns`, None: not measured).
 
     This is what `gpudiag.step()` (source "step") and `gpudiag.region(name)` (source
     "annotation") call; without an active collector it does nothing, so marked code costs
@@ -452,7 +464,7 @@ def record_range(name: str, start_ns: int, end_ns: int, source: str = "annotatio
     """
     collector = _active
     if collector is not None:
-        collector.add_range(name, int(start_ns), int(end_ns), source)
+        collector.add_range(name, int(start_ns), int(end_ns), source, cpu_ns)
 
 
 def swap_active(collector: HostCollector | None) -> HostCollector | None:

@@ -626,7 +626,7 @@ _SELECTORS: tuple[tuple[tuple[str, ...], Selector], ...] = (
     (("sync_stall",), _sync_calls),
     (("launch_bound", "host_bound"), _gap_fixes),
     (("host_data_loading", "host_python_overhead", "host_optimizer", "host_compile",
-      "host_op"), _host_sections),
+      "host_op", "host_off_cpu"), _host_sections),
     (("small_grid",), _small_grids),
     (("copy",), _copy_calls),
     (("comm_wait", "comm"), _collectives),

@@ -37,6 +37,22 @@ ADVICE: Mapping[str, Mapping[str, str]] = {
                "body inside jit (jax.lax.scan over several steps), avoid per-step host reads "
                "(float(loss), np.asarray) and Python-side batch preparation",
     },
+    "host_off_cpu": {
+        "tensorflow": "the training thread was off a CPU between ops: on a shared machine "
+                      "other processes took its cores (check the load; pin the job with "
+                      "taskset or numactl; fewer tf.data or intra-op threads than cores), "
+                      "else it blocked outside any op (file or network I/O, a sleep, a "
+                      "lock): move that work off the training thread",
+        "torch": "the training thread was off a CPU between ops: on a shared machine other "
+                 "processes took its cores (check the load; pin the job with taskset or "
+                 "numactl; keep DataLoader workers plus torch.get_num_threads() within the "
+                 "cores), else it blocked outside any op (file or network I/O, a sleep, a "
+                 "lock): move that work off the training thread",
+        "jax": "the training thread was off a CPU between ops: on a shared machine other "
+               "processes took its cores (check the load; pin the job with taskset or "
+               "numactl), else it blocked outside any op (file or network I/O, a sleep, a "
+               "lock): move that work off the training thread",
+    },
     "host_optimizer": {
         "tensorflow": "run the optimizer inside the tf.function step (apply_gradients there), "
                       "not eagerly, so the update is one graph",
@@ -73,7 +89,8 @@ ADVICE: Mapping[str, Mapping[str, str]] = {
 
 _WHAT = {"host_data_loading": "data loading", "host_python_overhead":
          "Python outside framework ops", "host_optimizer": "the optimizer (step, zero_grad)",
-         "host_compile": "compilation"}
+         "host_compile": "compilation",
+         "host_off_cpu": "time off a CPU between ops (descheduled or blocked)"}
 
 
 def advice(cause: str, framework: str | None) -> str:

@@ -35,7 +35,7 @@ import pandas as pd
 
 from gpudiag import intervals as iv
 from gpudiag.analyzers import callsites, keys
-from gpudiag.analyzers.findings import Result, frame
+from gpudiag.analyzers.findings import Result, format_ns, frame
 from gpudiag.analyzers.frameworks import formats_of, framework, framework_of
 from gpudiag.analyzers.host.advice import advice, evidence
 from gpudiag.analyzers.host.categories import (
@@ -57,10 +57,12 @@ from gpudiag.trace_meta import helper_pids
 
 WHOLE = "(whole trace)"
 BY_STEP = ("rank", "pid", "tid", "step", "index", "start_ns", "end_ns", "dur_ns", "warmup",
-           "profiled", *(f"{c}_ns" for c in CATEGORIES), "cpu_peak_bytes")
+           "profiled", *(f"{c}_ns" for c in CATEGORIES), "cpu_time", "python_off_cpu_ns",
+           "cpu_peak_bytes")
 
 #: cause -> category it measures
 CAUSES = {"host_data_loading": "data_loading", "host_python_overhead": "python",
+          "host_off_cpu": "off_cpu",
           "host_optimizer": "optimizer", "host_compile": "compile"}
 
 
@@ -165,6 +167,7 @@ def _compute(trace: Trace) -> dict[str, Any]:
                         pid=host["pid"].to_numpy(np.float64, na_value=np.nan))
     steps = training_steps(trace)
     recorded = _recorded(ranges)
+    cpu_times = _step_cpu_times(ranges)
     step_rows = _by_process(steps)
     memory = _cpu_memory(trace)
     memory_rows = _by_process(memory)
@@ -186,7 +189,7 @@ def _compute(trace: Trace) -> dict[str, Any]:
             category_spans(mine, tid, windows["start_ns"], windows["end_ns"]), mine,
             unrecorded)
         mem = memory_rows.get((rank, pid), memory.iloc[0:0])
-        table = _per_step(windows, spans, mem)
+        table = _per_step(windows, spans, mem, cpu_times)
         by_step.append(table)
         steady = table[table["profiled"] & ~table["warmup"]]
         top_ops.append(_self_time(mine, steady))
@@ -275,13 +278,29 @@ class Lane:
     steady: pd.DataFrame
 
     def time_of(self, category: str) -> iv.Spans:
-        """The spans of one category (`python`: what no category covers) in steady steps."""
+        """The spans of one category in steady steps: `python` what no category covers and
+        the thread ran on a CPU, `off_cpu` the rest of it (`python_off_cpu_ns`)."""
         windows = iv.union(self.steady["start_ns"], self.steady["end_ns"])
-        if category != "python":
+        if category not in ("python", "off_cpu"):
             return iv.intersect(self.spans[category], windows)
         covered = iv.union(np.concatenate([span[0] for span in self.spans.values()]),
                            np.concatenate([span[1] for span in self.spans.values()]))
-        return iv.subtract(windows, covered)
+        on_cpu, off_cpu = self._split(iv.subtract(windows, covered))
+        return on_cpu if category == "python" else off_cpu
+
+    def _split(self, python: iv.Spans) -> tuple[iv.Spans, iv.Spans]:
+        """Python's spans cut into the part on a CPU and the part off it: when in a step the
+        thread was off a CPU is not recorded, only how long, so each span of a step keeps
+        the step's share of Python on a CPU at its start and gives the rest to `off_cpu`."""
+        start, end = python
+        steps = self.steady.sort_values("start_ns")
+        at = np.clip(np.searchsorted(steps["start_ns"].to_numpy(np.int64), start,
+                                     side="right") - 1, 0, max(len(steps) - 1, 0))
+        total = steps["python_ns"].to_numpy(np.int64)
+        off = steps["python_off_cpu_ns"].to_numpy(np.int64)
+        keep = (1 - off / np.maximum(total, 1))[at] if len(steps) else np.ones(len(start))
+        cut = start + np.floor((end - start) * keep).astype(np.int64)
+        return (start, cut), (cut, end)
 
 
 def lanes(trace: Trace) -> list[Lane]:
@@ -330,10 +349,22 @@ def _windows(steps: pd.DataFrame, first: int, last: int, rank: int, pid: int
             "profiled": 2 * inside >= steps["dur_ns"].to_numpy()}
 
 
-def _per_step(windows: dict[str, Any], spans: dict[str, iv.Spans], memory: pd.DataFrame
-              ) -> pd.DataFrame:
-    """The process's `host_by_step` rows: its windows, each category's time in them and
-    the CPU memory peak, one frame built once."""
+def _step_cpu_times(ranges: pd.DataFrame) -> dict[tuple[int, int, int], int]:
+    """The training thread's CPU time in each step gpudiag measured it for (its step
+    ranges' `cpu_time`), by (pid, start_ns, end_ns): what `training_steps` made of them."""
+    if "cpu_time" not in ranges:
+        return {}
+    measured = ranges[(ranges["source"] == "step").to_numpy(bool)
+                      & ranges["cpu_time"].notna().to_numpy(bool)]
+    return {(int(pid), int(start), int(end)): int(cpu) for pid, start, end, cpu in zip(
+        measured["pid"], measured["start_ns"], measured["end_ns"], measured["cpu_time"],
+        strict=True) if not pd.isna(pid)}
+
+
+def _per_step(windows: dict[str, Any], spans: dict[str, iv.Spans], memory: pd.DataFrame,
+              cpu_times: dict[tuple[int, int, int], int]) -> pd.DataFrame:
+    """The process's `host_by_step` rows: its windows, each category's time in them, the
+    thread's time on a CPU and the CPU memory peak, one frame built once."""
     out = dict(windows)
     start, end = windows["start_ns"], windows["end_ns"]
     dur = np.asarray(windows["dur_ns"], dtype=np.int64)
@@ -348,8 +379,26 @@ def _per_step(windows: dict[str, Any], spans: dict[str, iv.Spans], memory: pd.Da
         out[f"{category}_ns"] = time
         covered += time
     out["python_ns"] = np.where(profiled, np.maximum(end - start - covered, 0), 0)
+    cpu = pd.array([cpu_times.get((int(pid), int(a), int(b))) for pid, a, b in
+                    zip(windows["pid"], start, end, strict=True)], dtype="Int64")
+    out["cpu_time"] = cpu
+    out["python_off_cpu_ns"] = _python_off_cpu(out, cpu, start, end)
     out["cpu_peak_bytes"] = _peaks(memory, start, end)
     return pd.DataFrame(out)
+
+
+def _python_off_cpu(out: dict[str, Any], cpu: Any, start: npt.ArrayLike, end: npt.ArrayLike
+                    ) -> npt.NDArray[np.int64]:
+    """How much of each step's Python between ops the training thread spent off a CPU
+    (descheduled by a busy machine, or blocked outside any op: I/O, a sleep), 0 where its
+    CPU time was not measured. The thread's time off a CPU in the step is its wall time
+    less its CPU time; waits on the data loader are off a CPU and are data loading
+    already, the ops are taken as on a CPU; what remains is Python's, at most all of it."""
+    wall = np.asarray(end, dtype=np.int64) - np.asarray(start, dtype=np.int64)
+    known = ~pd.isna(cpu)
+    on_cpu = np.where(known, np.asarray(cpu.fillna(0), dtype=np.int64), wall)
+    off = np.maximum(wall - on_cpu - np.asarray(out["data_loading_ns"], dtype=np.int64), 0)
+    return np.minimum(off, np.asarray(out["python_ns"], dtype=np.int64)).astype(np.int64)
 
 
 def _cpu_memory(trace: Trace) -> pd.DataFrame:
@@ -455,7 +504,7 @@ def _empty_by_step() -> pd.DataFrame:
     return pd.DataFrame({col: pd.Series(dtype="int64" if col.endswith("_ns") or col == "index"
                                         else "bool" if col in ("warmup", "profiled")
                                         else "Int64" if col in ("rank", "pid", "tid",
-                                                                "cpu_peak_bytes")
+                                                                "cpu_time", "cpu_peak_bytes")
                                         else "object") for col in BY_STEP})
 
 
@@ -550,14 +599,21 @@ def _findings(tables: dict[str, Any], kind: str | None,
     context = {"steps": len(steady), "warmup": warm, "total": total,
                "whole": bool((steady["step"] == WHOLE).all())}
     rows = []
+    off_cpu = int(steady["python_off_cpu_ns"].sum()) if len(steady) else 0
     for cause, category in CAUSES.items():
-        time = int(steady[f"{category}_ns"].sum())
+        time = off_cpu if category == "off_cpu" else int(steady[f"{category}_ns"].sum())
+        if cause == "host_python_overhead":  # Python is what ran on a CPU
+            time -= off_cpu
         if time < min_share * total:
             continue
+        said = evidence(cause, time, context)
+        if cause == "host_python_overhead" and off_cpu >= 0.05 * total:
+            per_step = format_ns(off_cpu / max(len(steady), 1))
+            said += (f"; {per_step} more per step the thread was off a CPU between ops "
+                     "(host_off_cpu), not counted here")
         rows.append({"cause": cause, "lost_ns": time, "share": time / total,
                      "where": _where(tables, named_time, cause), "count": len(steady),
-                     "evidence": evidence(cause, time, context),
-                     "advice": advice(cause, kind)})
+                     "evidence": said, "advice": advice(cause, kind)})
     ops = tables["top_ops"]
     named = pd.Series(ops["name"], dtype="category")  # loader / optimizer ranges: said above
     ops = ops[~(keys.matches(named, DATA) | keys.matches(named, OPTIMIZER))]
@@ -588,7 +644,7 @@ def _where(tables: dict[str, Any], named_time: dict[tuple[str, bool], pd.Series]
            cause: str) -> str:
     """Where a host finding happens: the DataLoader or optimizer range name, the user frame
     that most of the Python time ran under."""
-    if cause == "host_python_overhead":
+    if cause in ("host_python_overhead", "host_off_cpu"):  # the same gaps between ops
         found = tables["python_where"]
         if len(found):
             return str(found.groupby("where")["ns"].sum().idxmax())
