@@ -59,6 +59,8 @@ DEFAULT_STEPS_PER_SEGMENT = 10
 #: allocations in a segment make a stop look cheaper than its events are, so a measurement
 #: only ever raises these.
 STOP_COST_PER_BYTE = {True: 40.0, False: 8.0}
+#: how far ahead a start-up segment's growth is projected (the bootstrap's check interval)
+CHECK_AHEAD_S = 0.1
 #: a stop's cost per byte recorded is learned only from segments that grew at least this much
 LEARN_FROM_BYTES = 2 * 2**20
 
@@ -447,11 +449,17 @@ class TorchCollector:
         a step's events cost about what they grew (steps bound the segments)."""
         if self._profiler is None:
             return False
-        if time.monotonic() - self._segment_start_s > self.segment_s:
+        age = time.monotonic() - self._segment_start_s
+        if age > self.segment_s:
             return True
         grown = host.resident_bytes() - self._segment_rss
-        per_byte = 1.0 if self._stepped else self._stop_cost[self._segment_stacks]
-        return self._segment_rss > 0 and grown * per_byte > self.segment_bytes
+        if self._stepped:
+            return self._segment_rss > 0 and grown > self.segment_bytes
+        # before the first step: what the stop would cost by the next check, at the rate
+        # the segment grew so far (a faster machine records more between two checks)
+        ahead = grown * (1 + CHECK_AHEAD_S / max(age, CHECK_AHEAD_S))
+        cost = ahead * self._stop_cost[self._segment_stacks]
+        return self._segment_rss > 0 and cost > self.segment_bytes
 
     def check(self) -> None:
         """The bootstrap's thread, ten times a second: ask the owner's thread to write the
