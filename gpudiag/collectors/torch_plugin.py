@@ -345,6 +345,7 @@ class TorchCollector:
                 host.note_pause("gpudiag: profiler stopped (warm-up dropped)", started)
             for old in self.out_dir.glob("segment-*.pt.trace.json"):
                 old.unlink(missing_ok=True)
+            self._segments = 0  # the window's segments are numbered from 1 again
 
     def rotate(self) -> None:
         """Write the open segment and go on in a new one (bounded memory)."""

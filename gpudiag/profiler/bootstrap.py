@@ -192,10 +192,11 @@ class HostCollector:
         when the process's directory is gone (the program deleted the run)."""
         failed = False
         flush_at = time.monotonic() + self.interval_s
-        while not self._wake.wait(min(CHECK_INTERVAL_S, self.interval_s)):
+        while not self._wake.wait(self._until_next(flush_at)):
             if not self.dir.is_dir():
                 return  # the program deleted the run: write nothing into its rmtree
-            self.plugins.call("check", optional=True)
+            if self.plugins.defines("check"):
+                self.plugins.call("check", optional=True)
             if time.monotonic() < flush_at:
                 continue
             flush_at = time.monotonic() + self.interval_s
@@ -205,6 +206,15 @@ class HostCollector:
                 if not failed:
                     self.report(f"periodic flush failed: {exc.__class__.__name__}: {exc}")
                 failed = True
+
+    def _until_next(self, flush_at: float) -> float:
+        """Seconds to the next flush, or to the next check while a collector asks for them
+        (the torch plugin's buffer bound: `CHECK_INTERVAL_S`); a process without one wakes
+        once per flush, as it always did."""
+        until_flush = max(flush_at - time.monotonic(), 0.0)
+        if self.plugins.defines("check"):
+            return min(CHECK_INTERVAL_S, until_flush)
+        return until_flush
 
     def died_of(self, exception: str) -> None:
         """The uncaught exception that ends this process (`process_facts.watch`), for its

@@ -280,6 +280,12 @@ class Plugins:
             except Exception as exc:
                 self.report(f"collector {name} {method} failed: {exc.__class__.__name__}: {exc}")
 
+    def defines(self, method: str) -> bool:
+        """Whether a started plugin has `method` (an optional hook such as `check`)."""
+        with self._lock:
+            plugins = list(self.started.values())
+        return any(getattr(plugin, method, None) is not None for plugin in plugins)
+
     def close(self) -> None:
         """The final flush is done: plugins not started by now never start."""
         with self._lock:
