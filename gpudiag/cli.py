@@ -316,10 +316,17 @@ def _require_events(trace: Trace, paths: tuple[Path, ...]) -> None:
     and samples without a device (an nccl-tests log, a torch memory timeline)."""
     from gpudiag.analyzers.frameworks import framework
     from gpudiag.analyzers.host.steps import has_host_events
+    from gpudiag.analyzers.summary import run_outcome
 
     if trace.has_gpu_activity() or has_host_events(trace) or any(
             len(getattr(trace, name)) for name in _DEVICELESS_TABLES):
         return
+    outcome = run_outcome(trace.meta)
+    if outcome is not None and outcome["failed"]:  # a run that died before it wrote data
+        raise InputError(", ".join(str(p) for p in paths),
+                         outcome["what"] + "; it ended before any GPU activity or host "
+                                           "event was written",
+                         "fix the failure first; `--flush-interval` writes markers sooner")
     raise InputError(", ".join(str(p) for p in paths),
                      "holds no GPU activity and no host events (no kernels, copies, syncs, "
                      "memory events or framework ops)",

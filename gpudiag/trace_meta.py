@@ -122,7 +122,7 @@ PROCESS = record({
     "pid": opt(INT), "host": opt(STR), "rank": opt(INT), "world_size": opt(INT),
     "collectors": list_of(STR), "data": BOOL, "gpudiag_thread_ids": list_of(INT),
     "start_ns": opt(INT), "end_ns": opt(INT), "command": COMMAND, "notes": list_of(STR),
-    "exception": opt(STR), "ended_by": opt(STR), "role": opt(STR),
+    "exception": opt(STR), "ended_by": opt(STR), "role": opt(STR), "crash": opt(STR),
 })
 
 #: a run directory's own meta.json (`gpudiag profile`'s session), also kept as meta["run"]

@@ -22,9 +22,9 @@ SLOW_LOADER = """
 
     class Slow(Dataset):
         def __len__(self):
-            return 64
+            return 32
         def __getitem__(self, i):
-            time.sleep(0.05)             # a slow decode, in the loader's worker processes
+            time.sleep(0.15)             # a slow decode, in the loader's worker processes
             return torch.randn(32), i % 4
 
     model = torch.nn.Linear(32, 4)
@@ -46,9 +46,10 @@ def test_helper_pids_come_from_a_runs_or_a_processs_meta() -> None:
 
 def test_a_planted_slow_loader_is_the_first_finding_not_its_workers_python(
         tmp_path: Path) -> None:
-    """Read against the run: 8 samples of 50 ms per batch on 2 workers is ~200 ms of loader
-    work per batch, against a few ms of forward, backward and SGD on a 32x4 linear: the
-    trainer waits in `_MultiProcessingDataLoaderIter.__next__` for most of every step."""
+    """Read against the run: 8 samples of 150 ms per batch on 2 workers is ~600 ms of loader
+    work per batch, against a few ms of forward, backward and SGD on a 32x4 linear (a few
+    hundred on a loaded machine, whose CPUs the trainer then waits for): the trainer waits
+    in `_MultiProcessingDataLoaderIter.__next__` for most of every step."""
     framework("torch")
     script = tmp_path / "loader.py"
     script.write_text(textwrap.dedent(SLOW_LOADER))

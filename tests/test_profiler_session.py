@@ -22,8 +22,12 @@ def _py(code: str) -> list[str]:
 
 def _session_in_subprocess(cmd: list[str], out: Path, **kwargs: object) -> subprocess.Popen[str]:
     """Run a session in its own process, so the test can capture its stdout or signal it."""
+    # SIGINT as a foreground command has it: a test run in the background (`pytest &`, a CI
+    # job started with `nohup ... &`) inherits it ignored, and so would the session's child,
+    # which then slept through the forwarded SIGINT
     driver = textwrap.dedent(f"""
-        import sys
+        import signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from pathlib import Path
         from gpudiag.profiler.session import ProfileOptions, run
         result = run({cmd!r}, out_dir=Path({str(out)!r}),

@@ -101,3 +101,56 @@ def test_a_crashed_run_is_said_first_in_every_output(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "gpudiag", "report", str(run_dir), "-o", str(page),
                     "--cdn"], capture_output=True, timeout=300, check=True)
     assert "The run failed: exit status 1" in page.read_text(encoding="utf-8")
+
+
+SEGFAULTING = """
+    import os, signal, time, torch, gpudiag
+
+    def read_freed_buffer():
+        os.kill(os.getpid(), signal.SIGSEGV)  # what a use-after-free in an extension gets
+
+    x = torch.randn(16, 16)
+    for _ in range(2):
+        gpudiag.step()
+        x = x @ x
+    time.sleep(0.5)                          # the markers are flushed
+    read_freed_buffer()
+"""
+
+
+def test_a_segfault_says_where_it_happened(tmp_path: Path) -> None:
+    """A program that dies of SIGSEGV used to be "ended without its final flush (killed,
+    crashed or os._exit)": the user could not tell a crash from a kill, nor where. The
+    bootstrap's faulthandler writes the stacks at the fatal signal; `profile` and `analyze`
+    name the signal and the innermost Python frame, and the exit status stays the crash's."""
+    framework("torch")
+    script = tmp_path / "segv.py"
+    script.write_text(textwrap.dedent(SEGFAULTING))
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir),
+                           "--no-report", "--flush-interval", "0.1", "--steps", "all", "--",
+                           sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 139, done.stderr
+    site = f"Segmentation fault in read_freed_buffer ({script}:5)"
+    assert f"crashed: {site} (every thread's stack: " in done.stderr, done.stderr
+    # only the markers were written before the crash (no torch segment): one line says so
+    analyzed = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", str(run_dir)],
+                              capture_output=True, text=True, timeout=300)
+    assert analyzed.returncode == 2 and len(analyzed.stderr.splitlines()) == 1
+    assert "The run failed: killed by SIGSEGV; pid " in analyzed.stderr, analyzed.stderr
+    assert f"crashed: {site}; it ended before any GPU activity" in analyzed.stderr
+
+
+def test_a_programs_own_faulthandler_is_left_alone(tmp_path: Path) -> None:
+    """`python -X faulthandler` writes a crash to the program's stderr, as without gpudiag."""
+    framework("torch")
+    script = tmp_path / "segv.py"
+    script.write_text(textwrap.dedent(SEGFAULTING))
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o",
+                           str(tmp_path / "run"), "--no-report", "--", sys.executable,
+                           "-X", "faulthandler", str(script)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 139
+    assert 'Fatal Python error: Segmentation fault' in done.stderr
+    assert "in read_freed_buffer" not in done.stderr.split("gpudiag:", 1)[-1]

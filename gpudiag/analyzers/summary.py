@@ -259,7 +259,8 @@ def run_outcome(meta: dict[str, Any]) -> dict[str, Any] | None:
         said["headline"]   # 'The run failed: exit status 1; rank 1 (pid 41) raised ...'
 
 
-    `failed`: the command's exit status was not 0 (or a signal ended it); `processes`: one
+    `what`: the headline without what it means for the findings; `failed`: the command's
+    exit status was not 0 (or a signal ended it); `processes`: one
     row per process that raised or never finished (pid, rank, how), which alone do not make
     the run failed (a helper killed by its parent is not a failure of the run)."""
     run = meta.get("run") or {}
@@ -268,9 +269,11 @@ def run_outcome(meta: dict[str, Any]) -> dict[str, Any] | None:
     failed = bool(exit_code) or signum is not None
     if not failed and not died:
         return None
+    what = _what_ended(failed, exit_code, signum, died)
+    tail = ": what follows covers what was recorded before" if failed else ""
     return {"failed": failed, "exit_code": exit_code, "signal": signum,
-            "signal_name": _signal_name(signum), "processes": died,
-            "headline": _headline(failed, exit_code, signum, died)}
+            "signal_name": _signal_name(signum), "processes": died, "what": what,
+            "headline": what + tail}
 
 
 def _death(process: dict[str, Any]) -> dict[str, Any] | None:
@@ -279,6 +282,8 @@ def _death(process: dict[str, Any]) -> dict[str, Any] | None:
         how = f"raised {exception}"
     elif process.get("ended_by"):  # a rank its launcher stopped when another one failed
         how = f"was ended by {process['ended_by']}"
+    elif process.get("crash"):  # the fatal signal and the frame faulthandler wrote
+        how = f"crashed: {process['crash']}"
     elif process.get("end_ns") is None:
         how = "ended without exiting Python (killed, crashed or os._exit)"
     else:
@@ -293,7 +298,8 @@ def _signal_name(signum: Any) -> str | None:
         return None
 
 
-def _headline(failed: bool, exit_code: Any, signum: Any, died: list[dict[str, Any]]) -> str:
+def _what_ended(failed: bool, exit_code: Any, signum: Any, died: list[dict[str, Any]]
+                ) -> str:
     parts = []
     if failed:
         name = _signal_name(signum)
@@ -306,5 +312,4 @@ def _headline(failed: bool, exit_code: Any, signum: Any, died: list[dict[str, An
     if len(died) > NAMED:
         parts.append(f"{len(died) - NAMED} more processes as well")
     lead = "The run failed" if failed else "The run ended, but not every process did"
-    tail = (": what follows covers what was recorded before" if failed else "")
-    return f"{lead}: {'; '.join(parts)}{tail}"
+    return f"{lead}: {'; '.join(parts)}"

@@ -57,16 +57,21 @@ def _unfinished(processes: list[dict[str, Any]], ended: list[dict[str, Any]]) ->
     by_watchdog = {record.get("pid") for record in ended}
     lines = []
     for process in processes:
+        if process.get("end_ns") is not None or process["pid"] in by_watchdog:
+            continue
         plugins = set(process.get("collectors", [])) & {"torch", "jax"}
-        if process.get("end_ns") is not None or not plugins or process["pid"] in by_watchdog:
+        crash = process.get("crash")
+        if not plugins and crash is None:
             continue
         rank = process.get("rank")
         who = f"rank {rank} (pid {process['pid']})" if rank is not None \
             else f"pid {process['pid']}"
+        how = ("ended without its final flush (killed, crashed or os._exit)" if crash is None
+               else f"crashed: {crash} (every thread's stack: {process.get('stack_file')})")
         kept = "its earlier segments are kept" if process.get("data") else "nothing of it"
-        lines.append(f"{who} ended without its final flush (killed, crashed or os._exit): "
-                     f"its {'/'.join(sorted(plugins))} profile since the last written segment "
-                     f"is lost ({kept}); its host markers are kept up to its last flush")
+        lost = (f"its {'/'.join(sorted(plugins))} profile since the last written segment is "
+                f"lost ({kept}); " if plugins else "")
+        lines.append(f"{who} {how}: {lost}its host markers are kept up to its last flush")
     return lines
 
 

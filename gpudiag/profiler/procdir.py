@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import threading
@@ -19,6 +20,12 @@ from pathlib import Path
 from typing import Any
 
 _stack_log: Any = None  # the open file faulthandler writes to (it must stay open)
+
+#: where faulthandler writes every thread's Python stack, asked for or at a crash
+STACKS_FILE = "stacks-python.txt"
+#: how faulthandler begins the stacks it writes when the process dies of a fatal signal
+FATAL_MARK = "Fatal Python error: "
+_fatal_state = {"ours": False}  # faulthandler's fatal-signal dump is gpudiag's, not the program's
 
 
 def env_int(name: str) -> int | None:
@@ -61,7 +68,8 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def register_stack_dump(proc_dir: Path, signum: int) -> str | None:
-    """Have signal `signum` write every thread's Python stack to `<proc>/stacks-python.txt`.
+    """Have signal `signum` write every thread's Python stack to `<proc>/stacks-python.txt`,
+    and a fatal signal (SIGSEGV, SIGABRT, SIGBUS...) too: a process that crashed says where.
 
     faulthandler writes from the signal handler without the GIL, so it answers even a
     process deadlocked on it (the watchdog's case). Only where the signal is free (never
@@ -77,15 +85,38 @@ def register_stack_dump(proc_dir: Path, signum: int) -> str | None:
             return None
         if _stack_log is None and signal.getsignal(signum) not in (signal.SIG_DFL, None):
             return None
-        path = proc_dir / "stacks-python.txt"
+        path = proc_dir / STACKS_FILE
         log = path.open("a")
         faulthandler.register(signum, file=log, all_threads=True, chain=False)
+        if _fatal_state["ours"] or not faulthandler.is_enabled():  # -X faulthandler: theirs
+            faulthandler.enable(file=log, all_threads=True)  # a crash says where (FATAL_MARK)
+            _fatal_state["ours"] = True  # a forked child moves it to its own file
         previous, _stack_log = _stack_log, log
         if previous is not None:
             previous.close()  # the parent's, in a forked child
         return str(path)
     except (OSError, ValueError, RuntimeError, AttributeError):
         return None
+
+
+def crash_site(proc_dir: Path) -> str | None:
+    """`Segmentation fault in step (train.py:41)` when the process died of a fatal signal and
+    its faulthandler (`register_stack_dump`) wrote where; else None. The frame is the
+    innermost Python one of the thread that crashed."""
+    try:
+        text = (proc_dir / STACKS_FILE).read_text(errors="replace")
+    except OSError:
+        return None
+    start = text.rfind(FATAL_MARK)
+    if start < 0:
+        return None
+    lines = text[start:].splitlines()
+    error = lines[0][len(FATAL_MARK):].strip()
+    crashed = [number for number, line in enumerate(lines) if line.startswith("Current thread")]
+    frames = [line.strip() for line in lines[crashed[0] + 1:]] if crashed else []
+    frame = next((line for line in frames if line.startswith("File ")), "")
+    parts = re.match(r'File "(.*)", line (\d+) in (.*)', frame)
+    return error if parts is None else f"{error} in {parts[3]} ({parts[1]}:{parts[2]})"
 
 
 #: the run's log of collector problems, made (empty) by whoever made the run directory
