@@ -228,6 +228,9 @@ def test_a_sigterm_flush_that_never_ends_still_ends_the_process(tmp_path: Path) 
                 self.stopping = True
                 threading.Event().wait()  # a flush that never ends
 
+            def postpone(self, function):
+                return False
+
         sigterm.flush_on_sigterm(Stuck(), lambda function: False)
         os.kill(os.getpid(), signal.SIGTERM)
         threading.Event().wait()
@@ -236,3 +239,46 @@ def test_a_sigterm_flush_that_never_ends_still_ends_the_process(tmp_path: Path) 
                           timeout=60)
     assert done.returncode == 1
     assert "Timeout" in done.stderr and "in stop" in done.stderr  # the stuck stack, shown
+
+
+SIGTERM_IN_A_WRITE = """
+    import os, signal, sys, torch, gpudiag
+
+    export = torch.profiler.profile.export_chrome_trace
+    calls = 0
+
+    def export_while_terminated(self, path):
+        with open(sys.argv[1], "w") as out:    # what the program ran before the signal
+            out.write(str(calls))
+        os.kill(os.getpid(), signal.SIGTERM)   # as a pool's terminate() lands mid-write
+        return export(self, path)
+
+    torch.profiler.profile.export_chrome_trace = export_while_terminated
+    x = torch.randn(16, 16)
+    while True:                                # until gpudiag writes its first segment
+        gpudiag.step()
+        x = (x @ x).tanh()
+        calls += 1
+"""
+
+
+def test_a_sigterm_in_the_middle_of_a_segment_write_waits_for_it(tmp_path: Path) -> None:
+    """A SIGTERM whose handler ran inside gpudiag's segment write used to find the write's
+    lock taken, say "the open segment was lost" and end the process mid-write: the ops of
+    the whole segment were gone (a spawn Pool's worker lost a quarter of its work that way,
+    under load). The final flush now waits for the write, then the process dies of SIGTERM
+    as it would have, with every op it ran kept."""
+    framework("torch")
+    ran = tmp_path / "ran"
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(SIGTERM_IN_A_WRITE))
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir), "--no-report",
+         "--steps", "all", "--segment-interval", "1", "--", sys.executable, str(script),
+         str(ran)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 128 + 15, done.stderr
+    assert "segment was lost" not in done.stderr and "lost" not in done.stderr, done.stderr
+    trace = gpudiag.load(run_dir / "trace")
+    assert (trace.ranges["name"] == "aten::mm").sum() == int(ran.read_text()) > 0
+    assert trace.meta["processes"][0]["ended_by"] == "SIGTERM"

@@ -21,6 +21,11 @@ CHILD = textwrap.dedent("""
     class Collector:
         stopping = False
 
+        def postpone(self, function):
+
+            return False  # no segment write under way
+
+
         def stop(self, from_signal=False):
             self.stopping = True
             names = [frame.name for frame in traceback.extract_stack()]
@@ -86,6 +91,11 @@ FORKED = textwrap.dedent("""
     class Collector:
         stopping = False
 
+        def postpone(self, function):
+
+            return False  # no segment write under way
+
+
         def stop(self, from_signal=False):
             self.stopping = True
             print("stopped", "child" if os.getpid() != parent else "parent", flush=True)
@@ -121,6 +131,11 @@ def test_a_wakeup_fd_of_the_program_is_left_in_place() -> None:
 
         class Collector:
             stopping = False
+
+            def postpone(self, function):
+
+                return False  # no segment write under way
+
 
             def stop(self, from_signal=False):
                 pass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -105,3 +106,44 @@ def escape_bare_quotes(path: Path) -> int:
     if repaired:
         path.write_bytes(fixed)
     return repaired
+
+
+class SegmentLock:
+    """The lock around starting, stopping and writing a torch segment (never re-entered).
+
+    It knows its holder, so a SIGTERM whose handler interrupted a segment write on the
+    holder's own thread can have the final flush run once the write is done
+    (`when_released`), instead of ending the process with the segment half written.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holder: int | None = None
+        self._then: list[Callable[[], None]] = []
+
+    def acquire(self, blocking: bool = True) -> bool:
+        if not self._lock.acquire(blocking):
+            return False
+        self._holder = threading.get_ident()
+        return True
+
+    def release(self) -> None:
+        self._holder = None
+        self._lock.release()
+        then, self._then = self._then, []
+        for function in then:
+            function()
+
+    def __enter__(self) -> SegmentLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+    def when_released(self, function: Callable[[], None]) -> bool:
+        """Run `function` once this thread releases the lock; False when it holds none."""
+        if self._holder != threading.get_ident():
+            return False
+        self._then.append(function)
+        return True

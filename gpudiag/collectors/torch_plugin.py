@@ -38,6 +38,7 @@ import importlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ class TorchCollector:
         self._profiler: Any = None
         self._segments = 0
         self._finished = False
-        self._lock = threading.Lock()  # never re-entered: see flush()
+        self._lock = host.SegmentLock()  # never re-entered: see flush()
         self._owner = threading.get_ident()  # the thread that imported torch: the program's
         self._pending: list[str] = []  # edges waiting for the owner thread (_deferred)
         # the list is changed from three threads (the program's, the flush thread's checks,
@@ -496,6 +497,13 @@ class TorchCollector:
         finally:
             self._lock.release()
 
+    def when_written(self, function: Callable[[], None]) -> bool:
+        """A signal's final flush that interrupted this thread inside a segment's start,
+        stop or write: `function` runs once that is done, and True; False otherwise (the
+        flush may run now). The segment of a spawn Pool worker that SIGTERM reached while
+        it wrote was lost."""
+        return self._lock.when_released(function)
+
     def after_fork(self, out_dir: Path) -> None:
         """A forked child: the parent's profiler state is not ours; start afresh if on CPU.
 
@@ -506,7 +514,7 @@ class TorchCollector:
         self._profiler = None
         self._segments = 0
         self._finished = False
-        self._lock = threading.Lock()  # never re-entered: see flush()
+        self._lock = host.SegmentLock()  # never re-entered: see flush()
         self._owner = threading.get_ident()
         self._pending_lock = threading.Lock()  # the flush thread may have held it at the fork
         self._pending = []

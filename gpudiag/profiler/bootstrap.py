@@ -30,6 +30,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -366,6 +367,11 @@ class HostCollector:
     def stopping(self) -> bool:
         """The final flush has begun (or is done)."""
         return self._stop_claim.locked()
+
+    def postpone(self, function: Callable[[], None]) -> bool:
+        """A signal handler asks before the final flush: when it interrupted a collector's
+        segment write on this thread, `function` runs once that is written (True)."""
+        return self.plugins.postpone(function)
 
     def stop(self, from_signal: bool = False) -> None:
         """Final flush at exit; never raises into the interpreter's shutdown.

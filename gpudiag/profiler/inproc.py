@@ -280,6 +280,14 @@ class Plugins:
             except Exception as exc:
                 self.report(f"collector {name} {method} failed: {exc.__class__.__name__}: {exc}")
 
+    def postpone(self, function: Callable[[], None]) -> bool:
+        """Whether a started plugin was interrupted on this thread in the middle of writing
+        (a signal handler's final flush) and will call `function` once it is done."""
+        with self._lock:
+            plugins = list(self.started.values())
+        return any(getattr(plugin, "when_written", None) is not None
+                   and plugin.when_written(function) for plugin in plugins)
+
     def defines(self, method: str) -> bool:
         """Whether a started plugin has `method` (an optional hook such as `check`)."""
         with self._lock:

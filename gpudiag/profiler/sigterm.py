@@ -85,6 +85,8 @@ class Collector(Protocol):
 
     def stop(self, from_signal: bool = False) -> None: ...
 
+    def postpone(self, function: Callable[[], None]) -> bool: ...
+
 
 def flush_on_sigterm(collector: Collector,
                      main_thread_call: Callable[[Callable[[], None]], bool],
@@ -120,6 +122,7 @@ class _Guard:
         self.main = threading.get_ident()  # the main thread (checked by the caller)
         self.asked = False  # the flush is asked of the main thread's next bytecode
         self.in_handler = False  # the handler's own bytecode may still be on the stack
+        self.postponed = False  # the flush waits for the segment write it interrupted
         self.wakeup: WakeupPipe | None = None  # our pipe, when it could be set
         self.receipts: Path | None = None  # where each SIGINT/SIGTERM got leaves a receipt
         self._escalating = threading.Lock()  # one escalation at a time
@@ -129,11 +132,19 @@ class _Guard:
         return bool(signal.getsignal(signal.SIGTERM) == self.on_sigterm)
 
     def finish(self) -> None:
-        if self.collector.stopping:
+        if self.collector.stopping or self.postponed:
             return  # the final flush is under way (atexit, or a first SIGTERM): let it end
+        if self.collector.postpone(self.finish_postponed):
+            self.postponed = True  # the handler interrupted a segment write: end after it
+            return
         self.collector.stop(from_signal=True)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
+
+    def finish_postponed(self) -> None:
+        """The segment write the SIGTERM interrupted is done: flush and end now."""
+        self.postponed = False
+        self.finish()
 
     def on_sigterm(self, _signum: int, _frame: FrameType | None) -> None:
         if self.collector.stopping:
@@ -163,7 +174,7 @@ class _Guard:
     def _escalate(self) -> None:
         queued = False
         resend_at = time.monotonic() + RESEND_S
-        while self.ours() and not self.collector.stopping:
+        while self.ours() and not self.collector.stopping and not self.postponed:
             if self.asked and not self.in_handler and not queued:
                 queued = True
                 self.main_thread_call(self.finish)
@@ -207,7 +218,7 @@ class _Guard:
         """In a forked child: nothing asked yet, this thread is its main one, and a pipe of
         its own (the parent's thread would otherwise read the child's signals as its own)."""
         self.main = threading.get_ident()
-        self.asked = self.in_handler = False
+        self.asked = self.in_handler = self.postponed = False
         if self.wakeup is not None:
             self.wakeup.after_fork()
 
