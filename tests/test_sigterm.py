@@ -22,9 +22,7 @@ CHILD = textwrap.dedent("""
         stopping = False
 
         def postpone(self, function):
-
             return False  # no segment write under way
-
 
         def stop(self, from_signal=False):
             self.stopping = True
@@ -92,9 +90,7 @@ FORKED = textwrap.dedent("""
         stopping = False
 
         def postpone(self, function):
-
             return False  # no segment write under way
-
 
         def stop(self, from_signal=False):
             self.stopping = True
@@ -133,9 +129,7 @@ def test_a_wakeup_fd_of_the_program_is_left_in_place() -> None:
             stopping = False
 
             def postpone(self, function):
-
                 return False  # no segment write under way
-
 
             def stop(self, from_signal=False):
                 pass
