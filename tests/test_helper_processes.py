@@ -22,15 +22,15 @@ SLOW_LOADER = """
 
     class Slow(Dataset):
         def __len__(self):
-            return 32
+            return 64
         def __getitem__(self, i):
-            time.sleep(0.15)             # a slow decode, in the loader's worker processes
+            time.sleep(0.1)              # a slow decode, in the loader's worker processes
             return torch.randn(32), i % 4
 
     model = torch.nn.Linear(32, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if __name__ == "__main__":
-        for x, y in DataLoader(Slow(), batch_size=8, num_workers=2):
+        for x, y in DataLoader(Slow(), batch_size=8, num_workers=2, prefetch_factor=1):
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward(); opt.step(); opt.zero_grad()
         print("done")
@@ -46,10 +46,12 @@ def test_helper_pids_come_from_a_runs_or_a_processs_meta() -> None:
 
 def test_a_planted_slow_loader_is_the_first_finding_not_its_workers_python(
         tmp_path: Path) -> None:
-    """Read against the run: 8 samples of 150 ms per batch on 2 workers is ~600 ms of loader
-    work per batch, against a few ms of forward, backward and SGD on a 32x4 linear (a few
-    hundred on a loaded machine, whose CPUs the trainer then waits for): the trainer waits
-    in `_MultiProcessingDataLoaderIter.__next__` for most of every step."""
+    """Read against the run: 8 samples of 100 ms per batch on 2 workers is ~400 ms of loader
+    work per batch, against a few ms of forward, backward and SGD on a 32x4 linear (tens on
+    a loaded machine): the trainer waits in `_MultiProcessingDataLoaderIter.__next__` for
+    most of every step. One batch per worker is fetched ahead: gpudiag's start-up segment
+    writes (seconds on a loaded machine) let the workers fill the default two each, and
+    the first four steps then waited for nothing."""
     framework("torch")
     script = tmp_path / "loader.py"
     script.write_text(textwrap.dedent(SLOW_LOADER))

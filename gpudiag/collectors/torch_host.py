@@ -77,6 +77,14 @@ def bootstrap() -> Any:
     return sys.modules.get("gpudiag.profiler.bootstrap")
 
 
+def prepare_writer() -> None:
+    """Have the bootstrap import what writing ranges needs (pandas, pyarrow) now, before a
+    profiler records: imported by the first range, they were the program's step time."""
+    boot = bootstrap()
+    if boot is not None and hasattr(boot, "prepare_writer"):
+        boot.prepare_writer()
+
+
 def note_error(message: str) -> None:
     boot = bootstrap()
     if boot is not None:

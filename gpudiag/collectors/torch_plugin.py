@@ -292,6 +292,8 @@ class TorchCollector:
             host.note_process("torch: the program's own torch.profiler was running when "
                               "gpudiag's would start: gpudiag's torch profile is left out")
             return
+        started, self._restarting_since = self._restarting_since or time.time_ns(), 0
+        host.prepare_writer()  # never under the profiler; its time is this start's pause
         profiler = self.torch.profiler
         activities = [profiler.ProfilerActivity.CPU]
         if self.cuda:
@@ -301,7 +303,6 @@ class TorchCollector:
         self._segment_stacks = bool(stack)
         self._own.active = True
         self._segment_shapes = self._shapes
-        started, self._restarting_since = self._restarting_since or time.time_ns(), 0
         try:
             running = program.start_profiler(profiler, activities, stack, self.memory,
                                              shapes=self._segment_shapes)

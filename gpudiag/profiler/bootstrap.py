@@ -226,19 +226,29 @@ class HostCollector:
         """A collector problem: into `<run>/bootstrap-errors.log` (the session points at it)."""
         _note_error(self.run_dir, message)
 
+    def prepare_writer(self) -> bool:
+        """Import what writing ranges needs, once; whether ranges can be kept.
+
+        The torch plugin asks before its profiler first starts: the first range otherwise
+        imported pandas and pyarrow inside the program's first optimizer step, under the
+        stack tracer (hundreds of thousands of Python calls, seconds on a loaded machine,
+        read as the program's optimizer time)."""
+        if self._writer_ready or self._writer_failed:
+            return self._writer_ready  # a failure is said once
+        try:
+            _import_writer()
+        except Exception as exc:  # an address-space limit, a module the program shadows
+            self._writer_failed = True
+            _load_inproc().report_failure("host markers are not recorded: importing pandas",
+                                          exc)
+            return False
+        self._writer_ready = True
+        return True
+
     def add_range(self, name: str, start_ns: int, end_ns: int, source: str,
                   cpu_ns: int | None = None) -> None:
-        if not self._writer_ready:
-            if self._writer_failed:
-                return  # said once; markers are not kept without a way to write them
-            try:
-                _import_writer()
-            except Exception as exc:  # an address-space limit, a module the program shadows
-                self._writer_failed = True
-                _load_inproc().report_failure("host markers are not recorded: importing pandas",
-                                              exc)
-                return
-            self._writer_ready = True
+        if not self.prepare_writer():
+            return  # markers are not kept without a way to write them
         if not name.isascii():
             name = _utf8(name)
         if not self._lock.take(self._in_signal):
@@ -520,6 +530,13 @@ def note_process(message: str) -> None:
     collector = _active
     if collector is not None and message not in collector.notes:
         collector.notes.append(message)
+
+
+def prepare_writer() -> None:
+    """Import what writing ranges needs now (`HostCollector.prepare_writer`)."""
+    collector = _active
+    if collector is not None:
+        collector.prepare_writer()
 
 
 def report_problem(message: str) -> None:

@@ -377,8 +377,10 @@ def _run_pending(_arg: Any) -> int:
             functions = list(_pending_functions)
             _pending_functions.clear()
         for function in functions:
-            with contextlib.suppress(Exception):  # never raise into the program's frame
+            try:
                 function()
+            except Exception as exc:  # never into the program's frame; said in the log
+                report_failure(getattr(function, "__qualname__", "a main-thread call"), exc)
     with _pending_lock:
         _pending_state["busy"] = False
     return 0
