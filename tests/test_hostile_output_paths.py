@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +21,7 @@ import gpudiag
 from gpudiag.errors import InputError
 from gpudiag.reports.export import write_chrome_trace, write_tables
 from tests.builders import KinetoTrace
-from tests.conftest import cli_status, refused_in_one_line
+from tests.conftest import cli_status, refused_in_one_line, subject_to_file_modes
 
 BAD = os.fsdecode(b"r\xff\xfe")  # 'r\udcff\udcfe'
 SHOWN = "r\\xff\\xfe"
@@ -136,16 +138,19 @@ def test_an_output_that_cannot_take_bytes_is_one_line(target: str, tmp_path: Pat
         assert f"{target}: cannot be written" in refused_in_one_line(capsys, *args)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a mode 555 directory")
-def test_a_read_only_folder_is_one_line(tmp_path: Path,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_read_only_folder_is_one_line(tmp_path: Path) -> None:
+    """Run subject to file modes (as root too: `subject_to_file_modes`)."""
     path = _kineto(tmp_path / "t.json")
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
     for args in (["export", str(path), "-o", str(locked / "t.json")],
                  ["export", str(path), "--format", "csv", "-o", str(locked / "csv")],
                  ["report", str(path), "-o", str(locked / "r.html")]):
-        assert "Permission denied" in refused_in_one_line(capsys, *args)
+        done = subprocess.run([*subject_to_file_modes(), sys.executable, "-m", "gpudiag",
+                               *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Permission denied" in done.stderr and "internal error" not in done.stderr
+    assert not any(locked.iterdir())
 
 
 def test_the_library_raises_input_errors_for_outputs(tmp_path: Path) -> None:
