@@ -49,6 +49,8 @@ from gpudiag.analyzers.host.categories import (
     self_times,
 )
 from gpudiag.analyzers.host.columns import Columns
+from gpudiag.analyzers.host.loader_workers import loader_workers
+from gpudiag.analyzers.host.loader_workers import summary as loader_summary
 from gpudiag.analyzers.steps.training import training_steps
 from gpudiag.intervals import nesting_depth
 from gpudiag.markers import DOMAIN as MARKER_DOMAIN
@@ -535,12 +537,14 @@ class Part:
     formats: frozenset[str]
     torch_ops: bool
     named: dict[tuple[str, bool], pd.Series]
+    loader: pd.DataFrame  # its DataLoader workers' batches (`loader_workers`)
 
 
 def part(trace: Trace) -> Part:
     """This rank's host pieces (see `Part`)."""
     return Part(_analysis(trace)["pieces"], formats_of(trace.meta),
-                bool((trace.ranges["source"] == "torch_op").any()), _named_time(trace))
+                bool((trace.ranges["source"] == "torch_op").any()), _named_time(trace),
+                loader_workers(trace))
 
 
 def combine(parts: list[Part]) -> Result:
@@ -561,7 +565,8 @@ def combine(parts: list[Part]) -> Result:
         for key, sums in piece.named.items():
             named[key] = sums if key not in named else named[key].add(sums, fill_value=0)
     by_step = tables["by_step"]
-    return Result(_findings(tables, kind, named), {
+    loader = pd.concat([piece.loader for piece in parts], ignore_index=True)
+    return Result(_findings(tables, kind, named, loader), {
         "host_breakdown": _breakdown(by_step), "host_by_step": by_step,
         "host_top_ops": tables["top_ops"].head(15).reset_index(drop=True),
         "host_memory": tables["memory"]})
@@ -583,13 +588,16 @@ def findings(trace: Trace, *, min_share: float = 0.1, min_op_share: float = 0.2,
     `min_op_share`: the same for one op's self time (20%), of which the `top_ops` largest.
     """
     return _findings(_analysis(trace), framework(trace), _named_time(trace),
-                     min_share=min_share, min_op_share=min_op_share, top_ops=top_ops)
+                     loader_workers(trace), min_share=min_share, min_op_share=min_op_share,
+                     top_ops=top_ops)
 
 
 def _findings(tables: dict[str, Any], kind: str | None,
-              named_time: dict[tuple[str, bool], pd.Series], *, min_share: float = 0.1,
-              min_op_share: float = 0.2, top_ops: int = 3) -> pd.DataFrame:
-    """`findings` from the host tables, the framework and the named ranges' time."""
+              named_time: dict[tuple[str, bool], pd.Series], loader: pd.DataFrame, *,
+              min_share: float = 0.1, min_op_share: float = 0.2, top_ops: int = 3
+              ) -> pd.DataFrame:
+    """`findings` from the host tables, the framework, the named ranges' time and the
+    DataLoader workers' batches (the data-loading finding says what they take)."""
     by_step = tables["by_step"]
     steady = by_step[by_step["profiled"] & ~by_step["warmup"]] if len(by_step) else by_step
     total = int(steady["dur_ns"].sum()) if len(steady) else 0
@@ -607,6 +615,11 @@ def _findings(tables: dict[str, Any], kind: str | None,
         if time < min_share * total:
             continue
         said = evidence(cause, time, context)
+        if cause == "host_data_loading":
+            work = steady["dur_ns"].to_numpy(np.int64) - steady["data_loading_ns"].to_numpy(
+                np.int64)
+            workers = loader_summary(loader, float(np.median(work)))
+            said += f"; {workers}" if workers else ""
         if cause == "host_python_overhead" and off_cpu >= 0.05 * total:
             per_step = format_ns(off_cpu / max(len(steady), 1))
             said += (f"; {per_step} more per step the thread was off a CPU between ops "
