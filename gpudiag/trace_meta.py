@@ -105,7 +105,7 @@ def record(fields: Mapping[str, Shape]) -> Shape:
 COMMAND = opt(either(STR, list_of(SCALAR)))
 #: `process.role` values of processes that serve a training process rather than train
 #: (`profiler/process_facts.py` sets them): left out of the training loop's host numbers
-HELPER_ROLES = ("dataloader worker",)
+HELPER_ROLES = ("dataloader worker", "compile worker")
 
 
 def helper_pids(meta: Mapping[str, Any]) -> set[int]:

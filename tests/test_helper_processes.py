@@ -126,3 +126,51 @@ def test_a_parent_waiting_on_its_trainers_is_not_a_training_loop(tmp_path: Path)
     findings = gpudiag.diagnose(trace).findings
     python = findings[findings["cause"] == "host_python_overhead"]
     assert python.empty or (python["share"] < 0.5).all(), python
+
+
+#: torch.compile's Inductor starts `python .../torch/_inductor/compile_worker/__main__.py`
+#: (SubprocPool) and compiles kernels there beside the training loop; this stand-in at
+#: the same path does Python work with torch ops for about as long as the trainer runs
+COMPILE_WORKER = """
+    import time, torch
+    end = time.monotonic() + 3
+    while time.monotonic() < end:
+        source = "".join(f"x{i} = x{i - 1} * 2\\n" for i in range(200))
+        compile(source, "<kernel>", "exec")      # codegen, in Python
+        torch.zeros(4).add_(1)
+"""
+
+TRAINER = """
+    import subprocess, sys, torch
+    worker = subprocess.Popen([sys.executable, sys.argv[1]])
+    model = torch.nn.Linear(32, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(30):
+        model(torch.randn(64, 32)).square().mean().backward()
+        opt.step(); opt.zero_grad()
+    worker.wait()
+    print("done")
+"""
+
+
+def test_a_compile_worker_is_a_helper_not_the_training_loop(tmp_path: Path) -> None:
+    """A compile worker's whole life of codegen read as one "(whole trace)" step of Python
+    between ops beside the trainer's steps; it now says its role, and the host tables are
+    the trainer's alone."""
+    framework("torch")
+    worker = tmp_path / "torch" / "_inductor" / "compile_worker" / "__main__.py"
+    worker.parent.mkdir(parents=True)
+    worker.write_text(textwrap.dedent(COMPILE_WORKER))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TRAINER))
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir),
+                           "--no-report", "--steps", "all", "--", sys.executable,
+                           str(script), str(worker)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    trace = gpudiag.load(run_dir)
+    roles = {p["pid"]: p.get("role") for p in trace.meta["processes"]}
+    assert sorted(roles.values(), key=str) == [None, "compile worker"], roles
+    trainer = next(pid for pid, role in roles.items() if role is None)
+    assert set(host_steps.host_breakdown(trace)["pid"]) == {trainer}

@@ -79,10 +79,23 @@ def bootstrap() -> Any:
 
 def prepare_writer() -> None:
     """Have the bootstrap import what writing ranges needs (pandas, pyarrow) now, before a
-    profiler records: imported by the first range, they were the program's step time."""
+    profiler records: imported by the first range, they were the program's step time.
+
+    Not under a limited address space (`ulimit -v`): mapped this early, pyarrow took what
+    the program's own imports needed next (a MemoryError in the program); left to the
+    first range, it fails there, alone, and markers are simply not kept."""
     boot = bootstrap()
-    if boot is not None and hasattr(boot, "prepare_writer"):
+    if boot is not None and hasattr(boot, "prepare_writer") and not _address_space_limited():
         boot.prepare_writer()
+
+
+def _address_space_limited() -> bool:
+    try:
+        import resource
+
+        return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+    except (ImportError, OSError, ValueError):  # not POSIX: no such limit
+        return False
 
 
 def note_error(message: str) -> None:

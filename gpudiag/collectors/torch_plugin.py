@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import importlib
 import os
 import threading
@@ -185,6 +186,10 @@ class TorchCollector:
                               " records shapes: from each swap to the next step, ops are "
                               "recorded without their input shapes")
             self._export_segment()
+            # the stopped profiler's results keep weak references to the recorded tensors
+            # in reference cycles; a small stop leaves them to the collector, and the swap
+            # then failed ("Expected no weakrefs") whenever it had not run yet
+            gc.collect()
             self._start_segment()
 
     @shielded

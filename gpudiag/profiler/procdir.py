@@ -10,6 +10,7 @@ final flush run before the image is replaced.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -117,6 +118,22 @@ def crash_site(proc_dir: Path) -> str | None:
     frame = next((line for line in frames if line.startswith("File ")), "")
     parts = re.match(r'File "(.*)", line (\d+) in (.*)', frame)
     return error if parts is None else f"{error} in {parts[3]} ({parts[1]}:{parts[2]})"
+
+
+def record_crashes(run_dir: Path) -> None:
+    """After the command ended (the session): each process that died of a fatal signal
+    gets `crash` (`crash_site`) in its meta.json, which it could not write itself, so every
+    later read of the run names the crash. Processes that finished Python are left as
+    they are."""
+    for meta_path in sorted((run_dir / "procs").glob("*/meta.json")):
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            meta = json.loads(meta_path.read_text())
+            process = meta.get("process")
+            crash = crash_site(meta_path.parent) if isinstance(process, dict) \
+                and process.get("end_ns") is None else None
+            if crash is not None:
+                process["crash"] = crash
+                write_atomic(meta_path, json.dumps(meta, indent=1).encode())
 
 
 #: the run's log of collector problems, made (empty) by whoever made the run directory

@@ -12,7 +12,7 @@ ahead of the trainer waiting on that very loader: `role()` names it, and the ana
 helpers (`trace_meta.HELPER_ROLES`) out of the training loop's numbers.
 
     process_facts.watch(collector.died_of)   # stdlib only, loaded by path
-    process_facts.role()                     # 'dataloader worker' or None
+    process_facts.role()                     # 'dataloader worker', 'compile worker' or None
 """
 
 from __future__ import annotations
@@ -47,9 +47,19 @@ def describe(error: BaseException) -> str:
     return line if len(line) <= MAX_TEXT else line[:MAX_TEXT - 1] + "…"
 
 
+#: the script torch.compile's Inductor starts its compile worker pool with (a subprocess of
+#: `python .../compile_worker/__main__.py`, whose own workers are forked from it)
+COMPILE_WORKER = "torch/_inductor/compile_worker/__main__.py"
+
+
 def role() -> str | None:
-    """This process's role, from what the program runs in it (stdlib only, never imports)."""
+    """This process's role, from what the program runs in it (stdlib only, never imports):
+    a DataLoader worker, or one of torch.compile's compile workers (their Python, compiling
+    kernels beside the training loop, read as its "Python between ops")."""
     worker = sys.modules.get("torch.utils.data._utils.worker")
     if worker is not None and getattr(worker, "_worker_info", None) is not None:
         return "dataloader worker"
+    script = (sys.argv[0] if sys.argv else "").replace("\\", "/")
+    if script.endswith(COMPILE_WORKER):
+        return "compile worker"
     return None

@@ -28,7 +28,7 @@ from typing import Any
 
 from gpudiag.collectors import external
 from gpudiag.errors import CollectorError, InputError
-from gpudiag.profiler import bootstrap
+from gpudiag.profiler import bootstrap, procdir
 from gpudiag.profiler.backends import Plan
 from gpudiag.profiler.forwarding import RECEIPTS, forward_signals
 from gpudiag.profiler.notes import run_notes
@@ -168,6 +168,7 @@ def run(
         watchdog = Watchdog(run_dir, options.stall_timeout_s)
         with forward_signals(proc, run_dir / RECEIPTS):
             returncode = watchdog.wait(proc, on_exit=sampler.stop if sampler else None)
+        procdir.record_crashes(run_dir)
         if watchdog.ended:
             meta["watchdog"] = watchdog.ended
         meta["peak_rss_bytes"] = _children_peak_rss()

@@ -30,7 +30,6 @@ from typing import Any
 import pandas as pd
 
 from gpudiag.errors import InputError
-from gpudiag.profiler import procdir
 from gpudiag.readers.registry import read_path, readable_files
 from gpudiag.schema import TABLE_NAMES
 from gpudiag.trace import Trace, check_meta, is_trace_dir, load_json, merge, warn_meta
@@ -129,9 +128,6 @@ def process_trace(proc: Path, unreadable: list[str] | None = None) -> Trace:
         _adopt_rank(part, host.meta.get("rank"))
         _drop_threads(part, process.get("pid"), own)
     process["data"] = bool(collected) or not set(process.get("collectors", [])) - {"host"}
-    crash = procdir.crash_site(proc) if process.get("end_ns") is None else None
-    if crash is not None:  # it died of a fatal signal, and its faulthandler said where
-        process["crash"] = crash
     host.meta["process"] = process
     trace = merge([host, *collected])
     trace.meta.update(process=process, rank=host.meta.get("rank"))
