@@ -194,3 +194,32 @@ def test_bare_quotes_in_kineto_names_are_escaped(tmp_path: Path) -> None:
     before = path.read_bytes()
     assert torch_backend.escape_bare_quotes(path) == 0  # valid files are left byte for byte
     assert path.read_bytes() == before
+
+
+def test_an_edge_landing_inside_a_segment_write_waits_for_it(tmp_path: Path,
+                                                             fake_torch: Any) -> None:
+    """The flush thread's check queues a rotation for the main thread's next bytecode;
+    when that bytecode is inside the main thread's own segment work (a discard at the
+    warm-up's end, stopping the profiler in Python), the rotation took the segment lock its
+    own thread held and the program hung for good (a CI run of `--steps 2` timed out).
+    It now runs once that work released the lock."""
+    torch = fake_torch(cuda=False)
+    seen: dict[str, Any] = {}
+
+    def program() -> None:  # the thread that owns the profiler
+        plugin = torch_backend.create(tmp_path, {})
+        plugin.start()
+        plugin.resume()
+        plugin._queue("rotate")  # what check() queues from the flush thread
+        with plugin._lock:  # the owner's own segment work, the queued call landing in it
+            plugin._apply_pending()
+            seen["inside"] = [kind for kind, _ in torch.log]
+        seen["after"] = [kind for kind, _ in torch.log]
+
+    owner = threading.Thread(target=program, daemon=True)
+    owner.start()
+    owner.join(10)
+    assert not owner.is_alive(), "the rotation waited for the lock its own thread held"
+    assert seen["inside"] == ["profile", "start"]  # nothing stopped inside the held lock
+    assert seen["after"] == ["profile", "start", "stop", "profile", "start"]  # rotated
+    assert (tmp_path / "segment-0001.pt.trace.json").is_file()

@@ -398,6 +398,9 @@ class TorchCollector:
         self._scheduled = False
         if threading.get_ident() != self._owner or self._in_hook or host.inside_optimizer_step():
             return  # the outer step wrapper applies them once Optimizer.step# closed
+        if self._lock.when_released(self._apply_pending):
+            return  # a pending call that landed inside this thread's own start, stop or
+            # write (its Python): taking the lock again there hung the program for good
         with self._pending_lock:
             actions, self._pending = self._pending, []
         for action in actions:
