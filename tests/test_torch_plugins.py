@@ -223,3 +223,27 @@ def test_an_edge_landing_inside_a_segment_write_waits_for_it(tmp_path: Path,
     assert seen["inside"] == ["profile", "start"]  # nothing stopped inside the held lock
     assert seen["after"] == ["profile", "start", "stop", "profile", "start"]  # rotated
     assert (tmp_path / "segment-0001.pt.trace.json").is_file()
+
+
+def test_an_edge_at_the_next_bytecode_waits_to_be_outside_torchs_code(
+        tmp_path: Path, fake_torch: Any) -> None:
+    """A queued edge runs at the main thread's next bytecode, wherever that is; inside
+    torch's own Python (DTensor's `__torch_dispatch__` during FSDP2's `to_empty`) an op's
+    RecordFunction is open, and a profiler stopped there crashed the process when the
+    range ended (one rank of a 4-rank FSDP2 run segfaulted). It now waits until the
+    program is out of torch's code, and the next check asks again."""
+    import torch  # the real package: its folder is what `inside_torch` recognizes
+
+    torch_fake = fake_torch(cuda=False)
+    plugin = torch_backend.create(tmp_path, {})
+    plugin.start()
+    plugin.resume()
+    plugin._queue("rotate")
+    plugin._scheduled = True  # as when main_thread_call queued it
+    inside = compile("plugin._at_bytecode()", str(Path(torch.__file__).parent / "x.py"), "exec")
+    exec(inside, {"plugin": plugin})  # lands in a frame of torch's
+    assert [kind for kind, _ in torch_fake.log] == ["profile", "start"]
+    assert plugin._pending == ["rotate"] and not plugin._scheduled  # asked again later
+    plugin._at_bytecode()  # the program's own code
+    assert [kind for kind, _ in torch_fake.log] == ["profile", "start", "stop", "profile",
+                                                    "start"]

@@ -72,6 +72,26 @@ def inside_optimizer_step() -> bool:
     return False
 
 
+def inside_torch() -> bool:
+    """Whether this thread's Python stack holds a frame of torch's own code.
+
+    A main-thread call lands at whatever bytecode runs next; inside torch's Python (a
+    tensor subclass's `__torch_dispatch__` such as DTensor's or FakeTensor's, an autograd
+    Function, FSDP's `record_function` ranges) an op's RecordFunction is open, and a
+    profiler stopped there crashes the process when that range ends: one rank of a
+    4-rank FSDP2 run segfaulted in `to_empty` (DTensor sharding propagation) that way."""
+    torch = sys.modules.get("torch")
+    root = os.path.dirname(getattr(torch, "__file__", None) or "") + os.sep
+    if root == os.sep:
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(root):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
 def bootstrap() -> Any:
     """The bootstrap module of this process (loaded by path under its package name)."""
     return sys.modules.get("gpudiag.profiler.bootstrap")

@@ -392,13 +392,22 @@ class TorchCollector:
 
     def _schedule(self) -> None:
         if self._owner == threading.main_thread().ident and not self._scheduled:
-            self._scheduled = host.main_thread_call(self._apply_pending)
+            self._scheduled = host.main_thread_call(self._at_bytecode)
+
+    def _at_bytecode(self) -> None:
+        """The queued edges, at the main thread's next bytecode: only outside torch's own
+        code (`torch_host.inside_torch`: an op's RecordFunction may be open there); else
+        the next check (ten times a second) or the next step asks again."""
+        if host.inside_torch():
+            self._scheduled = False
+            return
+        self._apply_pending()
 
     def _apply_pending(self) -> None:
         self._scheduled = False
         if threading.get_ident() != self._owner or self._in_hook or host.inside_optimizer_step():
             return  # the outer step wrapper applies them once Optimizer.step# closed
-        if self._lock.when_released(self._apply_pending):
+        if self._lock.when_released(self._at_bytecode):
             return  # a pending call that landed inside this thread's own start, stop or
             # write (its Python): taking the lock again there hung the program for good
         with self._pending_lock:
@@ -476,7 +485,9 @@ class TorchCollector:
         """The bootstrap's thread, ten times a second: ask the owner's thread to write the
         open segment once it grew past its bound (a second of Python-heavy start-up with
         stacks records enough to take gigabytes to stop)."""
-        if self._too_big() and self._queue("rotate"):
+        if self._too_big():
+            self._queue("rotate")
+        if self._pending:  # asked again until it lands outside torch's code (`_at_bytecode`)
             self._schedule()
 
     def flush(self, final: bool) -> None:
