@@ -27,6 +27,12 @@ SIGTERM it sends the signal again to the main thread every `RESEND_S` until the 
 begun: a signal sent to the main thread interrupts its call, and the handler then runs from
 the interrupted call, not from a callback, so it flushes at once.
 
+A handler that interrupted gpudiag's own segment write on the main thread (a Pool's
+`terminate()` landing while a worker writes a start-up segment) cannot flush there: the
+write's lock is its own thread's. It asks the collector to call it back once the write is
+done (`collector.postpone`), and returns; the interrupted write finishes, then the flush
+runs and the process dies of SIGTERM. Giving the segment up instead lost its ops.
+
 Whatever the flush meets, the process still ends: the first SIGTERM arms faulthandler's
 deadline (`FLUSH_DEADLINE_S`), a C thread that needs no GIL. Past it, every thread's Python
 stack goes to stderr and the process exits (status 1), so a pool joining its terminated
