@@ -248,9 +248,10 @@ SIGTERM_IN_A_WRITE = """
     calls = 0
 
     def export_while_terminated(self, path):
-        with open(sys.argv[1], "w") as out:    # what the program ran before the signal
-            out.write(str(calls))
-        os.kill(os.getpid(), signal.SIGTERM)   # as a pool's terminate() lands mid-write
+        if calls:                              # a segment with the loop's ops in it
+            with open(sys.argv[1], "w") as out:    # what the program ran before the signal
+                out.write(str(calls))
+            os.kill(os.getpid(), signal.SIGTERM)   # as a pool's terminate() lands mid-write
         return export(self, path)
 
     torch.profiler.profile.export_chrome_trace = export_while_terminated

@@ -232,7 +232,7 @@ def test_an_edge_at_the_next_bytecode_waits_to_be_outside_torchs_code(
     RecordFunction is open, and a profiler stopped there crashed the process when the
     range ended (one rank of a 4-rank FSDP2 run segfaulted). It now waits until the
     program is out of torch's code, and the next check asks again."""
-    import torch  # the real package: its folder is what `inside_torch` recognizes
+    import torch  # the real package: its folder is what `inside_torch_range` recognizes
 
     torch_fake = fake_torch(cuda=False)
     plugin = torch_backend.create(tmp_path, {})
@@ -240,10 +240,35 @@ def test_an_edge_at_the_next_bytecode_waits_to_be_outside_torchs_code(
     plugin.resume()
     plugin._queue("rotate")
     plugin._scheduled = True  # as when main_thread_call queued it
-    inside = compile("plugin._at_bytecode()", str(Path(torch.__file__).parent / "x.py"), "exec")
-    exec(inside, {"plugin": plugin})  # lands in a frame of torch's
+    dispatch = Path(torch.__file__).parent / "distributed" / "tensor" / "_dispatch.py"
+    inside = compile("plugin._at_bytecode()", str(dispatch), "exec")
+    exec(inside, {"plugin": plugin})  # lands in DTensor's dispatch, an op's range open
     assert [kind for kind, _ in torch_fake.log] == ["profile", "start"]
     assert plugin._pending == ["rotate"] and not plugin._scheduled  # asked again later
     plugin._at_bytecode()  # the program's own code
     assert [kind for kind, _ in torch_fake.log] == ["profile", "start", "stop", "profile",
                                                     "start"]
+
+
+def test_torchs_import_and_forward_code_hold_no_range() -> None:
+    """A start-up grows fastest in `import torch` and model building: rotations may land
+    in that code of torch's; not in what runs inside an open range."""
+    import torch
+
+    from gpudiag.collectors import torch_host
+
+    root = Path(torch.__file__).parent
+
+    def landing_in(path: Path, name: str = "f") -> bool:
+        source = f"def {name}():\n    return inside()\nresult = {name}()\n"
+        scope = {"inside": torch_host.inside_torch_range}
+        exec(compile(source, str(path), "exec"), scope)
+        return bool(scope["result"])
+
+    assert not landing_in(root / "__init__.py")
+    assert not landing_in(root / "nn" / "modules" / "linear.py")
+    assert landing_in(root / "_ops.py")
+    assert landing_in(root / "utils" / "data" / "dataloader.py")
+    assert landing_in(root / "optim" / "optimizer.py")
+    assert landing_in(Path("/elsewhere/my_tensor.py"), "__torch_dispatch__")
+    assert not landing_in(Path("/elsewhere/train.py"))

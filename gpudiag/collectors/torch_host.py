@@ -72,21 +72,36 @@ def inside_optimizer_step() -> bool:
     return False
 
 
-def inside_torch() -> bool:
-    """Whether this thread's Python stack holds a frame of torch's own code.
+#: the parts of torch whose Python runs while one of its RecordFunction ranges is open: an
+#: op called from Python (`_ops.py`) and what it dispatches to (tensor subclasses, fake
+#: tensors), autograd, the optimizer's `Optimizer.step#...`, the DataLoader's
+#: `enumerate(DataLoader)#...`, FSDP's, DDP's and the profiler's own ranges, amp, dynamo
+RANGE_CODE = tuple(os.path.join(*part.split("/")) for part in (
+    "_ops.py", "_tensor.py", "_subclasses/", "autograd/", "optim/", "utils/data/",
+    "distributed/", "nn/parallel/", "amp/", "profiler/", "_dynamo/", "_inductor/"))
+#: the hooks through which any tensor subclass's Python runs inside an op's dispatch
+DISPATCH_HOOKS = ("__torch_dispatch__", "__torch_function__")
 
-    A main-thread call lands at whatever bytecode runs next; inside torch's Python (a
-    tensor subclass's `__torch_dispatch__` such as DTensor's or FakeTensor's, an autograd
-    Function, FSDP's `record_function` ranges) an op's RecordFunction is open, and a
-    profiler stopped there crashes the process when that range ends: one rank of a
-    4-rank FSDP2 run segfaulted in `to_empty` (DTensor sharding propagation) that way."""
+
+def inside_torch_range() -> bool:
+    """Whether this thread's Python stack is inside code that runs with a torch
+    RecordFunction range open (`RANGE_CODE`, `DISPATCH_HOOKS`).
+
+    A main-thread call lands at whatever bytecode runs next; a profiler stopped inside
+    an open range crashes the process when that range ends: one rank of a 4-rank FSDP2 run
+    segfaulted in `to_empty` (DTensor's sharding propagation under `empty_like`), and
+    torch warned "Requested callback is not found" at each such range's end. Torch's
+    import and its modules' forward code hold no range: a start-up rotation may land
+    there (during `import torch` is where a Python-heavy start-up grows fastest)."""
     torch = sys.modules.get("torch")
     root = os.path.dirname(getattr(torch, "__file__", None) or "") + os.sep
-    if root == os.sep:
-        return False
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_filename.startswith(root):
+        code = frame.f_code
+        if code.co_name in DISPATCH_HOOKS:
+            return True
+        if root != os.sep and code.co_filename.startswith(root) \
+                and code.co_filename[len(root):].startswith(RANGE_CODE):
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False

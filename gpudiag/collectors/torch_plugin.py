@@ -395,10 +395,10 @@ class TorchCollector:
             self._scheduled = host.main_thread_call(self._at_bytecode)
 
     def _at_bytecode(self) -> None:
-        """The queued edges, at the main thread's next bytecode: only outside torch's own
-        code (`torch_host.inside_torch`: an op's RecordFunction may be open there); else
-        the next check (ten times a second) or the next step asks again."""
-        if host.inside_torch():
+        """The queued edges, at the main thread's next bytecode: only outside torch code
+        that runs inside one of its ranges (`torch_host.inside_torch_range`); else the
+        next check (ten times a second) or the next step asks again."""
+        if host.inside_torch_range():
             self._scheduled = False
             return
         self._apply_pending()
