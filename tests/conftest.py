@@ -5,10 +5,13 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pytest
@@ -80,7 +83,7 @@ def wait_for(path: Path, timeout_s: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def tool_missing(reason: str) -> None:
+def tool_missing(reason: str) -> NoReturn:
     """Skip a test whose external tool (HTA, shellcheck) is absent; fail instead in CI.
 
     `.ci/run` installs those tools and sets GPUDIAG_REQUIRE_TOOLS=1, so a broken install
@@ -103,6 +106,19 @@ def cli_status(*args: str) -> int:
     return 0
 
 
+def profile_program(tmp_path: Path, code: str, *options: str, name: str = "prog.py",
+                    timeout: float = 300) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`gpudiag profile -o <tmp>/run --no-report OPTIONS -- python <tmp>/NAME` of the
+    dedented `code`: its completed process and the run directory."""
+    script = tmp_path / name
+    script.write_text(textwrap.dedent(code))
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir),
+                           "--no-report", *options, "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=timeout)
+    return done, run_dir
+
+
 def subject_to_file_modes() -> list[str]:
     """The prefix that runs a command subject to file modes: none for a user; as root (CI),
     `setpriv` without the two capabilities that let root write into a mode 555 folder and
@@ -110,8 +126,9 @@ def subject_to_file_modes() -> list[str]:
     if os.geteuid() != 0:
         return []
     setpriv = shutil.which("setpriv")  # util-linux: on every Debian and Ubuntu
-    if setpriv is None:
-        pytest.skip("root without setpriv cannot be kept out of a mode 555 folder")
+    if setpriv is None:  # a skip elsewhere, a failure in CI (`tool_missing`)
+        tool_missing("root without setpriv (util-linux) cannot be kept out of a mode 555 "
+                     "folder")
     return [setpriv, "--bounding-set=-dac_override,-dac_read_search", "--"]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import gpudiag
 from gpudiag.analyzers.host import steps as host_steps
 from gpudiag.trace_meta import helper_pids
-from tests.conftest import framework
+from tests.conftest import framework, profile_program
 
 SLOW_LOADER = """
     import time, torch
@@ -53,12 +53,8 @@ def test_a_planted_slow_loader_is_the_first_finding_not_its_workers_python(
     writes (seconds on a loaded machine) let the workers fill the default two each, and
     the first four steps then waited for nothing."""
     framework("torch")
+    done, run_dir = profile_program(tmp_path, SLOW_LOADER, "--steps", "all", name="loader.py")
     script = tmp_path / "loader.py"
-    script.write_text(textwrap.dedent(SLOW_LOADER))
-    run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir),
-                           "--no-report", "--steps", "all", "--", sys.executable, str(script)],
-                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout == "done\n", done.stderr
     trace = gpudiag.load(run_dir)
     roles = [process.get("role") for process in trace.meta["processes"]]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import gpudiag
 from gpudiag.analyzers.host import steps as host_steps
-from tests.conftest import framework
+from tests.conftest import framework, profile_program
 
 #: a start-up like run_clm's: text tokenized in Python, one small tensor per example (1-2 s
 #: bare), then a few optimizer steps of a small model
@@ -113,12 +113,7 @@ def test_gpudiags_own_imports_are_not_the_programs_step(tmp_path: Path) -> None:
     diagnosis said "optimizer 74%". The import is done before the profiler starts now, a
     part of its start's pause."""
     framework("torch")
-    script = tmp_path / "steps.py"
-    script.write_text(textwrap.dedent(SMALL_STEPS))
-    run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir),
-                           "--no-report", "--steps", "all", "--", sys.executable, str(script)],
-                          capture_output=True, text=True, timeout=300)
+    done, run_dir = profile_program(tmp_path, SMALL_STEPS, "--steps", "all", name="steps.py")
     assert done.returncode == 0, done.stderr
     ranges = gpudiag.load(run_dir).ranges
     names = ranges["name"].fillna("")

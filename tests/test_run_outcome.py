@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from gpudiag.analyzers.summary import run_outcome as outcome
-from tests.conftest import framework
+from tests.conftest import framework, profile_program
 
 PROCESS = {"pid": 10, "rank": None, "start_ns": 1, "end_ns": 2}
 
@@ -75,13 +75,8 @@ def test_a_crashed_run_is_said_first_in_every_output(tmp_path: Path) -> None:
     used to end with its flush and no word of it). `analyze` opens with all three,
     `--json` has them under `outcome`, and the report's summary too."""
     framework("torch")
-    script = tmp_path / "crash.py"
-    script.write_text(textwrap.dedent(CRASHING))
-    run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir),
-                           "--no-report", "--flush-interval", "0.2", "--steps", "all", "--",
-                           sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=300)
+    done, run_dir = profile_program(tmp_path, CRASHING, "--flush-interval", "0.2", "--steps",
+                                    "all", name="crash.py")
     assert done.returncode == 1, done.stderr
     assert "illegal memory access" in done.stderr  # the program's own traceback, unchanged
     analyzed = subprocess.run([sys.executable, "-m", "gpudiag", "analyze", str(run_dir)],
@@ -125,13 +120,9 @@ def test_a_segfault_says_where_it_happened(tmp_path: Path) -> None:
     bootstrap's faulthandler writes the stacks at the fatal signal; `profile` and `analyze`
     name the signal and the innermost Python frame, and the exit status stays the crash's."""
     framework("torch")
+    done, run_dir = profile_program(tmp_path, SEGFAULTING, "--flush-interval", "0.1",
+                                    "--steps", "all", name="segv.py")
     script = tmp_path / "segv.py"
-    script.write_text(textwrap.dedent(SEGFAULTING))
-    run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "-o", str(run_dir),
-                           "--no-report", "--flush-interval", "0.1", "--steps", "all", "--",
-                           sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=300)
     assert done.returncode == 139, done.stderr
     site = f"Segmentation fault in read_freed_buffer ({script}:5)"
     assert f"crashed: {site} (every thread's stack: " in done.stderr, done.stderr
