@@ -241,7 +241,8 @@ def test_an_edge_at_the_next_bytecode_waits_to_be_outside_torchs_code(
     plugin._queue("rotate")
     plugin._scheduled = True  # as when main_thread_call queued it
     dispatch = Path(torch.__file__).parent / "distributed" / "tensor" / "_dispatch.py"
-    inside = compile("plugin._at_bytecode()", str(dispatch), "exec")
+    inside = compile("def propagate():\n    plugin._at_bytecode()\npropagate()\n",
+                     str(dispatch), "exec")
     exec(inside, {"plugin": plugin})  # lands in DTensor's dispatch, an op's range open
     assert [kind for kind, _ in torch_fake.log] == ["profile", "start"]
     assert plugin._pending == ["rotate"] and not plugin._scheduled  # asked again later
@@ -260,12 +261,14 @@ def test_torchs_import_and_forward_code_hold_no_range() -> None:
     root = Path(torch.__file__).parent
 
     def landing_in(path: Path, name: str = "f") -> bool:
-        source = f"def {name}():\n    return inside()\nresult = {name}()\n"
+        source = ("result = inside()\n" if name == "<module>"
+                  else f"def {name}():\n    return inside()\nresult = {name}()\n")
         scope = {"inside": torch_host.inside_torch_range}
         exec(compile(source, str(path), "exec"), scope)
         return bool(scope["result"])
 
     assert not landing_in(root / "__init__.py")
+    assert not landing_in(root / "_ops.py", "<module>")  # its import: module-level code
     assert not landing_in(root / "nn" / "modules" / "linear.py")
     assert landing_in(root / "_ops.py")
     assert landing_in(root / "utils" / "data" / "dataloader.py")

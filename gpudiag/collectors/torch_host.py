@@ -91,8 +91,10 @@ def inside_torch_range() -> bool:
     an open range crashes the process when that range ends: one rank of a 4-rank FSDP2 run
     segfaulted in `to_empty` (DTensor's sharding propagation under `empty_like`), and
     torch warned "Requested callback is not found" at each such range's end. Torch's
-    import and its modules' forward code hold no range: a start-up rotation may land
-    there (during `import torch` is where a Python-heavy start-up grows fastest)."""
+    import (module-level code, of those files too) and its modules' forward code hold no
+    range: a start-up rotation may land there (during `import torch` is where a
+    Python-heavy start-up grows fastest; kept from rotating through it, the segment's
+    stop at exit ran out of memory under `ulimit -v 1000000`)."""
     torch = sys.modules.get("torch")
     root = os.path.dirname(getattr(torch, "__file__", None) or "") + os.sep
     frame = sys._getframe(1)
@@ -100,7 +102,8 @@ def inside_torch_range() -> bool:
         code = frame.f_code
         if code.co_name in DISPATCH_HOOKS:
             return True
-        if root != os.sep and code.co_filename.startswith(root) \
+        if root != os.sep and code.co_name != "<module>" \
+                and code.co_filename.startswith(root) \
                 and code.co_filename[len(root):].startswith(RANGE_CODE):
             return True
         frame = frame.f_back  # type: ignore[assignment]
