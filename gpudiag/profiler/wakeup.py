@@ -15,6 +15,13 @@ the program's fd is remembered (and returned, as the program expects), and the r
 thread writes every byte it reads on to it. The program's loop wakes as before, after one
 thread hop.
 
+A forked child inherits the wakeup fd, and keeps it until gpudiag's fork hook gives it one of
+its own. A SIGTERM that reaches the child before that (a fork Pool's `terminate()` landing on
+a worker still starting) was read by the parent's thread as the parent's own: the parent
+ended, exit status 143. So on Linux the "pipe" is a datagram socket pair whose reading end
+gets each writer's pid (`SO_PASSCRED`): bytes another process wrote are still passed on to
+the program's fd, as CPython would, but gpudiag acts only on its own process's signals.
+
     pipe = WakeupPipe(lambda data: print(list(data)))
     pipe.install()          # False when a wakeup fd was set already (then it is left alone)
 """
@@ -25,6 +32,8 @@ import contextlib
 import operator
 import os
 import signal
+import socket
+import struct
 import threading
 from collections.abc import Callable
 
@@ -41,7 +50,7 @@ class WakeupPipe:
     def install(self) -> bool:
         """Set the pipe, unless a wakeup fd is set already; wrap `signal.set_wakeup_fd`."""
         try:
-            read_end, write_end = os.pipe()  # close-on-exec: a program's children never see it
+            read_end, write_end = _pipe()  # close-on-exec: a program's children never see it
             os.set_blocking(write_end, False)
             previous = self._original(write_end, warn_on_full_buffer=False)
         except (OSError, ValueError):
@@ -72,9 +81,10 @@ class WakeupPipe:
         return previous
 
     def _read(self, read_end: int) -> None:
+        receive = _reader(read_end)
         while True:
             try:
-                data = os.read(read_end, 512)
+                data, writer = receive()
             except OSError:
                 return  # closed: a forked child made a pipe of its own
             if not data:
@@ -83,6 +93,8 @@ class WakeupPipe:
             if fd != -1:
                 with contextlib.suppress(OSError):  # full or closed: dropped, as CPython does
                     os.write(fd, data)
+            if writer not in (None, os.getpid()):
+                continue  # a forked child's signal, before it had a pipe of its own
             with contextlib.suppress(Exception):  # never a thread traceback in its stderr
                 self.on_signals(data)
 
@@ -103,3 +115,41 @@ class WakeupPipe:
             self._original(current)
             return
         self.install()  # the program's fd is kept: the child's bytes go on to it
+
+
+#: the `struct ucred` an SCM_CREDENTIALS message carries: pid, uid, gid
+_UCRED = struct.Struct("iii")
+
+
+def _pipe() -> tuple[int, int]:
+    """(read end, write end): a datagram socket pair whose reader learns each writer's pid
+    where the platform has it (Linux), else a plain pipe."""
+    if not hasattr(socket, "SO_PASSCRED"):
+        return os.pipe()
+    reading, writing = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        reading.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    except OSError:
+        reading.close()
+        writing.close()
+        return os.pipe()
+    return reading.detach(), writing.detach()
+
+
+def _reader(read_end: int) -> Callable[[], tuple[bytes, int | None]]:
+    """A function that waits for the next bytes and says which process wrote them (None
+    when the end cannot tell: a pipe)."""
+    try:
+        sock = socket.socket(fileno=read_end)
+    except OSError:  # not a socket: a plain pipe
+        return lambda: (os.read(read_end, 512), None)
+    space = socket.CMSG_SPACE(_UCRED.size)
+
+    def receive() -> tuple[bytes, int | None]:
+        data, ancillary, _flags, _address = sock.recvmsg(512, space)
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                return data, _UCRED.unpack(payload[:_UCRED.size])[0]
+        return data, None
+
+    return receive
