@@ -107,6 +107,47 @@ def test_a_dask_local_cluster_gives_the_same_diagnosis(job4: Path, dask_client: 
     assert_same(diagnose_job(job4, client=dask_client), merged)
 
 
+def ranked_job(sources: list[Path], folder: Path, *, lost_launch: int | None = None) -> Path:
+    """A job whose ranks are different real traces (each given its rank): unlike copies of
+    one rank, its ranks differ in what they recorded (launch calls, step markers, GPUs),
+    so whatever an analysis computes over all the rows of a batch differs with the batch.
+    `lost_launch`: a kernel of that rank lost its launch call (a dropped CUPTI record)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank, source in enumerate(sources):
+        raw = source.read_bytes()
+        doc = json.loads(gzip.decompress(raw) if source.suffix == ".gz" else raw)
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": len(sources)}
+        if rank == lost_launch:
+            kernels = [event for event in doc["traceEvents"] if event.get("cat") == "kernel"]
+            kernels[len(kernels) // 2]["args"]["correlation"] = 2**31 - 1
+        (folder / f"rank{rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def mixed_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ranked_job([KINETO / name for name in (
+        "world128_sampled_rank0.json.gz", "a100_alexnet_sync_critical_path.json.gz",
+        "world128_sampled_rank1.json.gz", "h100_bert_small_inference_shapes.json.gz",
+        "world128_sampled_rank0.json.gz", "normalization_layers_shapes.json.gz")],
+        tmp_path_factory.mktemp("mixed"), lost_launch=2)
+
+
+def test_ranks_that_differ_give_the_merged_diagnosis_however_they_are_batched(
+        mixed_job: Path, dask_client: Any) -> None:
+    """Copies of one rank hid two drifts (the same job, another answer on 2 or 3 workers):
+    launch times went through float64 whenever a batch held a kernel without its launch
+    call (epoch ns rounded to 256 ns, so 50 µs gaps crossed `launch_gap_ns`: rank 5 of a
+    real 8-rank V100 job moved 49.8 µs between host_bound and launch_bound), and a rank
+    without step markers got no steps when any rank of its batch had them."""
+    merged = diagnose(gpudiag.load(mixed_job), steps=True)
+    methods = merged.steps.groupby("rank")["method"].first()
+    assert list(methods) == ["markers", "repeating_ops", "markers", "markers", "markers",
+                             "repeating_ops"]  # each rank's steps, found its own way
+    for where in ({"workers": 1}, {"workers": 2}, {"workers": 3}, {"client": dask_client}):
+        assert_same(diagnose_job(mixed_job, steps=True, **where), merged)
+
+
 @pytest.fixture(scope="module")
 def job32(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """32 DLRM ranks (the 128-rank job's rank 0, 120 KB, shifted per rank): small files

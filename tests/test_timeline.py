@@ -225,3 +225,17 @@ def test_stream_busy_and_gaps_match_the_interval_algebra(
         idle = intervals.total(intervals.complement(spans, min(starts), max(ends)))
         assert summary.loc[k, "busy_ns"] == intervals.total(spans)
         assert summary.loc[k, "idle_ns"] == gaps[k] == idle
+
+
+def test_launch_times_stay_exact_nanoseconds_when_some_kernel_has_no_launch_call() -> None:
+    """Epoch nanoseconds through float64 round to 256 ns: the launch times of a batch with
+    one kernel whose launch call was lost moved, and a 50 µs gap crossed `launch_gap_ns`
+    (a job's losses then depended on how its ranks were batched)."""
+    from gpudiag.analyzers.callsites import launch_calls
+
+    epoch = 1_682_725_898_082_280_000
+    t = trace(kernels=[kernel(epoch + 10_000, epoch + 20_000, correlation=1),
+                       kernel(epoch + 70_000, epoch + 80_000, correlation=9)],
+              api=[api_call(epoch + 1_000, epoch + 2_000, correlation=1)])
+    found = launch_calls(t, t.kernels)["api_start_ns"]
+    assert found.iloc[0] == epoch + 1_000 and pd.isna(found.iloc[1])

@@ -52,6 +52,8 @@ def launch_calls(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
             dtype = "category" if col == "name" else "Int64"
             return pd.Series(pd.NA, index=rows.index, dtype=dtype)
         values = pd.Series(api[col].array.take(safe), index=rows.index)
+        if pd.api.types.is_integer_dtype(values.dtype):  # NA must not pass through float:
+            values = values.astype("Int64")  # epoch ns would round to 256 ns
         return values.where(found)
 
     return pd.DataFrame({"tid": take("tid"), "api_start_ns": take("start_ns").astype("Int64"),

@@ -386,8 +386,10 @@ def _step_windows(trace: Trace) -> dict[int, iv.Spans]:
     hit = pd.merge_asof(left.sort_values("t"), right.sort_values("t"), on="t",
                         by=["rank", "pid"])
     hit = hit[hit["t"] < hit["step_end"]]
-    gpu_end = hit.groupby("step")["gpu_end"].max().reindex(right["step"]).to_numpy()
-    end = np.fmax(steps["end_ns"].to_numpy(np.float64), gpu_end).astype(np.int64)
+    own_end = steps["end_ns"].to_numpy(np.int64)
+    gpu_end = (hit.groupby("step")["gpu_end"].max().astype("Int64").reindex(right["step"])
+               .to_numpy(np.int64, na_value=np.iinfo(np.int64).min))  # never via float: ns
+    end = np.maximum(own_end, gpu_end)
     keyed = steps.assign(end_ns=end, _r=key_array(pd.to_numeric(steps["rank"])))
     return {int(rank): iv.union(group["start_ns"], group["end_ns"])
             for rank, group in keyed.groupby("_r")}

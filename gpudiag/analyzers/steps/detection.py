@@ -9,7 +9,9 @@ steps wins, in this order:
 
 1. `markers`: ranges with source `step` (Kineto's `ProfilerStep#N`, `gpudiag.step()`, the
    profiler's optimizer-step hook), and `ProfilerStep#N` ops of the 2021 Kineto schema.
-   When any process has them, only they are used.
+   When any process of a rank has them, only they are used for that rank (its other
+   processes, DataLoader workers and the like, are helpers); a rank without them (another
+   program's, merged into one job) has its steps found as below.
 2. `optimizer_step` (torch): `Optimizer.step#<Class>.step` ranges. Step k runs from the end
    of optimizer step k-1 (for k = 1: the first top-level op of that thread) to the end of
    optimizer step k. Several optimizers per iteration, or gradient accumulation: one
@@ -123,10 +125,10 @@ def _detect(trace: Trace, min_steps: int, min_cover: float, levels: int,
     ranges = trace.ranges
     marked = ranges[(ranges["source"] == "step").to_numpy(bool)
                     | keys.matches(ranges["name"], STEP_NAME)]
-    if len(marked):
-        return _markers(marked)
+    frames = [_markers(marked)] if len(marked) else []
     ops = host_ops(trace)
-    frames = []
+    if len(marked):  # a rank with markers: its other processes are helpers, without steps
+        ops = ops[~np.isin(keys.key_array(ops["rank"]), keys.key_array(marked["rank"]))]
     for _, mine in ops.groupby("proc", sort=True):
         found = _optimizer(trace, mine, min_steps)
         if found is None:

@@ -163,8 +163,8 @@ def _nccl_rows(
     comm = objects(args.values("pg_name"))
     unnamed = pd.isna(comm) & ~pd.isna(stream)
     comm[unnamed] = ["stream " + str(value) for value in stream[unnamed]]
-    issue = calls.lookup(correlation, "start_ns")
     start = kernels["start_ns"].to_numpy(np.int64)[rows]
+    issue = calls.start_of(correlation, otherwise=start)
     ops[pd.isna(ops)] = "other"
     return {
         "pid": kernels["pid"].array[rows], "device": kernels["device"].array[rows],
@@ -178,7 +178,7 @@ def _nccl_rows(
         "kernel_id": kernels["kernel_id"].array[rows].astype("Int64"),
         "name": kernel_names,
         "_correlation": correlation,
-        "_issue_ns": np.where(np.isfinite(issue), issue, start).astype(np.int64),
+        "_issue_ns": issue,
     }
 
 

@@ -188,14 +188,34 @@ class Calls:
             col: api[col].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
             for col in ("pid", "tid", "start_ns")
         }
+        #: start_ns exactly: epoch nanoseconds lose up to 256 ns in a float64
+        self.start_ns = api["start_ns"].to_numpy(dtype=np.int64)[rows]
 
     def lookup(self, correlation: pd.Series, col: str, files: np.ndarray | None = None
                ) -> np.ndarray:
         """`col` (pid, tid or start_ns) of the call with each correlation id; NaN if none.
-        `files`: each row's file, for the calls of joined files."""
+        `files`: each row's file, for the calls of joined files. (start_ns as a float is
+        only good for searching; `start_of` gives it exactly.)"""
+        pos, found = self._positions(correlation, files)
+        if pos is None:
+            return np.full(len(found), np.nan)
+        return np.where(found, self.columns[col][pos], np.nan)
+
+    def start_of(self, correlation: pd.Series, otherwise: np.ndarray) -> np.ndarray:
+        """The exact start (int64 ns) of the call with each correlation id, `otherwise`
+        where there is none."""
+        pos, found = self._positions(correlation, None)
+        if pos is None:
+            return np.asarray(otherwise, dtype=np.int64)
+        return np.where(found, self.start_ns[pos], otherwise).astype(np.int64)
+
+    def _positions(self, correlation: pd.Series, files: np.ndarray | None
+                   ) -> tuple[np.ndarray | None, np.ndarray]:
+        """The position among the calls of each correlation id's call, and whether there
+        is one (positions None: no calls at all)."""
         wanted = correlation.to_numpy(dtype=np.float64, na_value=np.nan)
         if not len(self.keys):
-            return np.full(len(wanted), np.nan)
+            return None, np.zeros(len(wanted), dtype=bool)
         known = np.isfinite(wanted)
         if self._ids is not None:
             assert files is not None
@@ -205,8 +225,7 @@ class Calls:
             wanted = (files * len(self._ids) + at).astype(np.float64)
         pos = np.minimum(np.searchsorted(self.keys, np.where(known, wanted, 0).astype(np.int64)),
                          len(self.keys) - 1)
-        found = known & (self.keys[pos] == wanted)
-        return np.where(found, self.columns[col][pos], np.nan)
+        return pos, known & (self.keys[pos] == wanted)
 
 
 def join_host(frame: pd.DataFrame | None, calls: Calls, fallback: int | np.ndarray | None,
