@@ -157,6 +157,10 @@ _declare(
        "median steady step (NaN without steps)"),
     _c("fix", "string", "", "the transformation replayed (`critical.savings.FIXES`)",
        tuple(FIXES)),
+    _c("kind", "string", "", "the kind of problem, a stable name scripts can read whatever the "
+       "wording of the advice (`findings.ADVICE`'s key); NA for advice composed per finding"),
+    _c("subject", "string", "", "what the finding is about where `where` names its call site: "
+       "the kernel of a small_grid finding, the communicator and op of a comm finding"),
 )
 
 _declare(

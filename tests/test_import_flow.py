@@ -155,6 +155,17 @@ def test_no_private_name_is_imported_across_modules() -> None:
     assert private == []
 
 
+def test_reports_only_read_what_the_diagnosis_computed() -> None:
+    """Reports render a Diagnosis: the critical path is the Diagnosis' (computed when
+    first read), never built again while drawing."""
+    modules = module_names()
+    reading = [f"{name}:{line} imports {target}" for name, path in modules.items()
+               if name.startswith("gpudiag.reports")
+               for target, _, line in imports(name, path, modules)
+               if target.startswith("gpudiag.analyzers.critical")]
+    assert reading == []
+
+
 def test_no_folder_holds_more_than_16_modules() -> None:
     counts = {folder: len(list(folder.glob("*.py")))
               for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir())]}

@@ -281,3 +281,28 @@ def test_the_terminal_shows_what_each_finding_saves() -> None:
     plain = CliRunner().invoke(cli, ["analyze", str(example), "--no-savings", "--rank-by",
                                      "lost"], env={"COLUMNS": "250"})
     assert "Findings, by GPU time lost" in plain.output and "saves" not in plain.output
+
+
+def test_a_reworded_finding_keeps_its_saving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay finds a finding's events by its kind and subject, never by its text: a
+    kernel name read back from the evidence, a communicator from `where`, a kind from the
+    advice once turned a saving into NA whenever a sentence changed."""
+    from gpudiag.analyzers import findings
+    from gpudiag.analyzers.collectives import calls
+    from gpudiag.analyzers.kernels import launch
+
+    path = fixtures_dir() / "kineto" / "a100_rank0of2_nccl_eventsync_annotations.json.gz"
+    before = gpudiag.diagnose(gpudiag.load(path)).findings
+    for key in list(findings.ADVICE):
+        monkeypatch.setitem(findings.ADVICE, key, f"reworded {key}")  # type: ignore[index]
+    monkeypatch.setattr(launch, "_evidence", lambda *args: "reworded")
+    monkeypatch.setattr(calls, "_at", lambda site: " (reworded)")
+    after = gpudiag.diagnose(gpudiag.load(path)).findings
+    assert (after["advice"] == "reworded small_grid").any()
+    assert (after["evidence"] == "reworded").any()
+    key = ["cause", "kind", "subject", "lost_ns", "count"]
+    saved = before[before["saving_ns"].notna()]
+    assert set(saved["kind"]) >= {"small_grid", "comm_exposed"}  # both used to parse text
+    both = saved.merge(after, on=key, suffixes=("", "_after"), validate="one_to_one")
+    assert len(both) == len(saved) and both["saving_ns_after"].notna().all()
+    assert list(both["saving_ns"]) == list(both["saving_ns_after"])

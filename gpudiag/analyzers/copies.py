@@ -386,7 +386,7 @@ def _copy_findings(rows: pd.DataFrame, *, count_host_blocked: bool) -> pd.DataFr
     return found.frame(pd.DataFrame({
         "cause": "copy", "lost_ns": groups["lost_ns"], "where": groups["site"],
         "count": groups["count"], "evidence": [_evidence(group) for group in groups.itertuples()],
-        "advice": groups["problem"].map(found.ADVICE),
+        "advice": groups["problem"].map(found.ADVICE), "kind": groups["problem"],
     }, index=groups.index)).sort_values("lost_ns", ascending=False, kind="stable",
                                         ignore_index=True)
 

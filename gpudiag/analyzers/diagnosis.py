@@ -88,6 +88,18 @@ class Diagnosis:
     gaps: pd.DataFrame | None = field(default=None, repr=False)  # idle gap pieces, in window
     steps: pd.DataFrame | None = None  # `steps.training_steps`: found how, warm-up flagged
     per_step: bool = False             # diagnose(steps=True): per-step tables in to_dict
+    #: computes each rank's critical path when first asked (`critical_paths`): only the
+    #: reports draw it, and its longest-path pass over the whole trace is not free
+    paths_of: Callable[[], pd.DataFrame | None] | None = field(default=None, repr=False)
+
+    def critical_paths(self) -> pd.DataFrame | None:
+        """Each rank's critical path (`critical.path.rank_paths`), None where the trace has
+        none to draw (no launch calls, past `critical.path.DRAW_LIMIT`, a job read rank by
+        rank). Computed once."""
+        if self.paths_of is not None:
+            self._paths = self.paths_of()
+            self.paths_of = None
+        return getattr(self, "_paths", None)
 
     def to_dict(self, top: int | None = None) -> dict[str, Any]:
         """Plain JSON-ready data (what `gpudiag analyze --json` prints)."""
@@ -188,11 +200,19 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     dx = Diagnosis(losses=declared.conform_frame("losses", loss),
                    findings=declared.conform_frame("findings", ranked),
                    tables=tables, notes=notes, window_ns=bounds, timeline=timeline, gaps=gaps,
-                   steps=declared.conform_frame("steps", training), per_step=steps)
+                   steps=declared.conform_frame("steps", training), per_step=steps,
+                   paths_of=lambda: drawn_paths(whole))
     if steps and timeline is not None:
         dx.by_step = declared.conform_frame("by_step", steps_mod.losses_by_step(trace, timeline))
     add_views(dx)
     return dx
+
+
+def drawn_paths(trace: Trace) -> pd.DataFrame | None:
+    """Each rank's critical path where the reports draw it (`critical.path.drawable`)."""
+    from gpudiag.analyzers.critical.path import drawable, rank_paths
+
+    return rank_paths(trace) if drawable(trace) else None
 
 
 def add_views(dx: Diagnosis) -> None:
@@ -375,24 +395,18 @@ def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str]
               ) -> tuple[LossTimeline | None, pd.DataFrame | None]:
     """The waterfall's layers and its idle gap pieces, or (None, None) with a note saying
     why there is no timeline."""
-    if trace.kernels.empty and trace.copies.empty:
-        notes.append("no loss waterfall: the trace has no kernels or copies on a timeline")
-        return None, None
-    if not trace.meta.get("timeline", True):
-        notes.append("no loss waterfall: the times in this source are not a timeline "
-                     "(e.g. Nsight Compute replays kernels one by one)")
+    made, said = timeline_notes(has_gpu=not (trace.kernels.empty and trace.copies.empty),
+                                timeline=bool(trace.meta.get("timeline", True)))
+    notes.extend(said)
+    if not made:
         return None, None
     from gpudiag.analyzers.collectives import calls as collectives
     from gpudiag.analyzers.kernels import launch
     occupancy = launch.occupancy(trace)
     unknown = occupancy["tail_efficiency"].isna()
-    if unknown.all():
-        reason = occupancy["unavailable"].dropna()
-        notes.append("small_grid not measured: " + (str(reason.iloc[0]) if len(reason)
-                                                      else "no launch configuration"))
-    elif unknown.any():
-        notes.append(f"small_grid not measured for {int(unknown.sum())} of {len(unknown)} "
-                     "kernels (launch configuration or device properties missing)")
+    reason = occupancy["unavailable"].dropna()
+    notes.extend(occupancy_notes(int(unknown.sum()), len(unknown),
+                                 str(reason.iloc[0]) if len(reason) else None))
     waits = collectives.wait_intervals(trace) if len(trace.collectives) else None
     note = collectives.wait_note(trace) if waits is not None else None
     if note is not None:
@@ -402,12 +416,39 @@ def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str]
     return timeline, idle_gaps(trace, **gap_options)
 
 
+def timeline_notes(*, has_gpu: bool, timeline: bool) -> tuple[bool, list[str]]:
+    """Whether there is a loss waterfall (GPU work on a timeline), and the note when not."""
+    if not has_gpu:
+        return False, ["no loss waterfall: the trace has no kernels or copies on a timeline"]
+    if not timeline:
+        return False, ["no loss waterfall: the times in this source are not a timeline "
+                       "(e.g. Nsight Compute replays kernels one by one)"]
+    return True, []
+
+
+def occupancy_notes(unknown: int, kernels: int, reason: str | None) -> list[str]:
+    """The note when small grids could not be measured for `unknown` of the `kernels`."""
+    if unknown == kernels:
+        return ["small_grid not measured: " + (reason or "no launch configuration")]
+    if unknown:
+        return [f"small_grid not measured for {unknown} of {kernels} kernels (launch "
+                "configuration or device properties missing)"]
+    return []
+
+
 def applies(trace: Trace, analyzer: Analyzer, notes: list[str]) -> bool:
     """Whether a (non-gap) analyzer runs on the trace; a note when its times are not a
     timeline."""
-    if not any(len(getattr(trace, t)) for t in analyzer.requires):
+    counts = {name: len(getattr(trace, name)) for name in analyzer.requires}
+    return applies_to(counts, bool(trace.meta.get("timeline", True)), analyzer, notes)
+
+
+def applies_to(row_counts: dict[str, int], timeline: bool, analyzer: Analyzer,
+               notes: list[str]) -> bool:
+    """`applies` from the rows of each table (a job's, summed over its ranks)."""
+    if not any(row_counts.get(name, 0) for name in analyzer.requires):
         return False
-    if analyzer.timeline and not trace.meta.get("timeline", True):
+    if analyzer.timeline and not timeline:
         notes.append(f"{analyzer.name}: skipped, the source's times are not a timeline")
         return False
     return True

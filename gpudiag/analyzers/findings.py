@@ -32,7 +32,7 @@ HOST_CAUSES = ("host_data_loading", "host_python_overhead", "host_optimizer", "h
 OTHER_CAUSES = ("fragmentation", "kernel", "comm", "throttle", *HOST_CAUSES)
 
 COLUMNS = ("cause", "lost_ns", "share", "where", "count", "evidence", "advice", "saving_ns",
-           "saving_share", "saving_step_share", "fix")
+           "saving_share", "saving_step_share", "fix", "kind", "subject")
 
 #: the one action we recommend per finding kind; analyzers refer to these by key so the
 #: wording lives in one place and tests can check a finding carries the right advice
@@ -85,6 +85,10 @@ ADVICE: Mapping[str, str] = {
 }
 
 
+#: the kind of each finding by its advice: an analyzer that gives `ADVICE[key]` made a
+#: finding of kind `key` (a name scripts and the expected savings read, whatever the wording)
+KIND_OF_ADVICE: Mapping[str, str] = {text: key for key, text in ADVICE.items()}
+
 _UNITS = (("s", 1e9), ("ms", 1e6), ("µs", 1e3))
 
 
@@ -133,8 +137,9 @@ def frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame | None = None) -> pd.
     out["lost_ns"] = pd.to_numeric(out["lost_ns"], errors="coerce").fillna(0).astype("int64")
     out["share"] = pd.to_numeric(out["share"], errors="coerce").astype("float64")
     out["count"] = pd.to_numeric(out["count"], errors="coerce").fillna(0).astype("int64")
-    for col in ("where", "evidence", "advice", "fix"):
+    for col in ("where", "evidence", "advice", "fix", "kind", "subject"):
         out[col] = out[col].astype("string")
+    out["kind"] = out["kind"].fillna(out["advice"].map(KIND_OF_ADVICE).astype("string"))
     out["saving_ns"] = pd.to_numeric(out["saving_ns"], errors="coerce").astype("Int64")
     for col in ("saving_share", "saving_step_share"):
         out[col] = pd.to_numeric(out[col], errors="coerce").astype("float64")

@@ -213,14 +213,19 @@ def _findings(points: pd.DataFrame, host_only: bool, min_lost_ns: int = 0) -> pd
     rows = [{
         "cause": "sync_stall", "lost_ns": p.gpu_idle_ns, "where": p.where, "count": p.count,
         "evidence": _evidence(p) + note,
-        "advice": advice_of(str(p.kind)),
+        "advice": advice_of(str(p.kind)), "kind": kind_of(str(p.kind)),
     } for p in points.itertuples()]  # one per sync site: a few dozen at most
     return frame(rows)
 
 
 def advice_of(kind: str) -> str:
     """The advice of a sync site's finding, by the kind of its waits."""
-    return ADVICE[_ADVICE_BY_KIND.get(kind, "sync_device")]
+    return ADVICE[kind_of(kind)]
+
+
+def kind_of(kind: str) -> str:
+    """The finding kind (`ADVICE` key) of a sync site, by the kind of its waits."""
+    return _ADVICE_BY_KIND.get(kind, "sync_device")
 
 
 def _evidence(p: Any) -> str:

@@ -121,20 +121,14 @@ def losses(ranks: list[Placed], waits: pd.DataFrame | None,
 
 def timeline_notes(ranks: list[Placed], meta: dict[str, Any]) -> tuple[bool, list[str]]:
     """Whether the job has a waterfall, and the notes `diagnose` writes about it."""
-    if not any(part.has_gpu for _, part in ranks):
-        return False, ["no loss waterfall: the trace has no kernels or copies on a timeline"]
-    if not meta.get("timeline", True):
-        return False, ["no loss waterfall: the times in this source are not a timeline "
-                       "(e.g. Nsight Compute replays kernels one by one)"]
+    made, notes = diagnosis.timeline_notes(has_gpu=any(part.has_gpu for _, part in ranks),
+                                           timeline=bool(meta.get("timeline", True)))
+    if not made:
+        return False, notes
     unknown = sum(part.occupancy[0] for _, part in ranks)
     kernels = sum(part.occupancy[1] for _, part in ranks)
-    if unknown == kernels:
-        reason = next((part.occupancy[2] for _, part in ranks if part.occupancy[2]), None)
-        return True, ["small_grid not measured: " + (reason or "no launch configuration")]
-    if unknown:
-        return True, [f"small_grid not measured for {unknown} of {kernels} kernels (launch "
-                      "configuration or device properties missing)"]
-    return True, []
+    reason = next((part.occupancy[2] for _, part in ranks if part.occupancy[2]), None)
+    return True, diagnosis.occupancy_notes(unknown, kernels, reason)
 
 
 def gaps(ranks: list[Placed]) -> pd.DataFrame:
@@ -244,12 +238,9 @@ _ANALYZER = {analyzer.name: analyzer for analyzer in diagnosis.ANALYZERS}
 def _applies(ranks: list[Placed], analyzer: diagnosis.Analyzer, meta: dict[str, Any],
              notes: list[str]) -> bool:
     """`diagnosis.applies` on the merged job, from the ranks' row counts."""
-    if not any(part.row_counts.get(name, 0) for _, part in ranks for name in analyzer.requires):
-        return False
-    if analyzer.timeline and not meta.get("timeline", True):
-        notes.append(f"{analyzer.name}: skipped, the source's times are not a timeline")
-        return False
-    return True
+    counts = {name: sum(part.row_counts.get(name, 0) for _, part in ranks)
+              for name in analyzer.requires}
+    return diagnosis.applies_to(counts, bool(meta.get("timeline", True)), analyzer, notes)
 
 
 def _fallback(ranks: list[Placed], meta: dict[str, Any]) -> tuple[Trace, Trace]:

@@ -337,7 +337,7 @@ def _diagnosis_events(trace: Trace, dx: Diagnosis, tracks: _Tracks, plan: Plan
     yield from _slices(tracks, marks, marks["label"], side="gpu", lane="findings",
                        cat="gpudiag.finding", columns=("evidence", "advice", "lost_ms", "share",
                                                        "rule"), plan=plan)
-    yield from _path_events(trace, tracks, plan)
+    yield from _path_events(dx, tracks, plan)
     alone = found[~found.index.isin(marks["finding"])]
     start = (trace.gpu_window_ns() or (plan.base, 0))[0]
     yield [{"ph": "i", "s": "g", "cat": "gpudiag.finding", "name": n,
@@ -347,15 +347,13 @@ def _diagnosis_events(trace: Trace, dx: Diagnosis, tracks: _Tracks, plan: Plan
                                                                 "lost_ms")), strict=True)]
 
 
-def _path_events(trace: Trace, tracks: _Tracks, plan: Plan) -> Iterator[list[Any]]:
-    """Each rank's critical path (`critical.path.rank_paths`) as a track of its own: one
+def _path_events(dx: Diagnosis, tracks: _Tracks, plan: Plan) -> Iterator[list[Any]]:
+    """Each rank's critical path (`Diagnosis.critical_paths`) as a track of its own: one
     slice per edge that holds time, named by where the time went (`bound_by`) and the
     event it belongs to."""
-    from gpudiag.analyzers.critical.path import drawable, rank_paths
-
-    if not drawable(trace):
+    paths = dx.critical_paths()
+    if paths is None:
         return
-    paths = rank_paths(trace)
     paths = paths[(paths["ns"] > 0).to_numpy(bool)]
     if paths.empty:
         return

@@ -100,7 +100,7 @@ def utilization(trace: Trace, dx: Diagnosis | None, *, bins: int = 400) -> go.Fi
     busy = _busy_shares(ev, edges)
     top = _top_names(ev, edges)
     labels = list(ev["labels"])
-    path_labels, path_busy, path_top = _path_rows(trace, edges)
+    path_labels, path_busy, path_top = _path_rows(dx, edges)
     if path_labels:  # each rank's critical path under its streams' rows
         labels += path_labels
         busy = np.vstack([busy, path_busy])
@@ -251,16 +251,14 @@ def _edges(t0: int, t1: int, bins: int) -> IntArray:
 _GPU_BOUND = ("gpu_compute", "gpu_communication")
 
 
-def _path_rows(trace: Trace, edges: IntArray
+def _path_rows(dx: Diagnosis | None, edges: IntArray
                ) -> tuple[list[str], FloatArray, npt.NDArray[np.object_]]:
-    """Per rank, its critical path as a row: the share of each bin the path spends on GPU
-    work, and the `bound_by` class holding most of its time there ("" where the path does
-    not pass). No rows without launch calls, or past `critical.path.DRAW_LIMIT`."""
-    from gpudiag.analyzers.critical.path import drawable, rank_paths
-
-    if not drawable(trace):
+    """Per rank, its critical path (`Diagnosis.critical_paths`) as a row: the share of each
+    bin the path spends on GPU work, and the `bound_by` class holding most of its time
+    there ("" where the path does not pass). No rows where the diagnosis has no paths."""
+    paths = dx.critical_paths() if dx is not None else None
+    if paths is None:
         return [], np.zeros((0, len(edges) - 1)), np.zeros((0, len(edges) - 1), dtype=object)
-    paths = rank_paths(trace)
     paths = paths[(paths["ns"] > 0).to_numpy(bool) & (paths["bound_by"] != "").to_numpy(bool)]
     labels, busy, top = [], [], []
     width = np.diff(edges).astype(np.float64)

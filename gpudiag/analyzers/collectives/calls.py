@@ -422,7 +422,8 @@ def _wait_findings(skew: pd.DataFrame, compute: dict[tuple[int, int], iv.Spans],
                     f"compute; max skew {_ms(sums['max_skew'])}")
         out.append({"cause": "comm_wait", "lost_ns": sums["lost_ns"], "where": where,
                     "count": sums["calls"], "evidence": evidence,
-                    "advice": ADVICE["comm_wait"]})
+                    "advice": ADVICE["comm_wait"], "kind": "comm_wait",
+                    "subject": finding_name(comm, operation)})
     return out
 
 
@@ -444,7 +445,8 @@ def _exposed_findings(trace: Trace, compute: dict[tuple[int, int], iv.Spans],
     agg = agg.join(_top(calls, keys, "site"))
     return [{"cause": "comm", "lost_ns": sums["lost_ns"], "count": sums["count"],
              "where": f"{finding_name(comm, operation)}{_at(sums['site'])}",
-             "advice": ADVICE["comm_exposed"],
+             "advice": ADVICE["comm_exposed"], "kind": "comm_exposed",
+             "subject": finding_name(comm, operation),
              "evidence": (f"{_calls(sums['count'])}, {_ms(sums['dur_ns'])} of communication, "
                           f"{_ms(sums['lost_ns'])} not overlapped with compute"
                           + (f" ({_ms(sums['wait_ns'])} of the calls' time is waiting for late "
@@ -478,7 +480,8 @@ def _slow_findings(trace: Trace, skew: pd.DataFrame, sites: pd.Series, *, large_
     agg = agg.join(_top(slow, keys, "site"))
     return [{"cause": "comm", "lost_ns": int(sums["lost_ns"]), "count": sums["count"],
              "where": f"slow {finding_name(comm, operation)}{_at(sums['site'])}",
-             "advice": ADVICE["comm_slow"],
+             "advice": ADVICE["comm_slow"], "kind": "comm_slow",
+             "subject": finding_name(comm, operation),
              "evidence": (f"{sums['count']} of {sums['peers']} {operation} calls "
                           f"≥ {large_bytes >> 20} MiB reach {sums['low']:.1f}–"
                           f"{sums['high']:.1f} GB/s bus bandwidth, median of the others "
@@ -532,8 +535,8 @@ def _top(rows: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
 
 
 def finding_name(comm: object, operation: object) -> str:
-    """How a finding about one (communicator, op) begins its `where`: the calls behind a
-    finding are those of the (comm, op) whose name its `where` begins with."""
+    """A finding's `subject`: the (communicator, op) whose calls are behind it (its
+    `where` begins with it too)."""
     return f"{operation} on {_comm(comm)}"
 
 

@@ -30,7 +30,6 @@ from gpudiag import intervals as iv
 from gpudiag.analyzers import keys
 from gpudiag.analyzers.critical.events import API, GPU, TABLES, Events
 from gpudiag.analyzers.critical.replay import Outcome, Replay
-from gpudiag.analyzers.findings import ADVICE
 from gpudiag.trace import Trace
 
 IntArray = npt.NDArray[np.int64]
@@ -411,12 +410,12 @@ def _grouped(findings: pd.DataFrame, rows: pd.DataFrame, key: list[str], fix: st
 
 def _sync_calls(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
     """A sync site's finding: its blocking calls return at once."""
-    from gpudiag.analyzers.sync import advice_of, classified_waits
+    from gpudiag.analyzers.sync import classified_waits, kind_of
 
     waits = classified_waits(inputs.trace, **inputs.gap_options)
     waits = waits.assign(rank=keys.key_array(waits["rank"]),
-                         advice=[advice_of(kind) for kind in waits["kind"].astype(str)])
-    return _grouped(findings, waits, ["where", "advice"], "no_wait",
+                         kind=[kind_of(kind) for kind in waits["kind"].astype(str)])
+    return _grouped(findings, waits, ["where", "kind"], "no_wait",
                     ["rank", "pid", "tid", "start_ns", "correlation"])
 
 
@@ -433,8 +432,8 @@ def _gap_fixes(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
     nexts = _next_work(inputs.whole, pieces)
     pieces = pieces.assign(rank=keys.key_array(pieces["rank"]), dependency=dependency,
                            **nexts)
-    findings = findings.assign(dependency=(findings["advice"] == ADVICE["dependency"])
-                               .to_numpy(bool))
+    findings = findings.assign(dependency=(findings["kind"] == "dependency")
+                               .fillna(False).to_numpy(bool))
     key = ["cause", "where", "dependency"]
     out = {}
     for cause, fix, wanted in (("launch_bound", "graph_launch", False),
@@ -539,19 +538,10 @@ def _small_grids(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]
         "rank": keys.key_array(mine["rank"]), "pid": keys.key_array(mine["pid"]),
         "correlation": keys.key_array(mine["correlation"]), "table": "kernels",
         "factor": found["tail_efficiency"].to_numpy(np.float64), "where": where,
-        "advice": np.where(waves < 1, ADVICE["small_grid"], ADVICE["tail"]),
-        "name": short_names(mine["name"]).astype(object).to_numpy()})
-    # one finding per (kernel, call site): its evidence opens with the kernel's short name
-    # when the site is not that name
-    names = set(rows["name"])
-
-    def kernel_of(where: object, evidence: object) -> str:
-        head = str(evidence).split(": ", 1)[0]
-        return head if head in names else str(where)
-
-    named = findings.assign(name=[kernel_of(where, evidence) for where, evidence
-                                  in zip(findings["where"], findings["evidence"], strict=True)])
-    return _grouped(named, rows, ["where", "advice", "name"], "full_wave",
+        "kind": np.where(waves < 1, "small_grid", "tail"),
+        "subject": short_names(mine["name"]).astype(object).to_numpy()})
+    # one finding per (kernel, call site, part of the grid)
+    return _grouped(findings, rows, ["where", "kind", "subject"], "full_wave",
                     ["rank", "pid", "correlation", "table", "factor"])
 
 
@@ -567,8 +557,8 @@ def _copy_calls(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
     rows = pd.DataFrame({"rank": keys.key_array(rows["rank"]), "pid": keys.key_array(rows["pid"]),
                          "correlation": keys.key_array(rows["correlation"]),
                          "where": site.to_numpy(dtype=object),
-                         "advice": [ADVICE.get(key) for key in problem]})[flagged]
-    return _grouped(findings, rows, ["where", "advice"], "no_wait",
+                         "kind": problem})[flagged]
+    return _grouped(findings, rows, ["where", "kind"], "no_wait",
                     ["rank", "pid", "correlation"])
 
 
@@ -591,7 +581,7 @@ def _collectives(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]
                      & skew["kernel_id"].notna().to_numpy(bool)].drop_duplicates("kernel_id")
         wait = calls["kernel_id"].map(known.set_index("kernel_id")["wait_ns"]).fillna(0) \
             .to_numpy(np.int64)
-    # a finding names one (communicator, op): its where begins with that pair's name
+    # a finding names one (communicator, op): its subject
     pair, pairs = pd.MultiIndex.from_arrays([calls["comm"].astype(object),
                                              calls["op"].astype(object)]).factorize()
     names = [finding_name(comm if pd.notna(comm) else "", op) for comm, op in pairs]
@@ -602,15 +592,12 @@ def _collectives(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]
     columns = ["rank", "pid", "correlation", "table", "factor"]
     out = {}
     for index, finding in findings.iterrows():
-        where = str(finding["where"])
-        if finding["advice"] == ADVICE["comm_wait"]:
-            named = [code for code, name in enumerate(names) if where.startswith(name + ":")]
+        named = [code for code, name in enumerate(names) if name == finding["subject"]]
+        if finding["kind"] == "comm_wait":
             hit = rows[rows["pair"].isin(named).to_numpy(bool) & (rows["wait"] > 0).to_numpy(bool)]
             factor = 1 - hit["wait"] / hit["dur"].clip(lower=1)
             fix = "no_peer_wait"
-        elif finding["advice"] == ADVICE["comm_exposed"]:
-            named = [code for code, name in enumerate(names)
-                     if where == name or where.startswith(name + " at ")]
+        elif finding["kind"] == "comm_exposed":
             hit = rows[rows["pair"].isin(named).to_numpy(bool)]
             factor = pd.Series(0.0, index=hit.index)
             fix = "hidden_comm"

@@ -250,6 +250,7 @@ def _findings_of(sums: Sums, *, top: int = 20, python_gap_ns: int = 1_000_000) -
     rows = [{
         "cause": g.cause, "lost_ns": g.lost, "where": g.where, "count": g.gaps,
         "evidence": _evidence(g), "advice": ADVICE[_advice_key(g, python_gap_ns)],
+        "kind": _advice_key(g, python_gap_ns),
     } for g in grouped.itertuples()]  # one per call site, bounded by `top`
     return frame(rows)
 

@@ -532,7 +532,8 @@ def _idle_findings(groups: pd.DataFrame, *, ncu: bool, timeline: bool,
             rows.append({"cause": "small_grid", "lost_ns": round(group["lost"]),
                          "where": group["where"], "count": group["count"],
                          "evidence": _evidence(group, part, ncu) + note,
-                         "advice": ADVICE[advice]})
+                         "advice": ADVICE[advice], "kind": advice,
+                         "subject": group["name"]})
     return frame(rows)
 
 
