@@ -225,22 +225,25 @@ def test_each_rank_of_a_merged_job_has_the_path_it_has_alone() -> None:
 
 def test_the_critical_path_is_a_perfetto_track_and_a_timeline_row(tmp_path: Path) -> None:
     """`gpudiag export` draws each rank's path as a track of slices named by where the time
-    went, summing to the path's length; the utilization figure has a row per rank's path."""
+    went, summing to the path's length; the utilization figure has a row per rank's path
+    (`Diagnosis.critical_paths`: without a Diagnosis there is none to draw)."""
     import gzip
 
     from gpudiag.reports import figures
     from gpudiag.reports.export import write_chrome_trace
 
     built = gpudiag.load(KINETO / "a100_alexnet_sync_critical_path.json.gz")
-    written = write_chrome_trace(built, tmp_path / "t.json.gz", gpudiag.diagnose(built))
+    dx = gpudiag.diagnose(built)
+    written = write_chrome_trace(built, tmp_path / "t.json.gz", dx)
     events = json.loads(gzip.decompress(written.read_bytes()))["traceEvents"]
     path = [event for event in events if event.get("cat") == "gpudiag.critical_path"]
     assert path and all(event["name"].split(": ")[0] in set(BOUND_BY.values())
                         for event in path)
     length = critical_path(built).length_ns
     assert sum(event["dur"] for event in path) * 1e3 == pytest.approx(length, rel=1e-6)
-    figure = figures.utilization(built, None)
+    figure = figures.utilization(built, dx)  # the Diagnosis' path: reports only render it
     assert "rank 0 · critical path" in figure.data[0].y
+    assert "rank 0 · critical path" not in figures.utilization(built, None).data[0].y
 
 
 def test_replaying_a_merged_job_gives_each_rank_its_window_back() -> None:
