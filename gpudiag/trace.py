@@ -73,16 +73,26 @@ class Trace:
         if name in TABLES:
             value = TABLES[name].conform(value)
             self.__dict__.pop("_derived", None)
+            self.__dict__.pop("_seeds", None)
         super().__setattr__(name, value)
 
     def derived(self, key: str, compute: Callable[[], T]) -> T:
         """`compute()` once per trace: analyzers share derived tables (occupancy, idle gaps,
         launch joins) instead of each recomputing them. Assigning any table resets it;
-        callers must not modify what they get back."""
+        callers must not modify what they get back. A `seed` of the key computes it
+        instead of `compute`."""
         cache: dict[str, Any] = self.__dict__.setdefault("_derived", {})
         if key not in cache:
-            cache[key] = compute()
+            seeded = self.__dict__.get("_seeds", {}).get(key)
+            cache[key] = (seeded or compute)()
         return cast(T, cache[key])
+
+    def seed(self, key: str, compute: Callable[[], Any]) -> None:
+        """Have `derived(key)` computed by `compute`, when first asked: a window cut from a
+        trace takes its steps from the whole trace (`analyzers.window.within`), where a
+        few steps alone are too few to find again."""
+        self.__dict__.setdefault("_seeds", {})[key] = compute
+        self.__dict__.get("_derived", {}).pop(key, None)
 
     # -- inspection ---------------------------------------------------------------------
 

@@ -251,3 +251,17 @@ def test_steps_of_a_marked_fixture_are_unchanged() -> None:
     assert (steps["end_ns"].to_numpy()[:-1] == marked["start_ns"].to_numpy()[1:]).all()
     assert set(steps["method"]) == {"markers"}
     assert np.all(steps["dur_ns"] > 0)
+
+
+def test_a_window_cut_in_a_notebook_has_the_steps_diagnose_gives_it() -> None:
+    """`window.within` then `training_steps` gave other steps than `diagnose(window=)`: a
+    window of one optimizer step holds too few to find again (repeating ops then found two
+    'steps' inside it). A cut window now takes the whole trace's steps, cut to it."""
+    from gpudiag.analyzers import window
+
+    trace = gpudiag.load(DATA / "torch_cpu_train.pt.trace.json.gz")
+    third = training_steps(trace).iloc[2]
+    bounds = (int(third["start_ns"]), int(third["end_ns"]))
+    cut = training_steps(window.within(trace, bounds))
+    assert list(cut["method"]) == ["optimizer_step"]
+    pd.testing.assert_frame_equal(cut, diagnose(trace, window=bounds).steps)

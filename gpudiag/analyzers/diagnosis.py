@@ -167,9 +167,6 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     whole = trace  # the waterfall's rules see the whole trace, then its layers are cut
     if bounds is not None:
         trace = window_mod.within(trace, bounds)
-        from gpudiag.analyzers.steps.detection import restrict
-
-        restrict(whole, bounds, trace)
     gap_options: dict[str, Any] = {"launch_gap_ns": launch_gap_ns,
                                    "sync_tolerance_ns": sync_tolerance_ns}
     notes: list[str] = []

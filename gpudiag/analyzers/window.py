@@ -175,7 +175,9 @@ def no_range(spec: str, shown: dict[str, list[str]]) -> InputError:
 
 def within(trace: Trace, window: tuple[int, int]) -> Trace:
     """A copy of the trace with only what overlaps `[start, end)`, intervals cut to it (API
-    calls that launched kept GPU work stay whole: the gap rules need their start)."""
+    calls that launched kept GPU work stay whole: the gap rules need their start). Its
+    training steps are those of the whole trace, cut to the window (what `diagnose` of
+    the window uses)."""
     start, end = window
     tables: dict[str, pd.DataFrame] = {}
     launched = pd.concat([gpu.loc[(gpu["end_ns"] > start) & (gpu["start_ns"] < end),
@@ -195,6 +197,10 @@ def within(trace: Trace, window: tuple[int, int]) -> Trace:
         tables[name] = keep
     samples = trace.samples
     tables["samples"] = samples[(samples["ts_ns"] >= start) & (samples["ts_ns"] < end)]
-    return Trace(meta={**trace.meta, "window_ns": [start, end]}, devices=trace.devices,
-                 memory=trace.memory, memory_blocks=trace.memory_blocks,
-                 metrics=trace.metrics, **tables)
+    out = Trace(meta={**trace.meta, "window_ns": [start, end]}, devices=trace.devices,
+                memory=trace.memory, memory_blocks=trace.memory_blocks,
+                metrics=trace.metrics, **tables)
+    from gpudiag.analyzers.steps.detection import restrict
+
+    restrict(trace, window, out)  # its steps are the whole trace's, cut to the window
+    return out

@@ -157,9 +157,6 @@ def group_part(trace: Trace, options: Options) -> GroupPart:
     whole, bounds = trace, options.bounds
     if bounds is not None:
         trace = window_mod.within(whole, bounds)
-        from gpudiag.analyzers.steps.detection import restrict
-
-        restrict(whole, bounds, trace)
     part = GroupPart(meta=dict(whole.meta),
                     devices=whole.devices, collectives=whole.collectives,
                     timeline=bool(whole.meta.get("timeline", True)),
@@ -250,11 +247,7 @@ def _timeline_part(part: GroupPart, whole: Trace, bounds: tuple[int, int] | None
 
 def _windowed_steps(whole: Trace, bounds: tuple[int, int]) -> Trace:
     """`losses_by_step` reads the steps of the windowed trace (as diagnose does)."""
-    trace = window_mod.within(whole, bounds)
-    from gpudiag.analyzers.steps.detection import restrict
-
-    restrict(whole, bounds, trace)
-    return trace
+    return window_mod.within(whole, bounds)
 
 
 def _keep_losses(part: GroupPart, timeline: LossTimeline, bounds: tuple[int, int] | None

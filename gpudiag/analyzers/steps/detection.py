@@ -109,15 +109,18 @@ _KEY = "steps:default"
 
 
 def restrict(whole: Trace, window: tuple[int, int], into: Trace) -> None:
-    """Give `into` (the part of `whole` inside `window`, `window.within`) the steps of the
-    whole trace that overlap the window, cut to it: a window of a few steps holds too few
-    optimizer steps or repeats to find them again."""
-    steps = detect_steps(whole)
-    start, end = window
-    inside = steps[(steps["end_ns"] > start) & (steps["start_ns"] < end)].copy()
-    inside["start_ns"] = inside["start_ns"].clip(lower=start)
-    inside["end_ns"] = inside["end_ns"].clip(upper=end)
-    into.derived(_KEY, lambda: inside.reset_index(drop=True))
+    """Give `into` (the part of `whole` inside `window`, which `window.within` cuts) the
+    steps of the whole trace that overlap the window, cut to it, when first asked: a
+    window of a few steps holds too few optimizer steps or repeats to find them again."""
+    def cut() -> pd.DataFrame:
+        steps = detect_steps(whole)
+        start, end = window
+        inside = steps[(steps["end_ns"] > start) & (steps["start_ns"] < end)].copy()
+        inside["start_ns"] = inside["start_ns"].clip(lower=start)
+        inside["end_ns"] = inside["end_ns"].clip(upper=end)
+        return inside.reset_index(drop=True)
+
+    into.seed(_KEY, cut)
 
 
 def _detect(trace: Trace, min_steps: int, min_cover: float, levels: int,
