@@ -28,6 +28,7 @@ from gpudiag.analyzers import findings as findings_mod
 from gpudiag.analyzers import window as window_mod
 from gpudiag.analyzers.frameworks import framework, in_words_of
 from gpudiag.analyzers.losses.gaps import idle_gaps
+from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS, GapOptions
 from gpudiag.analyzers.losses.waterfall import LossTimeline, loss_timeline, losses_frame
 from gpudiag.trace import Trace
 
@@ -147,8 +148,8 @@ class Diagnosis:
 
 
 def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
-             steps: bool = False, launch_gap_ns: int = 50_000,
-             sync_tolerance_ns: int = 2_000, rank_by: str = "saving",
+             steps: bool = False, launch_gap_ns: int = LAUNCH_GAP_NS,
+             sync_tolerance_ns: int = SYNC_TOLERANCE_NS, rank_by: str = "saving",
              savings: bool = True) -> Diagnosis:
     """Every analyzer that applies, the loss waterfall and the ranked findings.
 
@@ -167,8 +168,7 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     whole = trace  # the waterfall's rules see the whole trace, then its layers are cut
     if bounds is not None:
         trace = window_mod.within(trace, bounds)
-    gap_options: dict[str, Any] = {"launch_gap_ns": launch_gap_ns,
-                                   "sync_tolerance_ns": sync_tolerance_ns}
+    gap_options = GapOptions(launch_gap_ns, sync_tolerance_ns)
     notes: list[str] = []
     tables: dict[str, pd.DataFrame] = {}
     timeline, all_gaps = _timeline(whole, gap_options, notes)
@@ -238,7 +238,7 @@ def bounds_of(trace: Trace, window: str | tuple[int, int] | None) -> tuple[int, 
 
 
 def _findings(trace: Trace, whole: Trace, gaps: pd.DataFrame | None, notes: list[str],
-              tables: dict[str, pd.DataFrame] | None, *, gap_options: dict[str, Any],
+              tables: dict[str, pd.DataFrame] | None, *, gap_options: GapOptions,
               skip: frozenset[str] = frozenset()
               ) -> tuple[list[pd.DataFrame], list[pd.DataFrame]]:
     """Every applicable analyzer's one result on `trace` (the window), its findings split
@@ -269,13 +269,13 @@ def has_host_ops(trace: Trace) -> bool:
 
 
 def analyzer_inputs(analyzer: Analyzer, trace: Trace, whole: Trace,
-                    gaps: pd.DataFrame | None, gap_options: dict[str, Any]
+                    gaps: pd.DataFrame | None, gap_options: GapOptions
                     ) -> tuple[Trace, dict[str, Any]]:
     """What the analyzer is called with: the window's trace (host_gaps: the whole trace and
     the window's gaps) and its options."""
     if analyzer.name == "host_gaps":
         return whole, {"gaps": gaps}
-    return trace, (gap_options if analyzer.gap_options else {})
+    return trace, (dict(gap_options.kwargs()) if analyzer.gap_options else {})
 
 
 def module_of(analyzer: Analyzer) -> Any:
@@ -305,7 +305,7 @@ def step_notes(steps: pd.DataFrame, has_ops: bool) -> list[str]:
 
 
 def warm_findings(whole: Trace, gaps: pd.DataFrame | None, warm: tuple[int, int], *,
-                  gap_options: dict[str, Any]) -> pd.DataFrame:
+                  gap_options: GapOptions) -> pd.DataFrame:
     """The findings of the GPU analyzers on the warm-up window alone (what `flag_warmup`
     matches the findings of the whole window against)."""
     inside = window_mod.within(whole, warm)
@@ -388,7 +388,7 @@ def cut_gaps(gaps: pd.DataFrame | None, bounds: tuple[int, int] | None
                          end_ns=inside["end_ns"].clip(upper=bounds[1]))
 
 
-def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str]
+def _timeline(trace: Trace, gap_options: GapOptions, notes: list[str]
               ) -> tuple[LossTimeline | None, pd.DataFrame | None]:
     """The waterfall's layers and its idle gap pieces, or (None, None) with a note saying
     why there is no timeline."""
@@ -409,8 +409,8 @@ def _timeline(trace: Trace, gap_options: dict[str, Any], notes: list[str]
     if note is not None:
         notes.append(note)
     timeline = loss_timeline(trace, efficiency=occupancy["tail_efficiency"], comm_waits=waits,
-                             **gap_options)
-    return timeline, idle_gaps(trace, **gap_options)
+                             **gap_options.kwargs())
+    return timeline, idle_gaps(trace, **gap_options.kwargs())
 
 
 def timeline_notes(*, has_gpu: bool, timeline: bool) -> tuple[bool, list[str]]:

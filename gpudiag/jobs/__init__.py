@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS
+
 if TYPE_CHECKING:
     from gpudiag.jobs.executors import Outcome
     from gpudiag.jobs.job import JobDiagnosis
@@ -26,8 +28,8 @@ WORKER_IMPORTS = "gpudiag.jobs.worker"
 
 def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = None,
                  scheduler: str | None = None, client: Any = None, steps: bool = False,
-                 window: str | tuple[int, int] | None = None, launch_gap_ns: int = 50_000,
-                 sync_tolerance_ns: int = 2_000,
+                 window: str | tuple[int, int] | None = None,
+                 launch_gap_ns: int = LAUNCH_GAP_NS, sync_tolerance_ns: int = SYNC_TOLERANCE_NS,
                  progress: Callable[[Outcome, int, int], None] | None = None,
                  rows: bool = True) -> JobDiagnosis:
     """The diagnosis of the job whose rank files are `paths` (files, or folders of them).

@@ -25,6 +25,7 @@ from gpudiag.analyzers import diagnosis
 from gpudiag.analyzers import findings as findings_mod
 from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.analyzers.frameworks import formats_of, framework_of
+from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS, GapOptions
 from gpudiag.analyzers.steps import training as steps_mod
 from gpudiag.diagnosis_schema import conform_frame
 from gpudiag.errors import InputError
@@ -60,8 +61,8 @@ class JobDiagnosis(Diagnosis):
 
 
 def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
-        window: str | tuple[int, int] | None = None, launch_gap_ns: int = 50_000,
-        sync_tolerance_ns: int = 2_000, progress: Progress | None = None,
+        window: str | tuple[int, int] | None = None, launch_gap_ns: int = LAUNCH_GAP_NS,
+        sync_tolerance_ns: int = SYNC_TOLERANCE_NS, progress: Progress | None = None,
         rows: bool = True) -> JobDiagnosis:
     """`gpudiag.jobs.diagnose_job` on an open executor `pool` (its options, its answer)."""
     files = [str(path) for path in units_of(paths, split_runs=True)]
@@ -70,9 +71,8 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
     failed: list[tuple[str, str]] = []
     if isinstance(window, str):
         units, failed, window = _resolve_window(pool, units, window)
-    options = Options(bounds=window, steps=steps, gap_options={
-        "launch_gap_ns": launch_gap_ns, "sync_tolerance_ns": sync_tolerance_ns},
-        rows=rows)
+    options = Options(bounds=window, steps=steps,
+                      gap_options=GapOptions(launch_gap_ns, sync_tolerance_ns), rows=rows)
     planned = batches.plan(units, pool.workers)
     done, more = _run(pool, planned, options, progress, len(units))
     done, more, shared = _rejoined(pool, planned, done, more, options=options,

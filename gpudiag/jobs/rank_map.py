@@ -30,6 +30,7 @@ from gpudiag import intervals
 from gpudiag.analyzers import diagnosis
 from gpudiag.analyzers import window as window_mod
 from gpudiag.analyzers.findings import LOSS_CAUSES
+from gpudiag.analyzers.losses.options import GapOptions
 from gpudiag.analyzers.losses.waterfall import DeviceKey, LossTimeline, clip_window
 from gpudiag.analyzers.steps import training as steps_mod
 from gpudiag.errors import InputError
@@ -46,8 +47,7 @@ class Options:
 
     bounds: tuple[int, int] | None = None
     steps: bool = False
-    gap_options: dict[str, Any] = field(default_factory=lambda: {
-        "launch_gap_ns": 50_000, "sync_tolerance_ns": 2_000})
+    gap_options: GapOptions = field(default_factory=GapOptions)
     warm: tuple[int, int] | None = None
     #: keep the row-level results (gap pieces, host_gaps rows) for the job's Diagnosis;
     #: False sends only what the findings need, so the coordinator stays small
@@ -235,14 +235,14 @@ def _timeline_part(part: GroupPart, whole: Trace, bounds: tuple[int, int] | None
     part.occupancy = (int(unknown.sum()), len(unknown),
                       str(reason.iloc[0]) if len(reason) else None)
     timeline = loss_timeline(whole, efficiency=occupancy["tail_efficiency"],
-                             **options.gap_options)
+                             **options.gap_options.kwargs())
     part.timeline_made = True
     if options.warm is None:
         _keep_losses(part, timeline, bounds)
         if options.steps:
             part.by_step = steps_mod.losses_by_step(whole if bounds is None else
                                                     _windowed_steps(whole, bounds), timeline)
-    return idle_gaps(whole, **options.gap_options)
+    return idle_gaps(whole, **options.gap_options.kwargs())
 
 
 def _windowed_steps(whole: Trace, bounds: tuple[int, int]) -> Trace:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from gpudiag import diagnosis_schema as declared
 from gpudiag.analyzers import diagnosis
+from gpudiag.analyzers.losses.options import GapOptions
 from gpudiag.analyzers.losses.waterfall import (
     by_device,
     clip_window,
@@ -171,7 +172,7 @@ ELSEWHERE = ("collectives", "host_gaps", "host_steps", "copies")
 
 def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str, Any],
              notes: list[str], tables: dict[str, pd.DataFrame] | None, *,
-             gap_options: dict[str, Any], waterfall: bool,
+             gap_options: GapOptions, waterfall: bool,
              skip: frozenset[str] = frozenset(), pool: Any = None
              ) -> tuple[list[pd.DataFrame], list[pd.DataFrame]]:
     """Every analyzer that applies to the job, combined from its parts (or run on the

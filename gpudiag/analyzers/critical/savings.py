@@ -30,6 +30,7 @@ from gpudiag import intervals as iv
 from gpudiag.analyzers import keys
 from gpudiag.analyzers.critical.events import API, GPU, TABLES, Events
 from gpudiag.analyzers.critical.replay import Outcome, Replay
+from gpudiag.analyzers.losses.options import GapOptions
 from gpudiag.trace import Trace
 
 IntArray = npt.NDArray[np.int64]
@@ -62,7 +63,7 @@ class Selection:
 
 def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
                      tables: dict[str, pd.DataFrame], *, bounds: tuple[int, int] | None,
-                     gap_options: dict[str, object], steps: pd.DataFrame | None = None,
+                     gap_options: GapOptions, steps: pd.DataFrame | None = None,
                      notes: list[str] | None = None) -> pd.DataFrame:
     """`findings` with `saving_ns` (NA where no transformation applies), `saving_share`
     (of the replayed window), `saving_step_share` (per step, of the median steady step;
@@ -363,7 +364,7 @@ class Inputs:
     trace: Trace
     whole: Trace
     tables: dict[str, pd.DataFrame]
-    gap_options: dict[str, object]
+    gap_options: GapOptions
     window: tuple[int, int] | None  # what the replay covers (None: everything)
 
     def during(self, start: npt.ArrayLike) -> npt.NDArray[np.bool_]:
@@ -412,7 +413,7 @@ def _sync_calls(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
     """A sync site's finding: its blocking calls return at once."""
     from gpudiag.analyzers.sync import classified_waits, kind_of
 
-    waits = classified_waits(inputs.trace, **inputs.gap_options)
+    waits = classified_waits(inputs.trace, **inputs.gap_options.kwargs())
     waits = waits.assign(rank=keys.key_array(waits["rank"]),
                          kind=[kind_of(kind) for kind in waits["kind"].astype(str)])
     return _grouped(findings, waits, ["where", "kind"], "no_wait",

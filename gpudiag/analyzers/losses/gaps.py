@@ -43,6 +43,7 @@ import pandas as pd
 
 from gpudiag import intervals
 from gpudiag.analyzers import callsites, keys
+from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS
 from gpudiag.analyzers.losses.waits import blocking_waits
 from gpudiag.intervals import range_max
 from gpudiag.trace import Trace
@@ -99,7 +100,8 @@ def _device_events(trace: Trace) -> DeviceEvents:
     return DeviceEvents(start, end, table, row, dict(sorted(by_device.items())))
 
 
-def idle_gaps(trace: Trace, *, launch_gap_ns: int = 50_000, sync_tolerance_ns: int = 2_000,
+def idle_gaps(trace: Trace, *, launch_gap_ns: int = LAUNCH_GAP_NS,
+              sync_tolerance_ns: int = SYNC_TOLERANCE_NS,
               window: tuple[int, int] | None = None) -> pd.DataFrame:
     """Every idle interval of every device with its cause (rules in the module docstring).
 

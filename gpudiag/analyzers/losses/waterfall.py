@@ -35,6 +35,7 @@ from gpudiag import intervals
 from gpudiag.analyzers import keys
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.analyzers.losses.gaps import device_events, idle_gaps
+from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS
 from gpudiag.trace import Trace
 
 #: collective kernels by name, as HTA classifies COMMUNICATION (plus RCCL)
@@ -117,8 +118,8 @@ def losses_frame(rows: list[dict[str, object]] | None = None) -> pd.DataFrame:
 
 
 def loss_timeline(trace: Trace, *, efficiency: pd.Series | None = None,
-                  comm_waits: pd.DataFrame | None = None, launch_gap_ns: int = 50_000,
-                  sync_tolerance_ns: int = 2_000,
+                  comm_waits: pd.DataFrame | None = None,
+                  launch_gap_ns: int = LAUNCH_GAP_NS, sync_tolerance_ns: int = SYNC_TOLERANCE_NS,
                   window: tuple[int, int] | None = None) -> LossTimeline:
     """The attribution of every device's window, as layers (see the module docstring).
 
