@@ -239,10 +239,13 @@ def test_undeclared_tables_columns_and_producers_are_bugs() -> None:
 
 
 def test_diagnose_refuses_an_undeclared_analyzer_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
     from gpudiag.analyzers import timeline
 
-    monkeypatch.setattr(timeline, "analyze", lambda t: Result(
-        pd.DataFrame(), {"stream_summary": timeline.stream_summary(t),
-                         "colours": pd.DataFrame()}))
+    monkeypatch.setattr(timeline, "CONTRACT", dataclasses.replace(
+        timeline.CONTRACT, analyze=lambda t: Result(
+            pd.DataFrame(), {"stream_summary": timeline.stream_summary(t),
+                             "colours": pd.DataFrame()})))
     with pytest.raises(SchemaError, match="'colours'"):
         gpudiag.diagnose(trace(kernels=[kernel(0, 10 * U), kernel(20 * U, 30 * U)]))

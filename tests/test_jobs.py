@@ -497,3 +497,18 @@ def test_ranks_of_one_program_share_their_launch_groups(job32: Path) -> None:
     assert len(shared) == len(alone) > 100
     assert shared["count"].sum() == 8 * alone["count"].sum()
     assert shared["dur_ns"].sum() == 8 * alone["dur_ns"].sum()
+
+
+def test_every_analyzer_offers_one_typed_contract() -> None:
+    """`diagnose` and the job call analyzers through their module's `CONTRACT` only (no
+    hook looked up by name): every registered analyzer has one, and one with a part
+    combines it."""
+    from gpudiag.analyzers.diagnosis import ANALYZERS
+    from gpudiag.analyzers.findings import Contract
+
+    contracts = {analyzer.name: analyzer.contract() for analyzer in ANALYZERS}
+    assert all(isinstance(contract, Contract) for contract in contracts.values())
+    assert all((contract.part is None) == (contract.combine is None)
+               for contract in contracts.values())
+    assert [name for name, contract in contracts.items() if contract.part is None] == \
+        ["kernel_metrics"]  # its job runs it on the merged inputs (`GroupPart.fallback`)

@@ -29,7 +29,7 @@ import pandas as pd
 from gpudiag import intervals
 from gpudiag.analyzers import callsites
 from gpudiag.analyzers import findings as found
-from gpudiag.analyzers.findings import Result
+from gpudiag.analyzers.findings import Contract, Result
 from gpudiag.analyzers.keys import codes as key_codes
 from gpudiag.trace import Trace
 
@@ -454,3 +454,7 @@ def _size(size: float) -> str:
 def _typed(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     """Exactly `columns`, in order, at their dtypes (also for zero rows)."""
     return frame.loc[:, list(columns)].astype(columns)
+
+
+#: what `diagnose` and a job call (`findings.Contract`)
+CONTRACT = Contract(analyze, part, combine)

@@ -26,6 +26,7 @@ import pandas as pd
 from gpudiag import diagnosis_schema as declared
 from gpudiag.analyzers import findings as findings_mod
 from gpudiag.analyzers import window as window_mod
+from gpudiag.analyzers.findings import Contract
 from gpudiag.analyzers.frameworks import framework, in_words_of
 from gpudiag.analyzers.losses.gaps import idle_gaps
 from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS, GapOptions
@@ -48,11 +49,21 @@ class Analyzer:
     timeline: bool = True
     needs_gaps: bool = False
     gap_options: bool = False
+    #: reads the whole trace (its gaps' next events are the whole trace's rows) and is
+    #: given the window's gaps, not the window's trace
+    whole_trace: bool = False
+
+    def contract(self) -> Contract:
+        """What the analyzer's module offers (its `CONTRACT`), the module imported on first
+        use: most traces need a few of them."""
+        contract = importlib.import_module(self.module).CONTRACT
+        assert isinstance(contract, Contract), self.module
+        return contract
 
 
 ANALYZERS = (
     Analyzer("host_gaps", "gpudiag.analyzers.host.bound", ("kernels", "copies"),
-             needs_gaps=True),
+             needs_gaps=True, whole_trace=True),
     Analyzer("timeline", "gpudiag.analyzers.timeline", ("kernels", "copies"), needs_gaps=True),
     Analyzer("sync", "gpudiag.analyzers.sync", ("syncs", "api"), gap_options=True),
     Analyzer("launch", "gpudiag.analyzers.kernels.launch", ("kernels",), timeline=False),
@@ -255,7 +266,7 @@ def _findings(trace: Trace, whole: Trace, gaps: pd.DataFrame | None, notes: list
         elif not applies(trace, analyzer, notes):
             continue
         target, options = analyzer_inputs(analyzer, trace, whole, gaps, gap_options)
-        result = module_of(analyzer).analyze(target, **options)
+        result = analyzer.contract().analyze(target, **options)
         (host if analyzer.name in HOST_ANALYZERS else gpu).append(result.findings)
         if tables is not None:  # each checked against gpudiag/diagnosis_schema.py
             tables.update({name: declared.conform_table(name, table, analyzer.name)
@@ -273,14 +284,11 @@ def analyzer_inputs(analyzer: Analyzer, trace: Trace, whole: Trace,
                     ) -> tuple[Trace, dict[str, Any]]:
     """What the analyzer is called with: the window's trace (host_gaps: the whole trace and
     the window's gaps) and its options."""
-    if analyzer.name == "host_gaps":
+    if analyzer.whole_trace:
         return whole, {"gaps": gaps}
     return trace, (dict(gap_options.kwargs()) if analyzer.gap_options else {})
 
 
-def module_of(analyzer: Analyzer) -> Any:
-    """The analyzer's module, imported on first use (most traces need a few of them)."""
-    return importlib.import_module(analyzer.module)
 
 
 def step_notes(steps: pd.DataFrame, has_ops: bool) -> list[str]:

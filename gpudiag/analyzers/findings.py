@@ -14,7 +14,7 @@ Evidence writes every duration with `format_ns`, the one duration formatter of g
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +105,32 @@ class Result:
 
     findings: pd.DataFrame
     tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def _same(piece: Any, *_args: Any) -> Any:
+    """A hook that leaves a part as it is (what an analyzer without it needs)."""
+    return piece
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What an analyzer offers `diagnose` and a job, as its module's `CONTRACT`: the one
+    call (`analyze`), and for a job read rank by rank its `part` of a batch of ranks and
+    the `combine` of all parts (None: the analyzer has none yet, and a job sends it the
+    batch's trace instead). The renumbering hooks make a part's labels the merged job's;
+    each leaves the part as it is unless the analyzer's part holds such labels:
+    `compact(part)` (what travels when the job keeps no row-level results),
+    `shift_rows(part, rows)` (row labels of the batch's tables, `rows(table, labels)`),
+    `shift_kernels(part, offset)` (kernel ids), `renumber_gaps(part, labels, gaps)` (gap
+    labels)."""
+
+    analyze: Callable[..., Result]
+    part: Callable[..., Any] | None = None
+    combine: Callable[[list[Any]], Result] | None = None
+    compact: Callable[[Any], Any] = _same
+    shift_rows: Callable[[Any, Callable[[str, Any], Any]], Any] = _same
+    shift_kernels: Callable[[Any, int], Any] = _same
+    renumber_gaps: Callable[[Any, Any, pd.DataFrame], Any] = _same
 
 
 def format_ns(ns: float | None) -> str:

@@ -26,7 +26,7 @@ import pandas as pd
 from gpudiag import intervals
 from gpudiag.analyzers import findings as found
 from gpudiag.analyzers import keys
-from gpudiag.analyzers.findings import Result
+from gpudiag.analyzers.findings import Contract, Result
 from gpudiag.trace import Trace
 
 #: the metrics the NVML sampler writes, with the unit each is written in
@@ -342,3 +342,7 @@ def _evidence(row: Mapping[str, Any], kind: str, column: str, reasons: tuple[str
     if pd.notna(row["power_mean_w"]):
         parts.append(f"{row['power_mean_w']:.0f} W on average")
     return "; ".join(parts)
+
+
+#: what `diagnose` and a job call (`findings.Contract`)
+CONTRACT = Contract(analyze, part, combine)

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analyzers import callsites, keys
-from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
+from gpudiag.analyzers.findings import ADVICE, Contract, Result, format_ns, frame
 from gpudiag.analyzers.losses.gaps import idle_gaps
 from gpudiag.analyzers.losses.waits import blocking_waits
 from gpudiag.trace import Trace
@@ -243,3 +243,7 @@ def _empty() -> pd.DataFrame:
                                                                  "gpu_idle_ns")}
                         | {"steps_with": pd.Series(dtype="Int64"),
                            "per_step": pd.Series(dtype="float64")}).loc[:, list(COLUMNS)]
+
+
+#: what `diagnose` and a job call (`findings.Contract`)
+CONTRACT = Contract(analyze, part, combine)

@@ -28,7 +28,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from gpudiag.analyzers.callsites import launch_calls
-from gpudiag.analyzers.findings import Result
+from gpudiag.analyzers.findings import Contract, Result
 from gpudiag.analyzers.findings import frame as no_findings
 from gpudiag.analyzers.losses.gaps import idle_gaps
 from gpudiag.trace import Trace
@@ -274,3 +274,7 @@ def _typed(columns: dict[str, object], dtypes: dict[str, Any]) -> pd.DataFrame:
     frame = pd.DataFrame({name: columns[name] for name in dtypes})
     return frame.astype(dtypes) if len(frame) else pd.DataFrame(
         {name: pd.Series(dtype=dtype) for name, dtype in dtypes.items()})
+
+
+#: what `diagnose` and a job call (`findings.Contract`)
+CONTRACT = Contract(analyze, part, combine)

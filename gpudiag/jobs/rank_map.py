@@ -185,12 +185,11 @@ def group_part(trace: Trace, options: Options) -> GroupPart:
 
 def _compact(part: GroupPart) -> None:
     """Only what the findings need travels: no gap pieces, parts made compact
-    (`module.compact`, host_gaps' sums)."""
+    (`Contract.compact`: host_gaps' sums)."""
     part.gaps = None
     for name, piece in part.parts.items():
-        shrink = getattr(diagnosis.module_of(_ANALYZERS[name]), "compact", None)
-        if shrink is not None and piece is not None:
-            part.parts[name] = shrink(piece)
+        if piece is not None:
+            part.parts[name] = _ANALYZERS[name].contract().compact(piece)
 
 
 _ANALYZERS = {analyzer.name: analyzer for analyzer in diagnosis.ANALYZERS}
@@ -266,8 +265,8 @@ def _keep_losses(part: GroupPart, timeline: LossTimeline, bounds: tuple[int, int
 
 def _analyzer_parts(part: GroupPart, trace: Trace, whole: Trace, gaps: pd.DataFrame | None,
                     options: Options, *, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """Each analyzer's part on this rank: `module.part(...)`, or the analyzer's inputs when
-    it has no part yet (they travel as `fallback`)."""
+    """Each analyzer's part on this rank: `Contract.part(...)`, or the analyzer's inputs
+    when it has none yet (they travel as `fallback`)."""
     out: dict[str, Any] = {}
     empty_gaps = declared.conform_frame("gaps", no_gaps()) if gaps is None else gaps
     for analyzer in diagnosis.ANALYZERS:
@@ -275,9 +274,9 @@ def _analyzer_parts(part: GroupPart, trace: Trace, whole: Trace, gaps: pd.DataFr
             continue
         if not analyzer.needs_gaps and not _could_apply(trace, analyzer):
             continue
-        module = diagnosis.module_of(analyzer)
+        contract = analyzer.contract()
         has_rows = any(len(getattr(trace, name)) for name in analyzer.requires)
-        if not hasattr(module, "part"):
+        if contract.part is None:
             if has_rows:
                 part.fallback, part.fallback_whole = trace, whole
             out[analyzer.name] = None
@@ -286,7 +285,7 @@ def _analyzer_parts(part: GroupPart, trace: Trace, whole: Trace, gaps: pd.DataFr
             continue  # nothing of this batch to combine (an allocator pass costs ~25 ms)
         target, kwargs = diagnosis.analyzer_inputs(analyzer, trace, whole, empty_gaps,
                                                    options.gap_options)
-        out[analyzer.name] = module.part(target, **kwargs)
+        out[analyzer.name] = contract.part(target, **kwargs)
     return out
 
 

@@ -60,11 +60,10 @@ def _row_map(offsets: dict[str, int]) -> RowMap:
 
 
 def _shift_rows(part: GroupPart, rows: RowMap) -> None:
-    """Parts holding row labels of the batch's tables (`module.shift_rows`), renumbered."""
+    """Parts holding row labels of the batch's tables (`Contract.shift_rows`), renumbered."""
     for name, piece in part.parts.items():
-        shift = getattr(diagnosis.module_of(_ANALYZER[name]), "shift_rows", None)
-        if shift is not None and piece is not None:
-            part.parts[name] = shift(piece, rows)
+        if piece is not None:
+            part.parts[name] = _ANALYZER[name].contract().shift_rows(piece, rows)
 
 
 def _merged_rows(gaps: pd.DataFrame, offsets: dict[str, int]) -> pd.DataFrame:
@@ -154,9 +153,9 @@ def gaps(ranks: list[Placed]) -> pd.DataFrame:
     for index, table in labels.items():
         part = ranks[index][1]
         for name, piece in part.parts.items():  # parts indexed like the gaps (host_gaps)
-            renumber = getattr(diagnosis.module_of(_ANALYZER[name]), "renumber_gaps", None)
-            if renumber is not None and piece is not None:
-                part.parts[name] = renumber(piece, table, part.gaps)
+            if piece is not None and part.gaps is not None:
+                part.parts[name] = _ANALYZER[name].contract().renumber_gaps(piece, table,
+                                                                            part.gaps)
     if not frames:
         return declared.conform_frame("gaps", rank_map_no_gaps())
     return declared.conform_frame("gaps", pd.concat(frames))
@@ -185,7 +184,7 @@ def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str,
     inputs = {analyzer.name: _renumbered(analyzer.name, [
         part.parts[analyzer.name] for _, part in ranks
         if part.parts.get(analyzer.name) is not None], ranks)
-        for analyzer in chosen if hasattr(diagnosis.module_of(analyzer), "combine")}
+        for analyzer in chosen if analyzer.contract().combine is not None}
     away = [name for name in ELSEWHERE
             if name in inputs and pool is not None and pool.workers > 1]
     pending = pool.map(combine_part, [(name, inputs[name]) for name in away]) if away \
@@ -201,7 +200,7 @@ def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str,
         fallback = fallback or _fallback(ranks, meta)
         target, options = diagnosis.analyzer_inputs(analyzer, fallback[0], fallback[1],
                                                     job_gaps, gap_options)
-        results[analyzer.name] = diagnosis.module_of(analyzer).analyze(target, **options)
+        results[analyzer.name] = analyzer.contract().analyze(target, **options)
     for outcome in pending:  # one lost there (a dead worker) is combined here: a bug raises
         name = away[outcome.index]
         results[name] = outcome.value if outcome.ok else combine_part((name, inputs[name]))
@@ -220,14 +219,14 @@ def combine_part(job: tuple[str, list[Any]]) -> Any:
     """`combine` of the analyzer named `job[0]` on its parts `job[1]` (its Result); where
     the reduce runs it on a worker, importable by name."""
     name, parts = job
-    return diagnosis.module_of(_ANALYZER[name]).combine(parts)
+    combine = _ANALYZER[name].contract().combine
+    assert combine is not None, name  # only analyzers with parts are combined
+    return combine(parts)
 
 
 def _renumbered(name: str, parts: list[Any], ranks: list[Placed]) -> list[Any]:
     """Parts whose kernel ids are their file's, shifted as the merge shifts them."""
-    shift = getattr(diagnosis.module_of(_ANALYZER[name]), "shift_kernels", None)
-    if shift is None:
-        return parts
+    shift = _ANALYZER[name].contract().shift_kernels
     offsets = [offset for offset, part in ranks if part.parts.get(name) is not None]
     return [shift(piece, offset) if offset else piece
             for piece, offset in zip(parts, offsets, strict=True)]

@@ -2,7 +2,7 @@
 spawned worker, imports this module: `LocalPool.start`).
 
 `rank_map` alone leaves most of a batch's modules to be imported on first use: the readers
-(the Kineto reader and its JSON decoder), the analyzers, which `diagnosis.module_of` loads
+(the Kineto reader and its JSON decoder), the analyzers, which `Analyzer.contract` loads
 when a trace needs them, the summary every batch sends and the reduce's combines that run
 on workers (`reduce.ELSEWHERE`). Imported here, before the workers are forked, they cost
 nothing per worker (a batch of 16 DLRM ranks: 1.11 s with its imports, 0.97 s without).

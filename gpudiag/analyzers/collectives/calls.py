@@ -20,7 +20,7 @@ import pandas as pd
 from gpudiag import intervals as iv
 from gpudiag.analyzers import callsites
 from gpudiag.analyzers.collectives.skew import arrival_skew, typed, wait_intervals, wait_note
-from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
+from gpudiag.analyzers.findings import ADVICE, Contract, Result, format_ns, frame
 from gpudiag.analyzers.keys import key_array, key_column
 from gpudiag.analyzers.steps.training import step_windows
 from gpudiag.trace import Trace
@@ -555,3 +555,7 @@ def _calls(count: object) -> str:
 
 def _ms(duration: float) -> str:
     return format_ns(duration)  # the one duration formatter: 4.6 µs, not 0.00 ms
+
+
+#: what `diagnose` and a job call (`findings.Contract`)
+CONTRACT = Contract(analyze, part, combine, shift_kernels=shift_kernels)

@@ -18,7 +18,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from gpudiag.analyzers import callsites, keys
-from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
+from gpudiag.analyzers.findings import ADVICE, Contract, Result, format_ns, frame
 from gpudiag.analyzers.losses.gaps import idle_gaps
 from gpudiag.names import job_short_names, short_names
 from gpudiag.trace import Trace
@@ -291,3 +291,7 @@ def _advice_key(g: Any, python_gap_ns: int) -> str:
     if DATA_FRAMES.search(str(g.where)):
         return "host_data"
     return "host_python" if g.median < python_gap_ns else "host_bound"
+
+
+#: what `diagnose` and a job call (`findings.Contract`)
+CONTRACT = Contract(analyze, part, combine, compact=compact, renumber_gaps=renumber_gaps)

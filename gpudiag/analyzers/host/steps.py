@@ -35,7 +35,7 @@ import pandas as pd
 
 from gpudiag import intervals as iv
 from gpudiag.analyzers import callsites, keys
-from gpudiag.analyzers.findings import Result, format_ns, frame
+from gpudiag.analyzers.findings import Contract, Result, format_ns, frame
 from gpudiag.analyzers.frameworks import formats_of, framework, framework_of
 from gpudiag.analyzers.host.advice import advice, evidence
 from gpudiag.analyzers.host.categories import (
@@ -670,3 +670,7 @@ def _where(tables: dict[str, Any], named_time: dict[tuple[str, bool], pd.Series]
     if time.empty:
         return "-"
     return str(time.sort_index().idxmax())
+
+
+#: what `diagnose` and a job call (`findings.Contract`)
+CONTRACT = Contract(analyze, part, combine)

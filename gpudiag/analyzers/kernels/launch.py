@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from gpudiag.analyzers import callsites, keys
-from gpudiag.analyzers.findings import ADVICE, Result, format_ns, frame
+from gpudiag.analyzers.findings import ADVICE, Contract, Result, format_ns, frame
 from gpudiag.analyzers.kernels import occupancy as occ
 from gpudiag.analyzers.losses.waterfall import COMM_KERNEL
 from gpudiag.names import job_short_names, short_names
@@ -628,3 +628,7 @@ def _evidence(group: dict[str, Any], part: str, ncu: bool) -> str:
     return (f"{head}{shape}; SM slots idle {1 - tail:.0%} of the kernel time; theoretical "
             f"occupancy {float(group['theoretical_occupancy']):.0%} (limited by "
             f"{group['limiter']}){estimate}")
+
+
+#: what `diagnose` and a job call (`findings.Contract`)
+CONTRACT = Contract(analyze, part, combine)

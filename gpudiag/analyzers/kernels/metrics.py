@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analyzers import findings as fnd
+from gpudiag.analyzers.findings import Contract
 from gpudiag.names import short_names
 from gpudiag.schema import NS_PER_UNIT
 from gpudiag.trace import Trace
@@ -480,3 +481,7 @@ _THRESHOLD_DEFAULTS: dict[str, float] = {
     name: p.default for name, p in inspect.signature(kernel_metrics).parameters.items()
     if p.kind is inspect.Parameter.KEYWORD_ONLY
 }
+
+
+#: what `diagnose` and a job call (`findings.Contract`)
+CONTRACT = Contract(analyze)

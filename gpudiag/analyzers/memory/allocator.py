@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from gpudiag.analyzers import findings as found
-from gpudiag.analyzers.findings import Result
+from gpudiag.analyzers.findings import Contract, Result
 from gpudiag.analyzers.keys import key_array
 from gpudiag.analyzers.memory.grid import occupancy_grid
 from gpudiag.analyzers.memory.replay import Key, Steps, keys_of, replay_devices, select
@@ -478,3 +478,7 @@ def _size(size: float) -> str:
             return f"{size:.3g} {unit}"
         size /= 1024
     return f"{size:.3g} TiB"
+
+
+#: what `diagnose` and a job call (`findings.Contract`)
+CONTRACT = Contract(analyze, part, combine, shift_rows=shift_rows)
