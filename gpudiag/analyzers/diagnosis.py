@@ -14,6 +14,7 @@ analyzers that explain idle time (`needs_gaps`) are given rather than finding ag
 
 from __future__ import annotations
 
+import functools
 import html
 import importlib
 from collections.abc import Callable
@@ -100,18 +101,15 @@ class Diagnosis:
     gaps: pd.DataFrame | None = field(default=None, repr=False)  # idle gap pieces, in window
     steps: pd.DataFrame | None = None  # `steps.training_steps`: found how, warm-up flagged
     per_step: bool = False             # diagnose(steps=True): per-step tables in to_dict
-    #: computes each rank's critical path when first asked (`critical_paths`): only the
-    #: reports draw it, and its longest-path pass over the whole trace is not free
+    #: each rank's critical path, computed when first asked (`critical_paths`) and kept:
+    #: only the reports draw it, and its longest-path pass over the whole trace is not free
     paths_of: Callable[[], pd.DataFrame | None] | None = field(default=None, repr=False)
 
     def critical_paths(self) -> pd.DataFrame | None:
         """Each rank's critical path (`critical.path.rank_paths`), None where the trace has
         none to draw (no launch calls, past `critical.path.DRAW_LIMIT`, a job read rank by
-        rank). Computed once."""
-        if self.paths_of is not None:
-            self._paths = self.paths_of()
-            self.paths_of = None
-        return getattr(self, "_paths", None)
+        rank)."""
+        return self.paths_of() if self.paths_of is not None else None
 
     def to_dict(self, top: int | None = None) -> dict[str, Any]:
         """Plain JSON-ready data (what `gpudiag analyze --json` prints)."""
@@ -209,7 +207,7 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
                    findings=declared.conform_frame("findings", ranked),
                    tables=tables, notes=notes, window_ns=bounds, timeline=timeline, gaps=gaps,
                    steps=declared.conform_frame("steps", training), per_step=steps,
-                   paths_of=lambda: drawn_paths(whole))
+                   paths_of=functools.cache(lambda: drawn_paths(whole)))
     if steps and timeline is not None:
         dx.by_step = declared.conform_frame("by_step", steps_mod.losses_by_step(trace, timeline))
     add_views(dx)
