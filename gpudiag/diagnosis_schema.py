@@ -2,7 +2,7 @@
 
 `gpudiag.diagnose(trace)` returns a `Diagnosis` with five frames (`losses`, `findings`,
 `by_step`, `gaps`, `steps`) and the detail tables that the analyzers of
-`analyzers.diagnosis.ANALYZERS` put into `Diagnosis.tables`. Each is declared here as a
+`analyzers.registry.ANALYZERS` put into `Diagnosis.tables`. Each is declared here as a
 `schema.Table` of `Column(name, dtype, unit, meaning, values)`, with the analyzer that
 produces it and the function whose result it is. `diagnose` passes every frame through
 `conform_frame` and every analyzer table through `conform_table`: columns in declared order

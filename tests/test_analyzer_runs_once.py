@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import gpudiag
-from gpudiag.analyzers import diagnosis
+from gpudiag.analyzers import registry
 from tests.conftest import fixture
 
 #: (module, function) computed behind `Trace.derived` or inside one analyzer: each must
@@ -49,11 +49,12 @@ def _counting(counts: Counter[tuple[str, int]], label: str,
 def counts(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, int]]:
     """Calls per (analyzer or shared function, trace object) while the test runs."""
     seen: Counter[tuple[str, int]] = Counter()
-    for analyzer in diagnosis.ANALYZERS:  # what diagnose calls: the module's CONTRACT
-        module = importlib.import_module(analyzer.module)
+    for analyzer in registry.ANALYZERS:  # what diagnose calls: the module's CONTRACT,
+        module = importlib.import_module(analyzer.module)  # its part (else its analyze)
         contract = module.CONTRACT
+        hook = "part" if contract.part is not None else "analyze"
         monkeypatch.setattr(module, "CONTRACT", dataclasses.replace(
-            contract, analyze=_counting(seen, analyzer.name, contract.analyze)))
+            contract, **{hook: _counting(seen, analyzer.name, getattr(contract, hook))}))
     loaded = [module for name, module in list(sys.modules.items())
               if name.startswith("gpudiag.") and module is not None]
     for module_name, name in SHARED:
@@ -94,7 +95,7 @@ def test_each_analyzer_and_shared_table_runs_once_per_trace(
     ran = _ran(counts)
     twice = {name: calls for name, calls in ran.items() if max(calls) > 1}
     assert not twice, f"computed more than once per trace: {twice}"
-    applicable = {a.name for a in diagnosis.ANALYZERS if a.name in ran}
+    applicable = {a.name for a in registry.ANALYZERS if a.name in ran}
     assert applicable, "no analyzer ran"
     # every analyzer that ran handed its tables to the Diagnosis
     if "sync" in applicable:

@@ -300,13 +300,13 @@ def test_a_corrupt_rank_is_listed_and_the_others_analyzed(job4: Path, tmp_path: 
 
 def test_what_crosses_the_boundary_is_compact_for_analyzers_with_parts(job4: Path) -> None:
     """A rank's part never holds its event tables for the analyzers that have a `part`;
-    the ones still without (`fallback`) are named here, so one that gains a part must be
-    taken off the list."""
+    the ones still without (their traces travel, `GroupPart.traces`) are named here, so
+    one that gains a part must be taken off the list."""
     part = read_batch(((str(job4 / "rank0.json.gz"),), Options())).group
     assert part is not None
     without = sorted(name for name, value in part.parts.items() if value is None)
     assert without == ["kernel_metrics"]  # Nsight Compute data: one process, a few kernels
-    assert part.fallback is None  # this rank has no allocator or ncu data: no trace travels
+    assert part.traces is None  # this rank has no allocator or ncu data: no trace travels
     # nothing for an analyzer this rank has no rows for (no allocator events, no samples)
     assert "memory" not in part.parts and "gpu_samples" not in part.parts
     for name in ("sync", "host_gaps", "launch", "timeline", "copies", "collectives",
@@ -441,8 +441,8 @@ def test_the_reduce_combines_some_analyzers_on_the_workers_and_any_they_lose_her
         job4: Path, lose: str | None) -> None:
     """Workers idle once the map is done: the slow combines (`reduce.ELSEWHERE`) run there
     while this process combines the rest; one whose worker died is combined here."""
+    from gpudiag.analyzers.reduce import ELSEWHERE
     from gpudiag.jobs.job import run
-    from gpudiag.jobs.reduce import ELSEWHERE
 
     pool = TwoWorkersHere(lose)
     job = run(pool, job4, steps=True)
@@ -511,4 +511,4 @@ def test_every_analyzer_offers_one_typed_contract() -> None:
     assert all((contract.part is None) == (contract.combine is None)
                for contract in contracts.values())
     assert [name for name, contract in contracts.items() if contract.part is None] == \
-        ["kernel_metrics"]  # its job runs it on the merged inputs (`GroupPart.fallback`)
+        ["kernel_metrics"]  # its job runs it on the merged inputs (`GroupPart.traces`)

@@ -15,21 +15,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from gpudiag.analyzers import diagnosis
-from gpudiag.analyzers import findings as findings_mod
-from gpudiag.analyzers.diagnosis import Diagnosis
-from gpudiag.analyzers.frameworks import formats_of, framework_of
+from gpudiag.analyzers import reduce
+from gpudiag.analyzers.answer import Diagnosis, add_views
 from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS, GapOptions
-from gpudiag.analyzers.steps import training as steps_mod
+from gpudiag.analyzers.ranking import rank_findings
 from gpudiag.diagnosis_schema import conform_frame
 from gpudiag.errors import InputError
-from gpudiag.jobs import batches, reduce, window_pass
+from gpudiag.jobs import batches, window_pass
 from gpudiag.jobs.executors import Outcome
 from gpudiag.jobs.rank_map import BatchPart, Options, read_batch
 from gpudiag.readers.run_dir import finish_meta, is_run_dir
@@ -43,21 +39,12 @@ Progress = Callable[[Outcome, int, int], None]
 
 @dataclass
 class JobDiagnosis(Diagnosis):
-    """A Diagnosis of a many-rank job: `failed` lists the files that could not be read
-    (path, one-line error); the rest were analyzed."""
+    """A Diagnosis of a many-rank job: what it adds is its files, `units` (as given) and
+    `failed`, those that could not be read (path, one-line error); the rest were
+    analyzed."""
 
     failed: list[tuple[str, str]] = field(default_factory=list)
     units: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict, repr=False)  # the merged job's
-    waterfall: bool = False  # the job has kernels or copies on a timeline
-    summary_parts: list[Any] = field(default_factory=list, repr=False)
-
-    def summary(self, top: int = 10, window_spec: str | None = None) -> dict[str, Any]:
-        """`summarize` of the job (what `gpudiag analyze` prints above the diagnosis)."""
-        from gpudiag.analyzers import summary
-
-        return summary.combine(self.summary_parts, self.meta, top, window_ns=self.window_ns,
-                               window_spec=window_spec)
 
 
 def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
@@ -83,25 +70,27 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
         raise _none_read(files, failed)
     given = dict(zip(units, files, strict=True))
     _as_given(parts, given)
-    dx, found, host = _reduce(parts, options, run_dir, pool)
-    warm = _warm_window(dx, found, window)
+    meta = reduce.job_meta(parts)
+    if run_dir is not None:  # the run directory's meta (session, processes) completes it
+        finish_meta(meta, run_dir, [part for batch in parts for part in batch.metas])
+    first, found, host = reduce.reduced(parts, options, meta, pool)
+    dx = JobDiagnosis(**vars(first))
+    warm = reduce.warm_window(dx, found)
     if warm is not None:
         warm_parts, more = _run(pool, [part.files for part in parts if part.files],
-                                Options(bounds=window, gap_options=options.gap_options,
-                                        warm=warm, rows=rows), None, len(units))
+                                replace(options, warm=warm, steps=False), None, len(units))
         failed += _in_order(more)
-        found = _flag(found, dx, [warm_parts[index] for index in sorted(warm_parts)],
-                      options, pool)
-    said = framework_of(formats_of(dx.meta), False)  # torch ops or none: torch's words
-    dx.findings = conform_frame("findings", diagnosis.rank_findings(found, host,
-                                                                    rank_by="lost",
-                                                                    framework=said))
+        found = reduce.warm_flagged(found, dx, [warm_parts[index]
+                                                for index in sorted(warm_parts)],
+                                    options, pool)
+    dx.findings = conform_frame("findings", rank_findings(found, host, rank_by="lost",
+                                                          framework=dx.framework))
     if shared:
         dx.notes.append(shared)
     dx.notes.append(NO_SAVINGS)
     dx.failed = [(given.get(file, file), error) for file, error in failed]
     dx.units = files
-    diagnosis.add_views(dx)
+    add_views(dx)
     return dx
 
 
@@ -213,62 +202,3 @@ def _run_dir(paths: PathLike | Sequence[PathLike]) -> Path | None:
     if len(items) == 1 and is_run_dir(Path(items[0])) and not is_trace_dir(Path(items[0])):
         return Path(items[0])
     return None
-
-
-def _reduce(units: list[BatchPart], options: Options, run: Path | None = None,
-            pool: Any = None) -> tuple[JobDiagnosis, pd.DataFrame, list[pd.DataFrame]]:
-    """The job's Diagnosis, and its GPU findings and host findings before they are ranked
-    (the warm-up flags, from a second pass, come first). `run`: the job is that run
-    directory, whose meta (session, processes) completes the parts' (`finish_meta`);
-    `pool`: the job's executor, whose workers combine some analyzers (`reduce.findings`)."""
-    ranks = reduce.placed(units)
-    meta = reduce.job_meta(units)
-    if run is not None:
-        finish_meta(meta, run, [part for batch in units for part in batch.metas])
-    calls = reduce.collectives_trace(ranks, meta)
-    made, notes = reduce.timeline_notes(ranks, meta)
-    waits = reduce.job_waits(calls, notes) if made else None
-    gaps = reduce.gaps(ranks) if made and options.rows else None
-    tables: dict[str, Any] = {}
-    gpu, host = reduce.findings(ranks, gaps, meta, notes, tables,
-                                gap_options=options.gap_options, waterfall=made, pool=pool)
-    loss = reduce.losses(ranks, waits, options.bounds) if made else reduce.losses([], None, None)
-    total = int(loss["lost_ns"].sum())
-    found = findings_mod.combine(gpu, total)
-    training = reduce.steps(ranks)
-    notes.extend(diagnosis.step_notes(training, any(p.has_host_ops for _, p in ranks)))
-    dx = JobDiagnosis(losses=conform_frame("losses", loss), findings=found, tables=tables,
-                      notes=notes, window_ns=options.bounds, timeline=None, gaps=gaps,
-                      steps=training, per_step=options.steps)
-    if options.steps and made:
-        dx.by_step = reduce.by_step(ranks, waits)
-    dx.meta = meta
-    dx.waterfall = made
-    dx.summary_parts = [part.summary for _, part in ranks]
-    return dx, found, host
-
-
-def _warm_window(dx: JobDiagnosis, found: pd.DataFrame, bounds: tuple[int, int] | None
-                 ) -> tuple[int, int] | None:
-    """The job's warm-up window (every process's warm-up steps), when findings may lie in it."""
-    warm = steps_mod.warmup_window(dx.steps) if dx.steps is not None else None
-    if warm is None or not dx.waterfall or not len(found):
-        return None
-    if bounds is not None:
-        warm = (max(warm[0], bounds[0]), min(warm[1], bounds[1]))
-    return warm if warm[1] > warm[0] else None
-
-
-def _flag(found: pd.DataFrame, dx: JobDiagnosis, units: list[BatchPart], options: Options,
-          pool: Any = None) -> pd.DataFrame:
-    """Flag the findings whose time lies mostly in the warm-up steps (second pass)."""
-    ranks = reduce.placed(units)
-    meta = reduce.job_meta(units)
-    warm_gaps = reduce.gaps(ranks) if options.rows else None
-    parts, _ = reduce.findings(ranks, warm_gaps, meta, [], None, waterfall=True,
-                               gap_options=options.gap_options, skip=diagnosis.WARM_SKIPPED,
-                               pool=pool)
-    early = findings_mod.combine(parts, 0)
-    assert dx.steps is not None
-    return diagnosis.flag_warmup(found, early, dx.steps)
-

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import importlib
 
-from gpudiag.analyzers import diagnosis
+from gpudiag.analyzers import reduce as _reduce  # noqa: F401  (the combines run on workers)
+from gpudiag.analyzers import registry
 from gpudiag.analyzers import summary as _summary  # noqa: F401  (every batch's summary part)
 from gpudiag.jobs import rank_map as _rank_map  # noqa: F401  (the map)
-from gpudiag.jobs import reduce as _reduce  # noqa: F401  (the combines run on workers)
 from gpudiag.readers.kineto import joined as _joined  # noqa: F401  (the usual rank file)
 
-for _analyzer in diagnosis.ANALYZERS:
+for _analyzer in registry.ANALYZERS:
     importlib.import_module(_analyzer.module)

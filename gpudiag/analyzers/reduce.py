@@ -1,40 +1,75 @@
-"""The reduce of a many-rank job: the ranks' parts into one Diagnosis.
+"""The reduce of a diagnosis: the parts (`analyzers.parts`) into one Diagnosis.
 
+One part (a trace diagnosed whole in this process) or a job's hundreds, the same code.
 What needs every rank is computed here, from the parts alone: the arrival skew and each
 rank's waits from the collective rows (then each device's comm_wait, carved from its
 comm-only intervals, and its `useful` time less it), every analyzer's `combine` of its
-parts, the ranking of the findings and the steps' notes. The result is the Diagnosis that
-`diagnose(gpudiag.load(files))` gives for the same files, to the nanosecond
-(tests/test_jobs.py holds the two side by side).
+parts, the ranking of the findings and the steps' notes. A job read rank by rank gets
+the Diagnosis that `diagnose(gpudiag.load(files))` gives for the same files, to the
+nanosecond (tests/test_jobs.py holds the two side by side).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
 from gpudiag import diagnosis_schema as declared
-from gpudiag.analyzers import diagnosis
+from gpudiag.analyzers import findings as findings_mod
+from gpudiag.analyzers import notes as notes_mod
+from gpudiag.analyzers import ranking, registry
+from gpudiag.analyzers.answer import Diagnosis
+from gpudiag.analyzers.frameworks import formats_of, framework_of
 from gpudiag.analyzers.losses.options import GapOptions
 from gpudiag.analyzers.losses.waterfall import (
+    LossTimeline,
     by_device,
     clip_window,
+    comm_wait_layer,
     loss_rows,
     losses_frame,
 )
+from gpudiag.analyzers.parts import (
+    GAP_TABLES,
+    ROW_TABLES,
+    GroupPart,
+    Options,
+    comm_wait_ns,
+    no_gaps,
+)
 from gpudiag.analyzers.steps import training as steps_mod
-from gpudiag.jobs.rank_map import GAP_TABLES, ROW_TABLES, BatchPart, GroupPart, comm_wait_ns
-from gpudiag.jobs.rank_map import no_gaps as rank_map_no_gaps
 from gpudiag.trace import Trace, merge, merge_meta
 
 Placed = tuple[int, GroupPart]  # a batch's ranks' part and the kernel-id offset of its files
 RowMap = Callable[[str, np.ndarray], np.ndarray]
 
 
-def placed(batches: list[BatchPart]) -> list[Placed]:
+class Read(Protocol):
+    """What a batch of files read together gives the reduce (`jobs.rank_map.BatchPart`):
+    its ranks' part (None: nothing read), its files' metas, and how many kernel ids and
+    rows of each of `ROW_TABLES` its merged trace holds (the merge numbers them on)."""
+
+    group: GroupPart | None
+    metas: list[dict[str, Any]]
+    kernel_span: int
+    rows: dict[str, int]
+
+
+@dataclass
+class Whole:
+    """A trace diagnosed whole in this process, read by the reduce as a job's one batch."""
+
+    group: GroupPart | None
+    metas: list[dict[str, Any]]
+    kernel_span: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+def placed(batches: Sequence[Read]) -> list[Placed]:
     """Every batch's part with its kernel-id offset, in file order (the merge's); its gap
     pieces and row-labelled parts renumbered to name events by their merged rows."""
     out, offset = [], 0
@@ -43,9 +78,10 @@ def placed(batches: list[BatchPart]) -> list[Placed]:
         part = batch.group
         if part is None:
             continue
-        if part.gaps is not None:
-            part.gaps = _merged_rows(part.gaps, rows)
-        _shift_rows(part, _row_map(rows))
+        if any(rows.values()):  # the first batch's rows are the merged job's
+            if part.gaps is not None:
+                part.gaps = _merged_rows(part.gaps, rows)
+            _shift_rows(part, _row_map(rows))
         out.append((offset, part))
         offset += batch.kernel_span
         rows = {name: rows[name] + batch.rows.get(name, 0) for name in ROW_TABLES}
@@ -63,7 +99,7 @@ def _shift_rows(part: GroupPart, rows: RowMap) -> None:
     """Parts holding row labels of the batch's tables (`Contract.shift_rows`), renumbered."""
     for name, piece in part.parts.items():
         if piece is not None:
-            part.parts[name] = _ANALYZER[name].contract().shift_rows(piece, rows)
+            part.parts[name] = registry.BY_NAME[name].contract().shift_rows(piece, rows)
 
 
 def _merged_rows(gaps: pd.DataFrame, offsets: dict[str, int]) -> pd.DataFrame:
@@ -76,7 +112,7 @@ def _merged_rows(gaps: pd.DataFrame, offsets: dict[str, int]) -> pd.DataFrame:
                        .astype("Int64"))
 
 
-def job_meta(batches: list[BatchPart]) -> dict[str, Any]:
+def job_meta(batches: Sequence[Read]) -> dict[str, Any]:
     """The meta of the merged job (one file: its own, as `gpudiag.load` keeps it)."""
     metas = [meta for batch in batches for meta in batch.metas]
     return dict(metas[0]) if len(metas) == 1 else merge_meta(metas)
@@ -121,14 +157,14 @@ def losses(ranks: list[Placed], waits: pd.DataFrame | None,
 
 def timeline_notes(ranks: list[Placed], meta: dict[str, Any]) -> tuple[bool, list[str]]:
     """Whether the job has a waterfall, and the notes `diagnose` writes about it."""
-    made, notes = diagnosis.timeline_notes(has_gpu=any(part.has_gpu for _, part in ranks),
+    made, notes = notes_mod.timeline_notes(has_gpu=any(part.has_gpu for _, part in ranks),
                                            timeline=bool(meta.get("timeline", True)))
     if not made:
         return False, notes
     unknown = sum(part.occupancy[0] for _, part in ranks)
     kernels = sum(part.occupancy[1] for _, part in ranks)
     reason = next((part.occupancy[2] for _, part in ranks if part.occupancy[2]), None)
-    return True, diagnosis.occupancy_notes(unknown, kernels, reason)
+    return True, notes_mod.occupancy_notes(unknown, kernels, reason)
 
 
 def gaps(ranks: list[Placed]) -> pd.DataFrame:
@@ -154,10 +190,10 @@ def gaps(ranks: list[Placed]) -> pd.DataFrame:
         part = ranks[index][1]
         for name, piece in part.parts.items():  # parts indexed like the gaps (host_gaps)
             if piece is not None and part.gaps is not None:
-                part.parts[name] = _ANALYZER[name].contract().renumber_gaps(piece, table,
+                part.parts[name] = registry.BY_NAME[name].contract().renumber_gaps(piece, table,
                                                                             part.gaps)
     if not frames:
-        return declared.conform_frame("gaps", rank_map_no_gaps())
+        return declared.conform_frame("gaps", no_gaps())
     return declared.conform_frame("gaps", pd.concat(frames))
 
 
@@ -178,7 +214,7 @@ def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str,
     merged inputs of an analyzer without parts); findings split into GPU and host.
     `pool`: the job's executor; with workers of its own, the `ELSEWHERE` analyzers combine
     there, in parallel with the rest here."""
-    chosen = [analyzer for analyzer in diagnosis.ANALYZERS if analyzer.name not in skip
+    chosen = [analyzer for analyzer in registry.ANALYZERS if analyzer.name not in skip
               and (waterfall if analyzer.needs_gaps  # no waterfall: the note says why
                    else _applies(ranks, analyzer, meta, notes))]
     inputs = {analyzer.name: _renumbered(analyzer.name, [
@@ -198,7 +234,7 @@ def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str,
             results[analyzer.name] = combine_part((analyzer.name, inputs[analyzer.name]))
             continue
         fallback = fallback or _fallback(ranks, meta)
-        target, options = diagnosis.analyzer_inputs(analyzer, fallback[0], fallback[1],
+        target, options = registry.analyzer_inputs(analyzer, fallback[0], fallback[1],
                                                     job_gaps, gap_options)
         results[analyzer.name] = analyzer.contract().analyze(target, **options)
     for outcome in pending:  # one lost there (a dead worker) is combined here: a bug raises
@@ -208,7 +244,7 @@ def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str,
     host: list[pd.DataFrame] = []
     for analyzer in chosen:
         result = results[analyzer.name]
-        (host if analyzer.name in diagnosis.HOST_ANALYZERS else gpu).append(result.findings)
+        (host if analyzer.name in registry.HOST_ANALYZERS else gpu).append(result.findings)
         if tables is not None:
             tables.update({name: declared.conform_table(name, table, analyzer.name)
                            for name, table in result.tables.items()})
@@ -219,38 +255,39 @@ def combine_part(job: tuple[str, list[Any]]) -> Any:
     """`combine` of the analyzer named `job[0]` on its parts `job[1]` (its Result); where
     the reduce runs it on a worker, importable by name."""
     name, parts = job
-    combine = _ANALYZER[name].contract().combine
+    combine = registry.BY_NAME[name].contract().combine
     assert combine is not None, name  # only analyzers with parts are combined
     return combine(parts)
 
 
 def _renumbered(name: str, parts: list[Any], ranks: list[Placed]) -> list[Any]:
     """Parts whose kernel ids are their file's, shifted as the merge shifts them."""
-    shift = _ANALYZER[name].contract().shift_kernels
+    shift = registry.BY_NAME[name].contract().shift_kernels
     offsets = [offset for offset, part in ranks if part.parts.get(name) is not None]
     return [shift(piece, offset) if offset else piece
             for piece, offset in zip(parts, offsets, strict=True)]
 
 
-_ANALYZER = {analyzer.name: analyzer for analyzer in diagnosis.ANALYZERS}
-
-
-def _applies(ranks: list[Placed], analyzer: diagnosis.Analyzer, meta: dict[str, Any],
+def _applies(ranks: list[Placed], analyzer: registry.Analyzer, meta: dict[str, Any],
              notes: list[str]) -> bool:
-    """`diagnosis.applies` on the merged job, from the ranks' row counts."""
+    """`registry.applies` on the merged job, from the ranks' row counts."""
     counts = {name: sum(part.row_counts.get(name, 0) for _, part in ranks)
               for name in analyzer.requires}
-    return diagnosis.applies_to(counts, bool(meta.get("timeline", True)), analyzer, notes)
+    return registry.applies_to(counts, bool(meta.get("timeline", True)), analyzer, notes)
 
 
 def _fallback(ranks: list[Placed], meta: dict[str, Any]) -> tuple[Trace, Trace]:
-    """The merged window and whole traces of the ranks that sent them."""
-    sent = [(offset, part) for offset, part in ranks if part.fallback is not None]
-    offsets = [offset for offset, _ in sent]
-    window = merge([part.fallback for _, part in sent], offsets)  # type: ignore[misc]
-    whole = merge([part.fallback_whole for _, part in sent], offsets)  # type: ignore[misc]
-    window.meta.update(meta)
-    whole.meta.update(meta)
+    """The merged window and whole traces of the ranks that sent them (one part's own)."""
+    sent = [(offset, part.traces) for offset, part in ranks if part.traces is not None]
+    if len(sent) == 1 and sent[0][0] == 0:
+        window, whole = sent[0][1]
+    else:
+        offsets = [offset for offset, _ in sent]
+        window = merge([traces[0] for _, traces in sent], offsets)
+        whole = merge([traces[1] for _, traces in sent], offsets)
+    if window.meta != meta:
+        window.meta.update(meta)
+        whole.meta.update(meta)
     return window, whole
 
 
@@ -310,9 +347,7 @@ def _keyed(values: pd.Series) -> np.ndarray:
     return keys.key_array(values)
 
 
-def _empty() -> Any:
-    from gpudiag.analyzers.losses.waterfall import LossTimeline
-
+def _empty() -> LossTimeline:
     return LossTimeline()
 
 
@@ -321,3 +356,71 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
     return concat_tables(frames)
 
+
+
+def reduced(batches: Sequence[Read], options: Options, meta: dict[str, Any] | None = None,
+            pool: Any = None) -> tuple[Diagnosis, pd.DataFrame, list[pd.DataFrame]]:
+    """The Diagnosis of the parts, and its GPU findings and host findings before they are
+    ranked (the warm-up flags and the savings come first). `meta`: the merged meta (None:
+    the batches' merged); `pool`: a job's executor, whose workers combine some analyzers
+    (`findings`)."""
+    ranks = placed(batches)
+    meta = job_meta(batches) if meta is None else meta
+    calls = collectives_trace(ranks, meta)
+    made, notes = timeline_notes(ranks, meta)
+    waits = job_waits(calls, notes) if made else None
+    gap_rows = gaps(ranks) if made and options.rows else None
+    tables: dict[str, Any] = {}
+    gpu, host = findings(ranks, gap_rows, meta, notes, tables,
+                         gap_options=options.gap_options, waterfall=made, pool=pool)
+    loss = losses(ranks, waits, options.bounds) if made else losses([], None, None)
+    found = findings_mod.combine(gpu, int(loss["lost_ns"].sum()))
+    training = steps(ranks)
+    notes.extend(notes_mod.step_notes(training, any(p.has_host_ops for _, p in ranks)))
+    dx = Diagnosis(losses=declared.conform_frame("losses", loss), findings=found,
+                   tables=tables, notes=notes, window_ns=options.bounds, gaps=gap_rows,
+                   steps=training, per_step=options.steps, meta=meta, waterfall=made,
+                   summary_parts=[part.summary for _, part in ranks
+                                  if part.summary is not None],
+                   framework=framework_of(formats_of(meta),
+                                          any(part.torch_ops for _, part in ranks)))
+    if options.steps and made:
+        dx.by_step = by_step(ranks, waits)
+    if len(ranks) == 1 and ranks[0][1].layers is not None:
+        dx.timeline = _with_waits(ranks[0][1].layers, waits)
+    return dx, found, host
+
+
+def _with_waits(timeline: LossTimeline, waits: pd.DataFrame | None) -> LossTimeline:
+    """A part's loss layers with their comm_wait layer, carved as `losses` carves it."""
+    if waits is None:
+        return timeline
+    waiting = by_device(waits)
+    for key, layers in timeline.layers.items():
+        layers["comm_wait"] = comm_wait_layer(timeline.comm_only[key],
+                                              waiting.get(key, waits.iloc[0:0]))
+    return timeline
+
+
+def warm_window(dx: Diagnosis, found: pd.DataFrame) -> tuple[int, int] | None:
+    """The warm-up window (every process's warm-up steps, in the analyzed window), when
+    findings may lie in it."""
+    warm = steps_mod.warmup_window(dx.steps) if dx.steps is not None else None
+    if warm is None or not dx.waterfall or not len(found):
+        return None
+    if dx.window_ns is not None:
+        warm = (max(warm[0], dx.window_ns[0]), min(warm[1], dx.window_ns[1]))
+    return warm if warm[1] > warm[0] else None
+
+
+def warm_flagged(found: pd.DataFrame, dx: Diagnosis, batches: Sequence[Read],
+                 options: Options, pool: Any = None) -> pd.DataFrame:
+    """The findings, those whose time lies mostly in the warm-up steps flagged, from the
+    parts of the warm-up window (`parts.warm_part`)."""
+    ranks = placed(batches)
+    warm_gaps = gaps(ranks) if options.rows else None
+    parts, _ = findings(ranks, warm_gaps, job_meta(batches), [], None, waterfall=True,
+                        gap_options=options.gap_options, skip=registry.WARM_SKIPPED,
+                        pool=pool)
+    assert dx.steps is not None
+    return ranking.flag_warmup(found, findings_mod.combine(parts, 0), dx.steps)
