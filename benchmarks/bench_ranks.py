@@ -66,6 +66,7 @@ JOBS = ("dlrm:8", "dlrm:16", "dlrm:32", "dlrm:64", "a100:16")
 MEASURE = r"""
 import json, resource, sys, time
 folder, tool = sys.argv[1], sys.argv[2]
+job = {} if len(sys.argv) < 4 else json.loads(sys.argv[3])  # diagnose_job's options
 started = time.perf_counter()
 if tool == "merged":
     import gpudiag
@@ -73,7 +74,8 @@ if tool == "merged":
     detail = {"findings": len(dx.findings), "devices": int(dx.losses["device"].nunique())}
 elif tool.startswith("workers"):
     import gpudiag
-    dx = gpudiag.diagnose_job(folder, workers=int(tool.removeprefix("workers")), rows=False)
+    dx = gpudiag.diagnose_job(folder, workers=int(tool.removeprefix("workers")), rows=False,
+                              **job)
     detail = {"findings": len(dx.findings), "devices": int(dx.losses["device"].nunique())}
 elif tool == "dask2":
     import distributed
@@ -81,7 +83,7 @@ elif tool == "dask2":
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
-        dx = gpudiag.diagnose_job(folder, client=client, rows=False)
+        dx = gpudiag.diagnose_job(folder, client=client, rows=False, **job)
     detail = {"findings": len(dx.findings), "devices": int(dx.losses["device"].nunique())}
 else:
     from hta.trace_analysis import TraceAnalysis
@@ -126,12 +128,12 @@ def build_job(kind: str, ranks: int, folder: Path) -> Path:
     return job
 
 
-def measure(python: str, job: Path, tool: str) -> dict[str, Any]:
+def measure(python: str, job: Path, tool: str, options: str = "{}") -> dict[str, Any]:
     """One fresh run of `tool` on `job`: its own numbers, and the peak of the RSS summed
     over it and its descendants, sampled from here (a sampling thread inside the measured
     process took ~1 s of 7 from it: every /proc read it made handed the GIL back and forth)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([python, "-c", MEASURE, str(job), tool], stdout=out,
+        proc = subprocess.Popen([python, "-c", MEASURE, str(job), tool, options], stdout=out,
                                 stderr=err, text=True, cwd=HERE.parent)
         peak = 0
         while proc.poll() is None:
@@ -163,8 +165,9 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-def best(python: str, job: Path, tool: str, repeat: int) -> dict[str, Any]:
-    runs = [measure(python, job, tool) for _ in range(repeat)]
+def best(python: str, job: Path, tool: str, repeat: int, options: str = "{}"
+         ) -> dict[str, Any]:
+    runs = [measure(python, job, tool, options) for _ in range(repeat)]
     good = [r for r in runs if "error" not in r]
     return min(good, key=lambda r: r["wall_s"]) if good else runs[0]
 
@@ -191,6 +194,9 @@ def main() -> None:
     parser.add_argument("--hta-python", default=str(HTA_PYTHON))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
+    parser.add_argument("--no-savings", action="store_true",
+                        help="the jobs without expected savings (diagnose_job(savings=False):"
+                             " the work a job did before it replayed them)")
     args = parser.parse_args()
     compileall.compile_dir(HERE.parent / "gpudiag", quiet=1)  # as pip leaves an install
     results = []
@@ -201,8 +207,9 @@ def main() -> None:
             kind, ranks = spec.split(":")
             job = build_job(kind, int(ranks), Path(tmp))
             print(f"# {spec} in {job}", file=sys.stderr)
+            options = json.dumps({"savings": False} if args.no_savings else {})
             measured = {tool: best(args.hta_python if tool == "hta" else sys.executable, job,
-                                   tool, args.repeat) for tool in args.tools}
+                                   tool, args.repeat, options) for tool in args.tools}
             results.append({"job": spec, **measured})
             lines += [row(spec, tool, result, measured.get("hta"))
                       for tool, result in measured.items()]

@@ -89,19 +89,9 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
         from gpudiag.analyzers.budgets import parse
 
         budgets = parse(fail_on)
-    failed: list[tuple[str, str]] = []
-    if workers is not None or scheduler is not None:  # the pool starts before pandas loads
-        job = _job(paths, workers=workers, scheduler=scheduler, window=window, steps=steps)
-        dx, failed = job, job.failed
-        info = job.summary(top=top, window_spec=window)
-    else:
-        from gpudiag.analyzers.diagnosis import diagnose
-        from gpudiag.analyzers.summary import summarize
-
-        trace = _load(list(paths))
-        _require_events(trace, paths)
-        dx = diagnose(trace, window=window, steps=steps, rank_by=rank_by, savings=savings)
-        info = summarize(trace, top=top, window_ns=dx.window_ns, window_spec=window)
+    dx = _diagnosed(paths, workers=workers, scheduler=scheduler, window=window, steps=steps,
+                    rank_by=rank_by, savings=savings)
+    info = dx.summary(top=top, window_spec=window)
     info["diagnosis"] = dx.to_dict()
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
@@ -112,7 +102,7 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
         print_summary(info, console)
         print_diagnosis(info["diagnosis"], console, top=top)
     if not budgets:
-        _exit_if_failed(failed)
+        _exit_if_failed(_failed(dx))
         return
     from gpudiag.analyzers.budgets import exceeded
 
@@ -126,7 +116,32 @@ def analyze(*, paths: tuple[Path, ...], as_json: bool, top: int, fail_on: str | 
         click.echo(f"gpudiag: {line}", err=True)
     if broken:
         sys.exit(1)
-    _exit_if_failed(failed)
+    _exit_if_failed(_failed(dx))
+
+
+def _diagnosed(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
+               window: str | None, steps: bool, rank_by: str, savings: bool,
+               rows: bool = False, require: bool = True) -> Any:
+    """The Diagnosis of PATHS, what every command that diagnoses reads: of the merged trace
+    in this process, or with --workers/--scheduler of the job read rank by rank (the pool
+    starts before pandas loads); the same answer either way. `require`: a trace without
+    events is one clear line (`_require_events`; an export writes it as it is)."""
+    if workers is not None or scheduler is not None:
+        return _job(paths, workers=workers, scheduler=scheduler, window=window, steps=steps,
+                    rank_by=rank_by, savings=savings, rows=rows)
+    from gpudiag.analyzers.diagnosis import diagnose
+
+    trace = _load(list(paths))
+    if require:
+        _require_events(trace, paths)
+    return diagnose(trace, window=window, steps=steps, rank_by=rank_by, savings=savings)
+
+
+def _failed(dx: Any) -> list[tuple[str, str]]:
+    """The files of a job that could not be read (none for a merged trace: `load` raises)."""
+    from gpudiag.jobs.job import JobDiagnosis
+
+    return dx.failed if isinstance(dx, JobDiagnosis) else []
 
 
 def _exit_if_failed(failed: list[tuple[str, str]]) -> None:
@@ -137,7 +152,8 @@ def _exit_if_failed(failed: list[tuple[str, str]]) -> None:
 
 
 def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
-         window: str | None, steps: bool, rows: bool = False) -> Any:
+         window: str | None, steps: bool, rows: bool = False, rank_by: str = "saving",
+         savings: bool = True) -> Any:
     """`gpudiag.diagnose_job` with a bar per file on a terminal (stderr). `rows`: keep the
     row-level results (what is printed or drawn needs none; an export lists them)."""
     from rich.progress import Progress
@@ -147,7 +163,7 @@ def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
     console = Console(stderr=True)
     if not console.is_terminal:
         return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps,
-                            window=window, rows=rows)
+                            window=window, rows=rows, rank_by=rank_by, savings=savings)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("analyzing ranks", total=None)
 
@@ -158,7 +174,8 @@ def _job(paths: tuple[Path, ...], *, workers: int | None, scheduler: str | None,
                        description=terminal(("failed " if outcome.error else "read ") + name))
 
         return diagnose_job(list(paths), workers=workers, scheduler=scheduler, steps=steps,
-                            window=window, progress=advance, rows=rows)
+                            window=window, progress=advance, rows=rows, rank_by=rank_by,
+                            savings=savings)
 
 
 def _say_failed(failed: list[tuple[str, str]]) -> None:
@@ -184,22 +201,15 @@ def report(*, paths: tuple[Path, ...], output: Path, cdn: bool, window: str | No
            scheduler: str | None) -> None:
     """Write one self-contained HTML report (opens offline): summary, waterfall, findings,
     stragglers, heatmaps, kernels, syncs, collectives, memory, Nsight Compute metrics."""
-    from gpudiag.analyzers.diagnosis import diagnose
-    from gpudiag.reports.build import job_report_page, report_page
+    from gpudiag.reports.build import diagnosis_page
     from gpudiag.reports.html_report import TOP_ROWS
 
-    command = "gpudiag report " + " ".join(str(p) for p in paths)
-    if workers is not None or scheduler is not None:
-        job = _job(paths, workers=workers, scheduler=scheduler, window=window, steps=steps)
-        info = job.summary(top=TOP_ROWS, window_spec=window)
-        _write(output, job_report_page(job, job.meta, info=info, cdn=cdn,
-                                        generated_for=command))
-        _exit_if_failed(job.failed)
-        return
-    trace = _load(list(paths))
-    _require_events(trace, paths)
-    dx = diagnose(trace, window=window, steps=steps, rank_by=rank_by, savings=savings)
-    _write(output, report_page(trace, dx, cdn=cdn, generated_for=command))
+    dx = _diagnosed(paths, workers=workers, scheduler=scheduler, window=window, steps=steps,
+                    rank_by=rank_by, savings=savings)
+    _write(output, diagnosis_page(dx, info=dx.summary(top=TOP_ROWS, window_spec=window),
+                                  cdn=cdn,
+                                  generated_for="gpudiag report " + " ".join(map(str, paths))))
+    _exit_if_failed(_failed(dx))
 
 
 @cli.command()
@@ -370,23 +380,28 @@ def export(*, paths: tuple[Path, ...], fmt: str, output: Path | None, tables: st
     """Export the normalized events (and the diagnosis) for other tools. With --workers or
     --scheduler (csv/parquet): the job's diagnosis tables, its events staying with its
     ranks."""
-    from gpudiag.analyzers.diagnosis import diagnose
     from gpudiag.reports.export import write_chrome_trace, write_tables
+    from gpudiag.trace import Trace
 
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
-    if workers is not None or scheduler is not None:
-        _export_job(paths, fmt, output, names=names, no_diagnosis=no_diagnosis,
-                    workers=workers, scheduler=scheduler)
-        return
-    trace = _load(list(paths))
-    dx = None if no_diagnosis else diagnose(trace, rank_by=rank_by, savings=savings)
+    by_rank = workers is not None or scheduler is not None
+    if by_rank:
+        _job_can_export(fmt, no_diagnosis)
+    dx = None
+    if no_diagnosis:
+        trace = _load(list(paths))
+    else:  # rows: an export lists the row-level results (gaps, host_gaps) too
+        dx = _diagnosed(paths, workers=workers, scheduler=scheduler, window=None, steps=False,
+                        rank_by=rank_by, savings=savings, rows=True, require=False)
+        trace = dx.source if dx.source is not None else Trace(meta=dx.meta)
     if fmt in ("perfetto", "chrome"):
         written = write_chrome_trace(trace, output or Path("trace.gpudiag.json.gz"), dx)
         click.echo(f"wrote {printable(written)}", err=True)
         return
     folder = output or tables_dir(fmt)
-    files = write_tables(trace, folder, fmt, tables=names, dx=dx)
+    files = write_tables(trace, folder, fmt, tables=names, dx=dx, events=not by_rank)
     click.echo(f"wrote {len(files)} {fmt} files to {printable(folder)}", err=True)
+    _exit_if_failed(_failed(dx))
 
 
 def tables_dir(fmt: str) -> Path:
@@ -395,12 +410,9 @@ def tables_dir(fmt: str) -> Path:
     return Path(f"gpudiag-tables-{fmt}")
 
 
-def _export_job(paths: tuple[Path, ...], fmt: str, output: Path | None, *,
-                names: list[str] | None, no_diagnosis: bool, workers: int | None,
-                scheduler: str | None) -> None:
-    """`export --workers`: the job's diagnosis tables; the events never leave the ranks."""
-    from gpudiag.reports.export import write_tables
-
+def _job_can_export(fmt: str, no_diagnosis: bool) -> None:
+    """`export --workers` writes the job's diagnosis tables only: the events never leave
+    the ranks."""
     if fmt in ("perfetto", "chrome"):
         raise InputError(f"--format {fmt}", "needs every event of the job in one file, and "
                          "--workers/--scheduler keep the events with their ranks",
@@ -410,15 +422,6 @@ def _export_job(paths: tuple[Path, ...], fmt: str, output: Path | None, *,
         raise InputError("--no-diagnosis", "with --workers/--scheduler leaves nothing to "
                          "export (the events stay with their ranks)",
                          "export the events without --workers")
-    job = _job(paths, workers=workers, scheduler=scheduler, window=None, steps=False,
-               rows=True)
-    from gpudiag.trace import Trace
-
-    folder = output or tables_dir(fmt)
-    files = write_tables(Trace(meta=job.meta), folder, fmt, tables=names, dx=job,
-                         events=False)
-    click.echo(f"wrote {len(files)} {fmt} files to {printable(folder)}", err=True)
-    _exit_if_failed(job.failed)
 
 
 class StepCount(click.ParamType):
@@ -529,35 +532,22 @@ def _after_run_failed(result: Any, error: BaseException) -> NoReturn:
 
 
 def _show_profile(gathered: Any, generated_for: str, *, report: bool) -> None:
-    """After `gpudiag profile`: the notes, what was collected, and (`report`) the diagnosis
-    printed and report.html written, from the merged trace or the run's job."""
-    from gpudiag.reports.collected import describe, describe_job
+    """After `gpudiag profile`: the notes, what was collected, and (`report`) the run's
+    diagnosis printed and report.html written."""
+    from gpudiag.reports.build import diagnosis_page
+    from gpudiag.reports.html_report import TOP_ROWS
     from gpudiag.reports.terminal import print_diagnosis
-    from gpudiag.trace import Trace
 
-    result, trace, job = gathered.result, gathered.trace, gathered.job
     for note in gathered.notes:
         click.echo(f"gpudiag: {printable(note)}", err=True)  # notes quote paths and names
-    said = describe_job(job) if job is not None else describe(trace or Trace())
-    click.echo(f"gpudiag: collected {said or 'nothing'}", err=True)
-    click.echo(f"gpudiag: run directory {printable(result.run_dir)}", err=True)
-    if not report:
+    click.echo(f"gpudiag: collected {gathered.collected() or 'nothing'}", err=True)
+    click.echo(f"gpudiag: run directory {printable(gathered.result.run_dir)}", err=True)
+    dx = gathered.diagnosis() if report else None
+    if dx is None:
         return
-    if job is not None:
-        from gpudiag.reports.build import job_report_page
-        from gpudiag.reports.html_report import TOP_ROWS
-
-        print_diagnosis(job.to_dict(), Console(stderr=True, highlight=False))
-        _write(result.run_dir / "report.html", job_report_page(
-            job, job.meta, info=job.summary(top=TOP_ROWS), generated_for=generated_for))
-    elif trace is not None and any(len(table) for table in trace.tables().values()):
-        from gpudiag.analyzers.diagnosis import diagnose
-        from gpudiag.reports.build import report_page
-
-        dx = diagnose(trace)
-        print_diagnosis(dx.to_dict(), Console(stderr=True, highlight=False))
-        _write(result.run_dir / "report.html", report_page(trace, dx,
-                                                           generated_for=generated_for))
+    print_diagnosis(dx.to_dict(), Console(stderr=True, highlight=False))
+    _write(gathered.result.run_dir / "report.html",
+           diagnosis_page(dx, info=dx.summary(top=TOP_ROWS), generated_for=generated_for))
 
 
 @cli.command()

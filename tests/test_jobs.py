@@ -19,7 +19,6 @@ import pytest
 import gpudiag
 from gpudiag.analyzers.diagnosis import Diagnosis
 from gpudiag.jobs import diagnose_job
-from gpudiag.jobs.job import NO_SAVINGS
 from gpudiag.jobs.rank_map import Options, read_batch
 from tests.conftest import fixtures_dir
 
@@ -29,12 +28,16 @@ TS = re.compile(rb'"ts": ?(-?[0-9.]+)')
 DISTRIBUTED = re.compile(rb'"distributedInfo": ?\{[^}]*\}')
 
 
-def shifted_job(source: Path, ranks: int, folder: Path, shift_us: float = 137.0) -> Path:
-    """`ranks` copies of a real rank trace, each its own rank with its clock shifted (so
-    the late rank and the waits are known): a job built from real rank files."""
+def shifted_job(source: Path | list[Path], ranks: int, folder: Path,
+                shift_us: float = 137.0) -> Path:
+    """`ranks` copies of a real rank trace (of several: rank r copies the r-th modulo
+    their count), each its own rank with its clock shifted (so the late rank and the waits
+    are known): a job built from real rank files."""
     folder.mkdir(parents=True, exist_ok=True)
-    text = gzip.decompress(source.read_bytes())
+    texts = [gzip.decompress(path.read_bytes())
+             for path in (source if isinstance(source, list) else [source])]
     for rank in range(ranks):
+        text = texts[rank % len(texts)]
         shifted = TS.sub(lambda m, r=rank: b'"ts": ' + repr(float(m[1]) + r * shift_us)
                          .encode(), text)
         info = b'"distributedInfo": ' + json.dumps(
@@ -49,9 +52,8 @@ ROW_TABLES = ("host_gaps",)  # what a compact job (rows=False) leaves with its r
 
 
 def diagnose(trace: gpudiag.Trace, **options: Any) -> Diagnosis:
-    """The merged diagnosis a job equals: without expected savings, which a job analyzed
-    rank by rank does not compute (its note `NO_SAVINGS` says so)."""
-    return gpudiag.diagnose(trace, savings=False, **options)
+    """The merged diagnosis a job equals, expected savings included."""
+    return gpudiag.diagnose(trace, **options)
 
 
 def assert_same(job: Diagnosis, merged: Diagnosis, *, rows: bool = True) -> None:
@@ -67,8 +69,7 @@ def assert_same(job: Diagnosis, merged: Diagnosis, *, rows: bool = True) -> None
         if left is not None:
             pd.testing.assert_frame_equal(left.reset_index(drop=True),
                                           right.reset_index(drop=True), obj=name)
-    assert job.notes == [*merged.notes, NO_SAVINGS]
-    assert job.findings["saving_ns"].isna().all()
+    assert job.notes == merged.notes
     assert sorted(job.tables) == sorted(merged.tables)
     for name, table in merged.tables.items():
         pd.testing.assert_frame_equal(job.tables[name].reset_index(drop=True),
@@ -156,13 +157,24 @@ def job32(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shifted_job(PAIR[0], 32, tmp_path_factory.mktemp("job32"), shift_us=53.0)
 
 
-def test_a_32_rank_job_in_batches_equals_the_merged_diagnosis_everywhere(
-        job32: Path, dask_client: Any) -> None:
-    merged = diagnose(gpudiag.load(job32), steps=True)
-    assert len(merged.losses["rank"].unique()) == 32
-    for where in ({"workers": 1}, {"workers": 2}, {"client": dask_client}):
-        assert_same(diagnose_job(job32, steps=True, **where), merged)
-    assert_same(diagnose_job(job32, workers=2, rows=False), diagnose(gpudiag.load(job32)),
+@pytest.fixture(scope="module")
+def job64(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """64 DLRM ranks from the 128-rank job's two sampled rank files (rank r copies rank
+    r mod 2), each clock shifted: batches of 16 to 22 small files, cut differently on 2
+    and 3 workers."""
+    return shifted_job(PAIR, 64, tmp_path_factory.mktemp("job64"), shift_us=53.0)
+
+
+def test_a_64_rank_job_in_batches_equals_the_merged_diagnosis_everywhere(
+        job64: Path, dask_client: Any) -> None:
+    """The whole answer, expected savings included: each batch selects its events of the
+    job's findings, the job replays them together (`jobs.replay_pass`)."""
+    merged = diagnose(gpudiag.load(job64), steps=True)
+    assert len(merged.losses["rank"].unique()) == 64
+    assert merged.findings["saving_ns"].notna().any()
+    for where in ({"workers": 1}, {"workers": 2}, {"workers": 3}, {"client": dask_client}):
+        assert_same(diagnose_job(job64, steps=True, **where), merged)
+    assert_same(diagnose_job(job64, workers=2, rows=False), diagnose(gpudiag.load(job64)),
                 rows=False)
 
 
@@ -327,20 +339,13 @@ def test_analyze_with_workers_prints_what_the_merged_analysis_prints(job4: Path)
 
     from gpudiag.cli import cli
 
-    merged = CliRunner().invoke(cli, ["analyze", "--json", "--steps", "--no-savings",
-                                      str(job4)])
+    merged = CliRunner().invoke(cli, ["analyze", "--json", "--steps", str(job4)])
     job = CliRunner().invoke(cli, ["analyze", "--json", "--steps", "--workers", "2",
                                    str(job4)])
     assert merged.exit_code == job.exit_code == 0, job.output
-    assert without_savings_note(json.loads(job.stdout)) == json.loads(merged.stdout)
-
-
-def without_savings_note(info: dict[str, Any]) -> dict[str, Any]:
-    """A job's `--json` without the note saying it has no savings (what it adds to the
-    merged analysis run with --no-savings)."""
-    notes = info["diagnosis"]["notes"]
-    assert notes[-1] == NO_SAVINGS
-    return {**info, "diagnosis": {**info["diagnosis"], "notes": notes[:-1]}}
+    assert json.loads(job.stdout) == json.loads(merged.stdout)
+    assert any(finding["saving_ns"] for finding in json.loads(job.stdout)["diagnosis"]
+               ["findings"])
 
 
 def test_analyze_lists_a_rank_it_cannot_read_and_exits_3(job4: Path, tmp_path: Path) -> None:
@@ -382,10 +387,10 @@ def test_analyze_with_workers_and_a_window_prints_the_merged_analysis(job4: Path
     from gpudiag.cli import cli
 
     args = ["analyze", "--json", "--window", "ProfilerStep#553", str(job4)]
-    merged = CliRunner().invoke(cli, [*args, "--no-savings"])
+    merged = CliRunner().invoke(cli, args)
     job = CliRunner().invoke(cli, [*args, "--workers", "2"])
     assert merged.exit_code == job.exit_code == 0, job.output
-    assert without_savings_note(json.loads(job.stdout)) == json.loads(merged.stdout)
+    assert json.loads(job.stdout) == json.loads(merged.stdout)
 
 
 @pytest.mark.parametrize("spec", ["NoSuchStep", "90s:100s"])

@@ -50,6 +50,8 @@ class Options:
     keep: bool = False
     #: the part's share of `summarize` (a job's; a trace diagnosed whole summarizes itself)
     summary: bool = True
+    #: (second pass) the findings whose events the part selects for the job's replay
+    savings: SavingsAsk | None = None
 
 
 
@@ -68,6 +70,7 @@ class GroupPart:
     has_host_ops: bool
     torch_ops: bool  # the framework's words: torch's where torch ops were recorded
     row_counts: dict[str, int]
+    kernel_names: tuple[str, ...] = ()  # in the order of the trace's categories
     windows: dict[DeviceKey, tuple[int, int]] = field(default_factory=dict)
     lost: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)  # no comm_wait yet
     comm_only: dict[DeviceKey, intervals.Spans] = field(default_factory=dict)
@@ -85,9 +88,64 @@ class GroupPart:
     #: process, `Options.keep`)
     traces: tuple[Trace, Trace] | None = None
     layers: LossTimeline | None = None  # the loss layers, kept in this process
+    #: the events of the analyzed window (`critical.savings.extent`): the job's replay
+    #: sample is chosen from its ranks' together
+    extent: Any = None
     idle: pd.DataFrame | None = None  # the idle gaps, uncut, kept in this process
     notes: list[str] = field(default_factory=list)
 
+
+
+@dataclass(frozen=True)
+class SavingsAsk:
+    """What a job asks each batch for its findings' expected savings (second pass): the
+    findings to select events for (`critical.savings.selections`) and which of them are
+    planned, the replay's sample, the job's arrival skew of the batch's kernels (ids of
+    the batch's own numbering; what comm_wait findings' fixes read) and its kernel names."""
+
+    findings: pd.DataFrame
+    planned: np.ndarray
+    sample: Any  # critical.savings.Sample
+    skew: pd.DataFrame | None = None
+    #: the job's short names of its kernels' full names (`names.job_short_names`): what
+    #: the findings name a kernel by where it has no call site
+    shorts: dict[str, str] | None = None
+
+
+@dataclass
+class SavingsPart:
+    """A batch's answer to a `SavingsAsk`: each finding's selection of the batch's events
+    (by the finding's position), the rows its replay needs over the sample
+    (`critical.events.replay_rows`; None when nothing was selected) and how many events
+    of the sample it holds."""
+
+    chosen: dict[int, Any]
+    rows: Trace | None
+    count: int
+
+
+def savings_part(whole: Trace, options: Options, ask: SavingsAsk) -> SavingsPart:
+    """The batch's `SavingsPart`: its events of each asked finding, selected as
+    `critical.savings.expected_savings` selects them on a trace diagnosed whole (the same
+    window, gaps, host_gaps pieces and arrival skew), and its rows of the replay."""
+    from gpudiag.analyzers.critical import savings
+    from gpudiag.analyzers.critical.events import replay_rows
+    from gpudiag.analyzers.host import bound
+    from gpudiag.analyzers.losses.gaps import idle_gaps
+
+    bounds, window = options.bounds, ask.sample.window
+    trace = whole if bounds is None else window_mod.within(whole, bounds)
+    gaps = declared.conform_frame("gaps", cut_gaps(
+        idle_gaps(whole, **options.gap_options.kwargs()), bounds))
+    pieces = bound.part(whole, gaps=gaps)
+    tables = {"host_gaps": bound.named_pieces(pieces, ask.shorts) if ask.shorts is not None
+              else bound.combine([pieces]).tables["host_gaps"]}
+    if ask.skew is not None:
+        tables["arrival_skew"] = ask.skew
+    chosen = savings.selections(savings.Inputs(trace, whole, tables, options.gap_options,
+                                               window, ask.shorts), ask.findings, ask.planned)
+    return SavingsPart(chosen, replay_rows(whole, window) if chosen else None,
+                       savings.count_in(whole, window))
 
 
 #: the tables a gap piece's next event (`next_table`, `next_row`) comes from
@@ -107,6 +165,8 @@ def group_part(trace: Trace, options: Options) -> GroupPart:
                      has_gpu=not (whole.kernels.empty and whole.copies.empty),
                      has_host_ops=registry.has_host_ops(window),
                      torch_ops=bool((whole.ranges["source"] == "torch_op").any()),
+                     kernel_names=tuple(str(name) for name in whole.kernels["name"].astype(
+                         "category").cat.categories),
                      row_counts=window.row_counts())
     if options.keep:
         part.traces = (window, whole)
@@ -195,6 +255,9 @@ def _timeline_part(part: GroupPart, whole: Trace, window: Trace, options: Option
                              **options.gap_options.kwargs())
     part.timeline_made = True
     if options.warm is None:
+        from gpudiag.analyzers.critical.savings import extent
+
+        part.extent = extent(whole, options.bounds)
         _keep_losses(part, timeline, options.bounds)
         if options.steps:  # the steps of the window's trace, as the waterfall's window
             part.by_step = steps_mod.losses_by_step(window, timeline)

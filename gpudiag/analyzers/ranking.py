@@ -37,6 +37,16 @@ def flag_warmup(found: pd.DataFrame, early: pd.DataFrame, steps: pd.DataFrame, *
 
 
 
+def joined(found: pd.DataFrame, host: list[pd.DataFrame]) -> pd.DataFrame:
+    """The GPU findings and the host findings in one frame, before they are ranked (what
+    `rank_findings` gives its `savings`; the warm-up flags change no row's position)."""
+    host_found = findings_mod.frame(pd.concat([h for h in host if len(h)], ignore_index=True)) \
+        if any(len(h) for h in host) else findings_mod.frame()
+    gpu = found if "_warmup" in found else found.assign(_warmup=False)
+    return pd.concat([gpu.assign(_group=0), host_found.assign(_group=1, _warmup=False)],
+                     ignore_index=True)
+
+
 #: how findings can be ranked (`diagnose(rank_by=...)`, `--rank-by`)
 RANKINGS = ("saving", "lost")
 
@@ -52,11 +62,7 @@ def rank_findings(found: pd.DataFrame, host: list[pd.DataFrame], *, rank_by: str
     words of `framework` (`frameworks.in_words_of`)."""
     if rank_by not in RANKINGS:
         raise ValueError(f"rank_by must be one of {', '.join(RANKINGS)}, not {rank_by!r}")
-    host_found = findings_mod.frame(pd.concat([h for h in host if len(h)], ignore_index=True)) \
-        if any(len(h) for h in host) else findings_mod.frame()
-    gpu = found if "_warmup" in found else found.assign(_warmup=False)
-    both = pd.concat([gpu.assign(_group=0), host_found.assign(_group=1, _warmup=False)],
-                     ignore_index=True)
+    both = joined(found, host)
     if both.empty:
         return findings_mod.frame()
     if savings is not None:

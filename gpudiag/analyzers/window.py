@@ -14,6 +14,7 @@ findings."
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -31,6 +32,38 @@ _BOUND = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s)?\s*$")
 #: tables with start_ns/end_ns intervals; `samples` has instants. The allocator tables stay
 #: whole: the fragmentation analysis replays them back from the snapshot at the end.
 INTERVAL_TABLES = ("kernels", "copies", "api", "syncs", "ranges", "collectives")
+
+
+@dataclass(frozen=True)
+class Window:
+    """What an analysis reads: the whole trace, the bounds analyzed (None: all of it) and
+    `trace`, the whole cut to them (`within`: its training steps are the whole trace's,
+    cut to the bounds). The analyzers read `trace`; the waterfall's gap rules and the
+    replay read `whole`, whose idle gaps' next events are its rows.
+
+        seen = Window(trace, (start_ns, end_ns))
+        seen.trace.kernels                      # the kernels overlapping the bounds, cut
+        seen.steps                              # the whole trace's steps, cut to them
+    """
+
+    whole: Trace
+    bounds: tuple[int, int] | None = None
+    trace: Trace = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "trace", self.whole if self.bounds is None
+                           else within(self.whole, self.bounds))
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """The training steps of the window (`steps.training.training_steps`)."""
+        from gpudiag.analyzers.steps.training import training_steps
+
+        return training_steps(self.trace)
+
+    def cut(self, bounds: tuple[int, int]) -> Window:
+        """The window of the same whole trace over other bounds (the warm-up steps')."""
+        return Window(self.whole, bounds)
 
 
 def resolve(trace: Trace, spec: str | tuple[int, int]) -> tuple[int, int]:

@@ -31,7 +31,8 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
                  window: str | tuple[int, int] | None = None,
                  launch_gap_ns: int = LAUNCH_GAP_NS, sync_tolerance_ns: int = SYNC_TOLERANCE_NS,
                  progress: Callable[[Outcome, int, int], None] | None = None,
-                 rows: bool = True) -> JobDiagnosis:
+                 rows: bool = True, rank_by: str = "saving",
+                 savings: bool = True) -> JobDiagnosis:
     """The diagnosis of the job whose rank files are `paths` (files, or folders of them).
 
     `workers`, `scheduler`, `client`: where the ranks are read (`executors.executor`);
@@ -41,6 +42,8 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
     `progress(outcome, files, total)` is called as each batch of `files` files finishes.
     `rows=False`: the Diagnosis leaves out the row-level results (`gaps`, the `host_gaps`
     table), so the coordinator holds only what the findings and waterfall need.
+    `savings`, `rank_by`: as for `diagnose`; the savings take one more read of the files
+    (with the warm-up pass, when there is one: `replay_pass`).
     """
     from gpudiag.jobs.executors import executor
 
@@ -49,4 +52,5 @@ def diagnose_job(paths: PathLike | Sequence[PathLike], *, workers: int | None = 
         from gpudiag.jobs.job import run
 
         return run(pool, paths, steps=steps, window=window, launch_gap_ns=launch_gap_ns,
-                   sync_tolerance_ns=sync_tolerance_ns, progress=progress, rows=rows)
+                   sync_tolerance_ns=sync_tolerance_ns, progress=progress, rows=rows,
+                   rank_by=rank_by, savings=savings)

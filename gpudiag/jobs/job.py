@@ -19,13 +19,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from gpudiag.analyzers import reduce
 from gpudiag.analyzers.answer import Diagnosis, add_views
 from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS, GapOptions
-from gpudiag.analyzers.ranking import rank_findings
+from gpudiag.analyzers.ranking import joined, rank_findings
 from gpudiag.diagnosis_schema import conform_frame
 from gpudiag.errors import InputError
-from gpudiag.jobs import batches, window_pass
+from gpudiag.jobs import batches, replay_pass, window_pass
 from gpudiag.jobs.executors import Outcome
 from gpudiag.jobs.rank_map import BatchPart, Options, read_batch
 from gpudiag.readers.run_dir import finish_meta, is_run_dir
@@ -50,7 +52,7 @@ class JobDiagnosis(Diagnosis):
 def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
         window: str | tuple[int, int] | None = None, launch_gap_ns: int = LAUNCH_GAP_NS,
         sync_tolerance_ns: int = SYNC_TOLERANCE_NS, progress: Progress | None = None,
-        rows: bool = True) -> JobDiagnosis:
+        rows: bool = True, rank_by: str = "saving", savings: bool = True) -> JobDiagnosis:
     """`gpudiag.jobs.diagnose_job` on an open executor `pool` (its options, its answer)."""
     files = [str(path) for path in units_of(paths, split_runs=True)]
     units = [os.path.abspath(file) for file in files]  # a worker's cwd is not this one's
@@ -75,29 +77,45 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
         finish_meta(meta, run_dir, [part for batch in parts for part in batch.metas])
     first, found, host = reduce.reduced(parts, options, meta, pool)
     dx = JobDiagnosis(**vars(first))
+    read = [part for part in parts if part.files]
     warm = reduce.warm_window(dx, found)
-    if warm is not None:
-        warm_parts, more = _run(pool, [part.files for part in parts if part.files],
-                                replace(options, warm=warm, steps=False), None, len(units))
+    job = replay_pass.plan(read, joined(found, host), dx) if savings and dx.waterfall \
+        else None
+    saved = None
+    if warm is not None or job is not None:  # one more read: warm-up parts and savings
+        asked = [replace(options, warm=warm, steps=False,
+                         savings=None if job is None else job.asks[index])
+                 for index in range(len(read))]
+        again, more = _run(pool, [part.files for part in read], asked, None, len(units))
         failed += _in_order(more)
-        found = reduce.warm_flagged(found, dx, [warm_parts[index]
-                                                for index in sorted(warm_parts)],
-                                    options, pool)
-    dx.findings = conform_frame("findings", rank_findings(found, host, rank_by="lost",
-                                                          framework=dx.framework))
+        if warm is not None:
+            found = reduce.warm_flagged(found, dx, [again[index] for index in sorted(again)],
+                                        options, pool)
+        if job is not None:
+            saved = replay_pass.replayed(job, [again.get(index) for index in range(len(read))],
+                                         read, dx)
+    dx.findings = conform_frame("findings", rank_findings(
+        found, host, rank_by=rank_by, framework=dx.framework,
+        savings=None if saved is None else _with_savings(saved)))
     if shared:
         dx.notes.append(shared)
-    dx.notes.append(NO_SAVINGS)
     dx.failed = [(given.get(file, file), error) for file, error in failed]
     dx.units = files
     add_views(dx)
     return dx
 
 
-#: why a job's findings have no saving_ns: each replay needs one rank's whole schedule,
-#: which the rank-by-rank analysis never sends to the coordinator
-NO_SAVINGS = ("expected savings not computed: the ranks were analyzed one by one "
-              "(--workers/--scheduler); analyze a few ranks' files without them for saving_ns")
+def _with_savings(saved: pd.DataFrame) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    """What `rank_findings` calls for the savings of the joined findings: those replayed
+    already, on the same findings before the warm-up flags (which move no row)."""
+    def savings(both: pd.DataFrame) -> pd.DataFrame:
+        assert len(both) == len(saved)
+        return both.assign(**{column: saved[column].to_numpy() for column in SAVING_COLUMNS})
+    return savings
+
+
+#: the columns `critical.savings.expected_savings` adds to the findings
+SAVING_COLUMNS = ("saving_ns", "saving_share", "saving_step_share", "fix")
 
 
 def _as_given(parts: list[BatchPart], given: dict[str, str]) -> None:
@@ -135,14 +153,15 @@ def _resolve_window(pool: Any, units: list[str], spec: str
             window_pass.resolve([edges[index] for index in read], spec))
 
 
-def _run(pool: Any, planned: list[tuple[str, ...]], options: Options,
+def _run(pool: Any, planned: list[tuple[str, ...]], options: Options | list[Options],
          progress: Progress | None, total: int
          ) -> tuple[dict[int, BatchPart], dict[int, list[tuple[str, str]]]]:
     """Each batch's part, and the files of each batch that failed with their error (a batch
     whose worker died fails all its files), by the batch's index in `planned`."""
     done: dict[int, BatchPart] = {}
     failed: dict[int, list[tuple[str, str]]] = {}
-    for outcome in pool.map(read_batch, [(batch, options) for batch in planned]):
+    each = options if isinstance(options, list) else [options] * len(planned)
+    for outcome in pool.map(read_batch, list(zip(planned, each, strict=True))):
         if progress is not None:
             progress(outcome, len(planned[outcome.index]), total)
         if outcome.ok and outcome.value.refused is not None:

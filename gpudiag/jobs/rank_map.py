@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpudiag.analyzers.parts import ROW_TABLES, GroupPart, Options, group_part
+from gpudiag.analyzers.parts import (
+    ROW_TABLES,
+    GroupPart,
+    Options,
+    SavingsPart,
+    group_part,
+    savings_part,
+)
 from gpudiag.errors import InputError
 from gpudiag.jobs.executors import failure
 from gpudiag.readers.claims import refusal
@@ -44,10 +51,13 @@ class BatchPart:
     #: why these files are not one job (`readers.claims`: a copy of a rank's file, two
     #: runs in one folder); the coordinator raises it
     refused: InputError | None = None
+    savings: SavingsPart | None = None  # (second pass) what `Options.savings` asked
 
 
 def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
-    """Read a batch of the job's files, merged in order, and compute its ranks' part."""
+    """Read a batch of the job's files, merged in order, and compute its ranks' part (the
+    second pass: its warm-up part, `Options.warm`, and its events of the findings whose
+    savings are replayed, `Options.savings`)."""
     files, options = job
     failed = [(file, not_here(file)) for file in files if not os.path.exists(file)]
     files = tuple(file for file in files if os.path.exists(file))
@@ -74,8 +84,12 @@ def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
     if refused is not None:  # the job stops: what it would say of that rank is wrong
         return BatchPart(tuple(read), failed, metas, 0, None, refused=refused)
     span = int(trace.kernels["kernel_id"].max()) + 1 if len(trace.kernels) else 0
-    return BatchPart(tuple(read), failed, metas, span, group_part(trace, options),
-                     {name: len(getattr(trace, name)) for name in ROW_TABLES})
+    group = group_part(trace, options) \
+        if options.savings is None or options.warm is not None else None
+    return BatchPart(tuple(read), failed, metas, span, group,
+                     {name: len(getattr(trace, name)) for name in ROW_TABLES},
+                     savings=None if options.savings is None
+                     else savings_part(trace, options, options.savings))
 
 
 def not_here(file: str) -> str:

@@ -231,6 +231,23 @@ class Gathered:
     trace: Trace | None = None
     job: Any = None
 
+    def collected(self) -> str:
+        """One line on what the run collected (`reports.collected`)."""
+        from gpudiag.reports.collected import describe, describe_job
+
+        return describe_job(self.job) if self.job is not None \
+            else describe(self.trace or Trace())
+
+    def diagnosis(self) -> Any:
+        """The run's Diagnosis: its job's, or the merged trace's (None: nothing collected)."""
+        if self.job is not None:
+            return self.job
+        if self.trace is None or not any(len(table) for table in self.trace.tables().values()):
+            return None
+        from gpudiag.analyzers.diagnosis import diagnose
+
+        return diagnose(self.trace)
+
 
 def profile_command(
     cmd: list[str], plan: Plan, options: ProfileOptions, out_dir: Path | None = None,

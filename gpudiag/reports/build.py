@@ -59,18 +59,22 @@ def diagnosis_figures(dx: Diagnosis) -> dict[str, Any]:
     return figs
 
 
-def job_report_page(dx: Diagnosis, meta: dict[str, Any], *, info: dict[str, Any] | None = None,
-                    cdn: bool = False, generated_for: str | None = None) -> str:
-    """The report of a job diagnosed rank by rank (`gpudiag.diagnose_job`): the same page
-    but the figures that need every event (utilization per stream, memory, samples), which
-    stayed with the ranks; a note says so. `meta`: the merged job's (`JobDiagnosis.meta`);
-    `info`: its summary, for the page's header.
+def diagnosis_page(dx: Diagnosis, *, info: dict[str, Any] | None = None, cdn: bool = False,
+                   generated_for: str | None = None) -> str:
+    """The report of a Diagnosis, what `gpudiag report` and `gpudiag profile` write: every
+    figure of the trace it was diagnosed from (`dx.source`), or, for a job diagnosed rank
+    by rank, the figures drawn from the Diagnosis alone, a note naming those left out (the
+    per-stream utilization, memory and samples need every event, which stayed with the
+    ranks). `info`: its summary for the page's header (`dx.summary()`).
 
-        job = gpudiag.diagnose_job("traces/")
-        html = job_report_page(job, job.meta, info=job.summary())
+        dx = gpudiag.diagnose_job("traces/")          # or gpudiag.diagnose(trace)
+        html = diagnosis_page(dx, info=dx.summary())
     """
+    if dx.source is not None:
+        return report(dx.source, dx, figures=report_figures(dx.source, dx), cdn=cdn,
+                      generated_for=generated_for, info=info)
     noted = replace(dx, notes=[*dx.notes, JOB_NOTE])
-    return report(Trace(meta=meta), noted, figures=diagnosis_figures(dx), cdn=cdn,
+    return report(Trace(meta=dx.meta), noted, figures=diagnosis_figures(dx), cdn=cdn,
                   generated_for=generated_for, info=info)
 
 
@@ -81,13 +85,12 @@ JOB_NOTE = ("analyzed rank by rank (--workers/--scheduler): the per-stream utili
 
 def report_page(trace: Trace, dx: Diagnosis, *, cdn: bool = False,
                 generated_for: str | None = None) -> str:
-    """The full HTML report of a trace (issue 4's sections), plotly.js inlined once.
+    """The full HTML report of a trace and its Diagnosis, plotly.js inlined once.
 
         html = report_page(trace, gpudiag.diagnose(trace))
         Path("report.html").write_text(html, encoding="utf-8")
     """
-    return report(trace, dx, figures=report_figures(trace, dx), cdn=cdn,
-                  generated_for=generated_for)
+    return diagnosis_page(replace(dx, source=trace), cdn=cdn, generated_for=generated_for)
 
 
 def heatmap_page(trace: Trace, dx: Diagnosis | None, *, cdn: bool = False,

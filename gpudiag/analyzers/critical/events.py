@@ -92,7 +92,7 @@ def graph_events(trace: Trace, window: tuple[int, int] | None = None) -> Events:
     if window is None:
         window = (int(start.min()), int(end.max())) if len(start) else (0, 0)
     kind = columns["kind"]
-    launch = _launch_events(kind, columns["pid"], columns["correlation"], columns["name"])
+    launch = _launch_events(kind, columns["pid"], columns["correlation"], columns["start"])
     host = np.isin(kind, (HOST_OP, API))
     in_graph = host & (start >= window[0]) & (start <= window[1]) & (end > start)
     linked = launch >= 0
@@ -106,35 +106,63 @@ def graph_events(trace: Trace, window: tuple[int, int] | None = None) -> Events:
 
 def _frames(trace: Trace, window: tuple[int, int] | None) -> list[dict[str, np.ndarray]]:
     """Each table's events as columns of one shape (`row`: the position in its table).
-    With a window, only what can be in its graph: host events starting in it, GPU work
-    and syncs of their calls (by rank, pid and correlation id) and stream waits in it, so
-    a window of a long trace costs its own size."""
-    ops = (trace.ranges["source"] == "torch_op").to_numpy(bool)
-    tables = [(HOST_OP, 0, trace.ranges), (API, 1, trace.api), (GPU, 2, trace.kernels),
-              (GPU, 3, trace.copies), (SYNC, 4, trace.syncs)]
-    chosen = [ops.copy() if kind == HOST_OP else np.ones(len(frame), dtype=bool)
-              for kind, _, frame in tables]
-    if window is not None:
-        for index, (kind, _, frame) in enumerate(tables):
-            if kind in (HOST_OP, API):
-                start = frame["start_ns"].to_numpy(np.int64)
-                chosen[index] &= (start >= window[0]) & (start <= window[1])
-        calls = trace.api[chosen[1]]
-        for index, (kind, _, frame) in enumerate(tables):
-            if kind in (GPU, SYNC) and len(frame):
-                mine = keys.isin([frame["rank"], frame["pid"], frame["correlation"]],
-                                 [calls["rank"], calls["pid"], calls["correlation"]])
-                if kind == SYNC:
-                    start = frame["start_ns"].to_numpy(np.int64)
-                    mine |= ((frame["kind"] == "stream_wait").to_numpy(bool)
-                             & (start >= window[0]) & (start <= window[1]))
-                chosen[index] &= mine
+    With a window, only what can be in its graph (`_chosen`), so a window of a long trace
+    costs its own size."""
     out = []
-    for (kind, table, frame), keep in zip(tables, chosen, strict=True):
+    for (kind, table, frame), keep in zip(_sources(trace), _chosen(trace, window), strict=True):
         rows = np.flatnonzero(keep)
         out.append(_columns(kind, table, frame if len(rows) == len(frame) else
                             frame.iloc[rows], rows))
     return out
+
+
+def _sources(trace: Trace) -> list[tuple[int, int, pd.DataFrame]]:
+    """The tables events come from: (kind, `TABLES` index, frame)."""
+    return [(HOST_OP, 0, trace.ranges), (API, 1, trace.api), (GPU, 2, trace.kernels),
+            (GPU, 3, trace.copies), (SYNC, 4, trace.syncs)]
+
+
+def _chosen(trace: Trace, window: tuple[int, int] | None) -> list[BoolArray]:
+    """Which rows of each table (`_sources`) a graph over `window` can hold: torch ops and
+    calls starting in it, GPU work and syncs of those calls (by rank, pid and correlation
+    id), and stream waits in it."""
+    tables = _sources(trace)
+    ops = (trace.ranges["source"] == "torch_op").to_numpy(bool)
+    chosen = [ops.copy() if kind == HOST_OP else np.ones(len(frame), dtype=bool)
+              for kind, _, frame in tables]
+    if window is None:
+        return chosen
+    for index, (kind, _, frame) in enumerate(tables):
+        if kind in (HOST_OP, API):
+            start = frame["start_ns"].to_numpy(np.int64)
+            chosen[index] &= (start >= window[0]) & (start <= window[1])
+    calls = trace.api[chosen[1]]
+    for index, (kind, _, frame) in enumerate(tables):
+        if kind in (GPU, SYNC) and len(frame):
+            mine = keys.isin([frame["rank"], frame["pid"], frame["correlation"]],
+                             [calls["rank"], calls["pid"], calls["correlation"]])
+            if kind == SYNC:
+                start = frame["start_ns"].to_numpy(np.int64)
+                mine |= ((frame["kind"] == "stream_wait").to_numpy(bool)
+                         & (start >= window[0]) & (start <= window[1]))
+            chosen[index] &= mine
+    return chosen
+
+
+def replay_rows(trace: Trace, window: tuple[int, int] | None) -> Trace:
+    """The rows of `trace` that a graph over `window` reads, as a Trace of their own (with
+    the collective rows of its kernels, its devices and meta): what a job's batch sends so
+    that its ranks are replayed together where the job is reduced. Its graph is the one
+    `trace` gives over `window`, but for the `row` positions."""
+    ranges, api, kernels, copies, syncs = (
+        frame if keep.all() else frame[keep]
+        for (_, _, frame), keep in zip(_sources(trace), _chosen(trace, window), strict=True))
+    calls = trace.collectives
+    calls = calls[calls["kernel_id"].isin(kernels["kernel_id"]).to_numpy(bool)]
+    return Trace(meta=dict(trace.meta), ranges=ranges.reset_index(drop=True),
+                 api=api.reset_index(drop=True), kernels=kernels.reset_index(drop=True),
+                 copies=copies.reset_index(drop=True), syncs=syncs.reset_index(drop=True),
+                 collectives=calls.reset_index(drop=True), devices=trace.devices)
 
 
 def _columns(kind: int, table: int, frame: pd.DataFrame, rows: IntArray
@@ -174,8 +202,11 @@ def named(names: npt.NDArray[np.object_], test: Callable[[str], object]) -> Bool
 
 
 def _launch_events(kind: IntArray, pid: IntArray, correlation: IntArray,
-                   name: npt.NDArray[np.object_]) -> IntArray:
-    """For GPU work and syncs, the API call of the same process and correlation id."""
+                   start: IntArray) -> IntArray:
+    """For GPU work and syncs, the API call of the same process and correlation id: the
+    latest one that started before it where several share them (a rank profiled twice in
+    one process reuses its correlation ids; linking work to the other window's call would
+    put a cycle in the graph), else the first."""
     out = np.full(len(kind), -1, dtype=np.int64)
     calls = np.flatnonzero((kind == API) & (correlation >= 0))
     wanted = np.flatnonzero(np.isin(kind, (GPU, SYNC)) & (correlation >= 0))
@@ -183,11 +214,20 @@ def _launch_events(kind: IntArray, pid: IntArray, correlation: IntArray,
         return out
     key = keys.codes(np.concatenate([pid[calls], pid[wanted]]),
                      np.concatenate([correlation[calls], correlation[wanted]]))
+    # (key, time) as one sortable number: the key, then the rank of the start time
+    times = np.concatenate([start[calls], start[wanted]])
+    ranked = np.empty(len(times), dtype=np.int64)
+    ranked[np.argsort(times, kind="stable")] = np.arange(len(times))
+    both = key * (len(times) + 1) + ranked
     call_key, wanted_key = key[:len(calls)], key[len(calls):]
-    order = np.argsort(call_key, kind="stable")
-    found = np.minimum(np.searchsorted(call_key[order], wanted_key), len(calls) - 1)
-    hit = call_key[order][found] == wanted_key
-    out[wanted[hit]] = calls[order[found[hit]]]
+    order = np.argsort(both[:len(calls)], kind="stable")
+    sorted_keys = call_key[order]
+    first = np.minimum(np.searchsorted(sorted_keys, wanted_key), len(calls) - 1)
+    hit = sorted_keys[first] == wanted_key
+    before = np.searchsorted(both[:len(calls)][order], both[len(calls):], side="right") - 1
+    latest = np.where((before >= 0) & (sorted_keys[np.maximum(before, 0)] == wanted_key),
+                      before, first)
+    out[wanted[hit]] = calls[order[latest[hit]]]
     return out
 
 

@@ -82,8 +82,11 @@ class Replay:
     _on_path: BoolArray | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, trace: Trace, window: tuple[int, int] | None = None) -> Replay:
-        """The replay of `trace` over `window` (None: all of it), each rank on its own."""
+    def of(cls, trace: Trace, window: tuple[int, int] | None = None,
+           skew: pd.DataFrame | None = None) -> Replay:
+        """The replay of `trace` over `window` (None: all of it), each rank on its own but
+        for their matched collectives: `skew`, the `arrival_skew` of the trace (None: found
+        here; a job replayed from its batches' rows gives the job's)."""
         graph = build(trace, window)
         times = graph.node_time()
         weight = graph.weight.copy()
@@ -105,7 +108,7 @@ class Replay:
         ranks, group = np.unique(np.repeat(graph.events.rank, 2), return_inverse=True)
         group = group.astype(np.int64)
         owner = np.concatenate([graph.owner, np.full(len(src) - len(graph.src), -1)])
-        joins = _peer_joins(trace, graph, times, group, len(ranks))
+        joins = _peer_joins(trace, graph, times, group, len(ranks), skew=skew)
         if joins is not None:
             weight[joins.own] = joins.own_weight
             src, dst = np.concatenate([src, joins.src]), np.concatenate([dst, joins.dst])
@@ -296,17 +299,18 @@ class _Joins:
     own_weight: IntArray
 
 
-def _peer_joins(trace: Trace, graph: Graph, times: IntArray, group: IntArray, ranks: int
-                ) -> _Joins | None:
+def _peer_joins(trace: Trace, graph: Graph, times: IntArray, group: IntArray, ranks: int, *,
+                skew: pd.DataFrame | None = None) -> _Joins | None:
     """The joins of the collectives matched across ranks (`collectives.skew.arrival_skew`,
     clock-suspect matches left out), whose kernels are in the graph; None without any. A
     call ends when the last peer has arrived plus its own transfer time, so a late rank's
     delay reaches its peers' schedules, and taking it away pulls them earlier too."""
     if trace.collectives.empty or trace.kernels.empty:
         return None
-    from gpudiag.analyzers.collectives.skew import arrival_skew
+    if skew is None:
+        from gpudiag.analyzers.collectives.skew import arrival_skew
 
-    skew = arrival_skew(trace)
+        skew = arrival_skew(trace)
     skew = skew[~skew["clock_suspect"].fillna(False).to_numpy(bool)
                 & skew["kernel_id"].notna().to_numpy(bool)]
     if skew.empty:
@@ -318,7 +322,12 @@ def _peer_joins(trace: Trace, graph: Graph, times: IntArray, group: IntArray, ra
     found = (row >= 0) & (at >= 0)
     call = kernels[at[found]]
     match = skew["match_id"].to_numpy(np.int64)[found]
-    peers = pd.Series(match).groupby(match).transform("size").to_numpy() >= 2
+    # a match ties calls of two or more ranks, each once: one that holds a rank twice (a
+    # rank profiled twice, its two windows' calls of one sequence number) would tie a
+    # rank's later window to its earlier one, a cycle
+    twice = pd.DataFrame({"match": match, "rank": group[2 * call]}).duplicated(keep=False)
+    twice = np.isin(match, match[twice.to_numpy(bool)])
+    peers = ~twice & (pd.Series(match).groupby(match).transform("size").to_numpy() >= 2)
     call, match = call[peers], match[peers]
     if not len(call):
         return None

@@ -19,7 +19,7 @@ shortens any rank (see docs/analysis.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,20 +69,131 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
     (of the replayed window), `saving_step_share` (per step, of the median steady step;
     NaN without steps) and `fix` (a `FIXES` key). `trace` is the window's trace the
     analyzers read, `whole` the trace the window was cut from. A window of more than
-    `SAMPLE_EVENTS` events is replayed on a sample of it (`sample_window`), its savings
+    `SAMPLE_EVENTS` events is replayed on a sample of it (`sample_of`), its savings
     scaled to the window; `notes` gets a line saying which. Only the `MAX_PLANNED`
-    findings that lost the most time are planned (a line says so when there are more)."""
+    findings that lost the most time are planned (a line says so when there are more).
+
+    A job read rank by rank runs the same three steps apart: `sample_of` from its ranks'
+    `extent`s, `selections` where each batch is read (with `replay_rows`, what its
+    replay needs), `replayed` where the batches' rows are merged."""
+    sample = sample_of(extent(whole, bounds), steps)
+    planned = most_lost(findings, notes)
+    chosen = selections(Inputs(trace, whole, tables, gap_options, sample.window), findings,
+                        planned)
+    if sample.what and chosen and notes is not None:
+        notes.append(sample.note(count_in(whole, sample.window)))
+    return replayed(Replay.of(whole, sample.window) if chosen else None, findings, chosen,
+                    sample, steps)
+
+
+@dataclass(frozen=True)
+class Extent:
+    """What the sample of a replay is chosen from: the analyzed window's first and last
+    time (the bounds, else the first start and the last end of the events the replay
+    reads) and how many of those events start in it (`below`: before the last end,
+    `at_end`: at it), of one trace or, summed (`joined`), of a job's ranks."""
+
+    low: int
+    high: int
+    below: int
+    at_end: int
+    bounded: bool
+
+    def joined(self, other: Extent) -> Extent:
+        """The extent of two parts of one job (the same bounds, or none)."""
+        high = max(self.high, other.high)
+        return Extent(min(self.low, other.low), high,
+                      self.below + other.below + sum(part.at_end for part in (self, other)
+                                                     if part.high < high),
+                      sum(part.at_end for part in (self, other) if part.high == high),
+                      self.bounded)
+
+    @property
+    def count(self) -> int:
+        """The events starting inside [low, high)."""
+        return self.below
+
+
+def _starts(trace: Trace) -> tuple[IntArray, IntArray]:
+    """The start times of the events a replay reads (GPU work, calls, torch ops) and their
+    ends."""
+    frames = [trace.kernels, trace.copies, trace.api,
+              trace.ranges[(trace.ranges["source"] == "torch_op").to_numpy(bool)]]
+    return (np.concatenate([frame["start_ns"].to_numpy(np.int64) for frame in frames]),
+            np.concatenate([frame["end_ns"].to_numpy(np.int64) for frame in frames]))
+
+
+def extent(trace: Trace, bounds: tuple[int, int] | None) -> Extent | None:
+    """The `Extent` of a trace's events in `bounds` (None: all of them; no events: None)."""
+    start, end = _starts(trace)
+    if not len(start):
+        return None
+    if bounds is not None:
+        inside = (start >= bounds[0]) & (start < bounds[1])
+        return Extent(bounds[0], bounds[1], int(inside.sum()), 0, True)
+    high = int(end.max())
+    return Extent(int(start.min()), high, int((start < high).sum()),
+                  int((start >= high).sum()), False)
+
+
+def count_in(trace: Trace, window: tuple[int, int] | None) -> int:
+    """How many of the events a replay reads start inside `window`."""
+    start, _ = _starts(trace)
+    if window is None:
+        return len(start)
+    return int(((start >= window[0]) & (start < window[1])).sum())
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The window the replays run on (None: all of the trace), the factor their savings
+    scale by, what the sample is ("" when the whole window is replayed), how many events
+    the window holds and its length (0: unknown)."""
+
+    window: tuple[int, int] | None
+    scale: float = 1.0
+    what: str = ""
+    events: int = 0
+    span: int = 0
+
+    def note(self, count: int) -> str:
+        """The note saying what was replayed, `count` events of the window's."""
+        return (f"expected savings replayed on {self.what} ({count:,} of {self.events:,} "
+                f"events) and scaled to the window (x{self.scale:.1f})")
+
+
+def sample_of(found: Extent | None, steps: pd.DataFrame | None) -> Sample:
+    """The window the replays run on, from the `Extent` of the analyzed window (None: no
+    events). Over `SAMPLE_EVENTS` events: the steady steps around the median one (of the
+    first rank with steps) that hold about that many, else the middle of the window; each
+    replay costs a longest-path pass over its events, and the steps of a training run
+    repeat."""
+    if found is None:
+        return Sample(None)
+    bounds = (found.low, found.high) if found.bounded else None
+    low, high, count = found.low, found.high, found.count
+    if count <= SAMPLE_EVENTS or high <= low:
+        return Sample(bounds, span=high - low)
+    span = (high - low) * SAMPLE_EVENTS / count
+    window, what = _steps_sample(steps, low, high, span)
+    if window is None:
+        middle = (low + high) // 2
+        window = (int(middle - span / 2), int(middle + span / 2))
+        what = "the middle of the window"
+    return Sample(window, (high - low) / max(window[1] - window[0], 1), what, count,
+                  high - low)
+
+
+def replayed(replay: Replay | None, findings: pd.DataFrame, chosen: dict[int, Selection],
+             sample: Sample, steps: pd.DataFrame | None) -> pd.DataFrame:
+    """`findings` with their savings (see `expected_savings`), `chosen`'s fixes replayed
+    on `replay` (None: nothing chosen)."""
     out = findings.copy()
-    window, scale, line, span = sample_window(whole, bounds, steps)
-    planned = _most_lost(findings, notes)
-    chosen = _selections(Inputs(trace, whole, tables, gap_options, window), findings, planned)
     saving = pd.Series(pd.NA, index=out.index, dtype="Int64")
-    if line and chosen and notes is not None:
-        notes.append(line)
-    replay = Replay.of(whole, window) if chosen else None
     if replay is not None:
-        _replayed(replay, chosen, saving, scale)
-    length = span if scale != 1.0 else (replay.length_ns if replay is not None else 0)
+        _replayed(replay, chosen, saving, sample.scale)
+    length = sample.span if sample.scale != 1.0 else (
+        replay.length_ns if replay is not None else 0)
     out["saving_ns"] = saving
     out["saving_share"] = (saving.astype("Float64") / length).astype("float64") if length \
         else np.nan
@@ -101,7 +212,7 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
 MAX_PLANNED = 300
 
 
-def _most_lost(findings: pd.DataFrame, notes: list[str] | None) -> BoolArray:
+def most_lost(findings: pd.DataFrame, notes: list[str] | None) -> BoolArray:
     """Which findings are planned: the `MAX_PLANNED` that lost the most time."""
     if len(findings) <= MAX_PLANNED:
         return np.ones(len(findings), dtype=bool)
@@ -148,36 +259,6 @@ def _replayed(replay: Replay, chosen: dict[int, Selection], saving: pd.Series,
 #: the most graph events (torch ops, calls, GPU work) a replay takes whole; a larger window
 #: is replayed on a sample of about this many and its savings scaled to the window
 SAMPLE_EVENTS = 60_000
-
-
-def sample_window(trace: Trace, bounds: tuple[int, int] | None, steps: pd.DataFrame | None
-                  ) -> tuple[tuple[int, int] | None, float, str, int]:
-    """The window the replays run on, the factor their savings scale by, a note (""
-    when the whole window is replayed) and the whole window's length (0: unknown). Over
-    `SAMPLE_EVENTS` events: the steady steps around the median one (of the first rank
-    with steps) that hold about that many, else the middle of the window; each replay
-    costs a longest-path pass over its events, and the steps of a training run repeat."""
-    frames = [trace.kernels, trace.copies, trace.api,
-              trace.ranges[(trace.ranges["source"] == "torch_op").to_numpy(bool)]]
-    start = np.concatenate([frame["start_ns"].to_numpy(np.int64) for frame in frames])
-    if not len(start):
-        return bounds, 1.0, "", 0
-    low, high = bounds if bounds is not None else (
-        int(start.min()), max(int(frame["end_ns"].max()) for frame in frames if len(frame)))
-    inside = np.sort(start[(start >= low) & (start < high)])
-    if len(inside) <= SAMPLE_EVENTS or high <= low:
-        return bounds, 1.0, "", high - low
-    span = (high - low) * SAMPLE_EVENTS / len(inside)
-    window, what = _steps_sample(steps, low, high, span)
-    if window is None:
-        middle = (low + high) // 2
-        window = (int(middle - span / 2), int(middle + span / 2))
-        what = "the middle of the window"
-    scale = (high - low) / max(window[1] - window[0], 1)
-    count = int(np.searchsorted(inside, window[1]) - np.searchsorted(inside, window[0]))
-    return window, scale, (f"expected savings replayed on {what} ({count:,} of "
-                           f"{len(inside):,} events) and scaled to the window "
-                           f"(x{scale:.1f})"), high - low
 
 
 def _steps_sample(steps: pd.DataFrame | None, low: int, high: int, span: float
@@ -366,6 +447,9 @@ class Inputs:
     tables: dict[str, pd.DataFrame]
     gap_options: GapOptions
     window: tuple[int, int] | None  # what the replay covers (None: everything)
+    #: the job's short names of its kernels' full names, where `trace` is one batch of a
+    #: job (`names.job_short_names`; None: the trace's own, `names.short_names`)
+    shorts: Mapping[str, str] | None = None
 
     def during(self, start: npt.ArrayLike) -> npt.NDArray[np.bool_]:
         """Which of these start times fall in the replayed window (a sample's rows are
@@ -379,7 +463,7 @@ class Inputs:
 Selector = Callable[[Inputs, pd.DataFrame], dict[int, Selection]]
 
 
-def _selections(inputs: Inputs, findings: pd.DataFrame, planned: BoolArray
+def selections(inputs: Inputs, findings: pd.DataFrame, planned: BoolArray
                 ) -> dict[int, Selection]:
     """Each `planned` finding's selection (by position in `findings`), where a fix
     applies."""
@@ -527,7 +611,7 @@ def _small_grids(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]
     kernels = trace.kernels
     if kernels.empty:
         return {}
-    chosen, where = idle_launches(trace)
+    chosen, where = idle_launches(trace, inputs.shorts)
     inside = inputs.during(kernels["start_ns"].to_numpy(np.int64)[chosen])
     chosen, where = chosen[inside], where[inside]
     if not len(chosen):
@@ -540,7 +624,8 @@ def _small_grids(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]
         "correlation": keys.key_array(mine["correlation"]), "table": "kernels",
         "factor": found["tail_efficiency"].to_numpy(np.float64), "where": where,
         "kind": np.where(waves < 1, "small_grid", "tail"),
-        "subject": short_names(mine["name"]).astype(object).to_numpy()})
+        "subject": (short_names(mine["name"]) if inputs.shorts is None
+                    else mine["name"].astype(str).map(inputs.shorts)).astype(object).to_numpy()})
     # one finding per (kernel, call site, part of the grid)
     return _grouped(findings, rows, ["where", "kind", "subject"], "full_wave",
                     ["rank", "pid", "correlation", "table", "factor"])

@@ -10,6 +10,7 @@ the middle of the piece (what the host was busy with while the GPU waited: a Dat
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,14 +158,30 @@ def combine(parts: list[Part]) -> Result:
         names = pd.Series(np.concatenate([piece.next_names for piece in parts]),
                           index=pd.concat([piece.pieces for piece in parts]).index
                           ).reindex(pieces.index)
-        named = names.notna().to_numpy(bool)
-        if named.any():
-            shorts = job_short_names([piece.kernel_names for piece in parts])
-            where = pieces["where"].astype(object).to_numpy().copy()
-            where[named] = names[named].map(shorts).to_numpy(dtype=object)
-            pieces = pieces.assign(where=pd.array(where, dtype="string"))
+        pieces = _named(pieces, names.to_numpy(dtype=object),
+                        job_short_names([piece.kernel_names for piece in parts]))
     assert pieces is not None
     return Result(findings(Trace(), pieces=pieces), {"host_gaps": pieces})
+
+
+def named_pieces(piece: Part, shorts: Mapping[str, str]) -> pd.DataFrame:
+    """The part's pieces, those without a call site named by `shorts` (the job's short
+    names of its kernels' full names, `names.job_short_names`): a batch's pieces as the
+    job's `host_gaps` table names them."""
+    assert piece.pieces is not None
+    return _named(piece.pieces, piece.next_names, shorts)
+
+
+def _named(pieces: pd.DataFrame, next_names: npt.NDArray[np.object_],
+           shorts: Mapping[str, str]) -> pd.DataFrame:
+    """`pieces` whose next kernel's full name is known (`next_names`, None elsewhere),
+    their `where` that name's short form in `shorts`."""
+    named = pd.notna(next_names)
+    if not named.any():
+        return pieces
+    where = pieces["where"].astype(object).to_numpy().copy()
+    where[named] = [shorts[name] for name in next_names[named]]
+    return pieces.assign(where=pd.array(where, dtype="string"))
 
 
 def _compact_sums(parts: list[Part]) -> Sums:

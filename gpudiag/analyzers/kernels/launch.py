@@ -18,7 +18,7 @@ replays of each kernel: real kernel times, but not a timeline; findings say so.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -552,14 +552,22 @@ def _sites_of(trace: Trace, chosen: npt.NDArray[np.int64]
     return names[sites.codes], named
 
 
-def idle_launches(trace: Trace) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.object_]]:
+def idle_launches(trace: Trace, shorts: Mapping[str, str] | None = None
+                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.object_]]:
     """The launches the small-grid findings group (timed, under a full wave, not
-    collective: positions in `trace.kernels`) and the call site each is grouped by."""
+    collective: positions in `trace.kernels`) and the call site each is grouped by (the
+    kernel's short name where it has none: of `shorts`, a job's short names of its
+    kernels' full names, when the trace is one batch of the job)."""
     kernels, occupancy_ = trace.kernels, _occupancy(trace)
     dur = (kernels["end_ns"] - kernels["start_ns"]).to_numpy(np.int64)
     chosen = np.flatnonzero(_grouped_launches(trace, kernels) & (dur > 0)
                             & (occupancy_["tail_efficiency"] < 1).to_numpy(bool))
-    return chosen, _sites_of(trace, chosen)[0]
+    where, named = _sites_of(trace, chosen)
+    if shorts is not None and named.any():
+        where = where.copy()
+        where[named] = kernels["name"].iloc[chosen[named]].astype(str).map(shorts) \
+            .to_numpy(dtype=object)
+    return chosen, where
 
 
 def launch_sites(trace: Trace, index: pd.Index
