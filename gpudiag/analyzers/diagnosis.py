@@ -39,6 +39,7 @@ from gpudiag.analyzers.registry import (  # noqa: F401  (where callers found the
     applies,
     has_host_ops,
 )
+from gpudiag.analyzers.window import Window
 from gpudiag.trace import Trace
 
 
@@ -62,24 +63,24 @@ def diagnose(trace: Trace, *, window: str | tuple[int, int] | None = None,
     options = Options(bounds=bounds_of(trace, window), steps=steps,
                       gap_options=GapOptions(launch_gap_ns, sync_tolerance_ns), keep=True,
                       summary=False)
-    part = group_part(trace, options)
+    part = group_part(Window(trace, options.bounds), options)
     meta = dict(trace.meta)
     dx, found, host = reduce.reduced([reduce.Whole(part, [meta])], options, meta)
     warm = reduce.warm_window(dx, found)
     if warm is not None:  # the warm-up window's parts, from the gaps already found
-        early = warm_part(replace(part, traces=None, parts={}), trace, part.idle,
-                          replace(options, warm=warm))
+        assert part.window is not None
+        early = warm_part(replace(part, window=None, parts={}), part.window.cut(warm),
+                          part.idle, replace(options, warm=warm))
         found = reduce.warm_flagged(found, dx, [reduce.Whole(early, [meta])], options)
     replay = None
     if savings and dx.waterfall:
         from gpudiag.analyzers.critical.savings import expected_savings
 
-        assert part.traces is not None
-        window_trace = part.traces[0]
+        seen = part.window
+        assert seen is not None
 
         def replay(joined: pd.DataFrame) -> pd.DataFrame:
-            return expected_savings(trace, window_trace, joined, dx.tables,
-                                    bounds=options.bounds, gap_options=options.gap_options,
+            return expected_savings(seen, joined, dx.tables, gap_options=options.gap_options,
                                     steps=dx.steps, notes=dx.notes)
     dx.findings = declared.conform_frame("findings", rank_findings(
         found, host, rank_by=rank_by, savings=replay, framework=dx.framework))

@@ -9,8 +9,8 @@ comm_wait (which needs every rank's collectives) with the intervals comm_wait is
 from, the idle gap pieces, the steps, and each analyzer's `part` (what `combine` of the
 analyzer needs: classified waits, gap pieces with call sites, ...). Never the event
 tables, except for an analyzer that has no `part` yet: its traces travel
-(`GroupPart.traces`), so the answer is still the merged one; and in this process
-(`Options.keep`), where the part keeps the traces and the loss layers for the Diagnosis of
+(`GroupPart.window`), so the answer is still the merged one; and in this process
+(`Options.keep`), where the part keeps its window and the loss layers for the Diagnosis of
 a trace diagnosed whole.
 """
 
@@ -25,11 +25,11 @@ import pandas as pd
 from gpudiag import diagnosis_schema as declared
 from gpudiag import intervals
 from gpudiag.analyzers import registry
-from gpudiag.analyzers import window as window_mod
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.analyzers.losses.options import GapOptions
 from gpudiag.analyzers.losses.waterfall import DeviceKey, LossTimeline, clip_window
 from gpudiag.analyzers.steps import training as steps_mod
+from gpudiag.analyzers.window import Window
 from gpudiag.trace import Trace
 
 
@@ -45,8 +45,8 @@ class Options:
     #: keep the row-level results (gap pieces, host_gaps rows) for the job's Diagnosis;
     #: False sends only what the findings need, so the coordinator stays small
     rows: bool = True
-    #: the part stays in this process: it keeps the window's and the whole trace
-    #: (`traces`) and the loss layers (`layers`), what a trace diagnosed whole is given
+    #: the part stays in this process: it keeps its `window` (the whole trace, the window's)
+    #: and the loss layers (`layers`), what a trace diagnosed whole is given
     keep: bool = False
     #: the part's share of `summarize` (a job's; a trace diagnosed whole summarizes itself)
     summary: bool = True
@@ -84,9 +84,9 @@ class GroupPart:
     by_step: pd.DataFrame | None = None
     parts: dict[str, Any] = field(default_factory=dict)
     summary: Any = None  # `summary.part`: devices, windows, rows, kernels by name
-    #: the window's and the whole trace, for analyzers without a part (and kept in this
+    #: what the part was computed from, for analyzers without a part (and kept in this
     #: process, `Options.keep`)
-    traces: tuple[Trace, Trace] | None = None
+    window: Window | None = None
     layers: LossTimeline | None = None  # the loss layers, kept in this process
     #: the events of the analyzed window (`critical.savings.extent`): the job's replay
     #: sample is chosen from its ranks' together
@@ -124,7 +124,7 @@ class SavingsPart:
     count: int
 
 
-def savings_part(whole: Trace, options: Options, ask: SavingsAsk) -> SavingsPart:
+def savings_part(seen: Window, options: Options, ask: SavingsAsk) -> SavingsPart:
     """The batch's `SavingsPart`: its events of each asked finding, selected as
     `critical.savings.expected_savings` selects them on a trace diagnosed whole (the same
     window, gaps, host_gaps pieces and arrival skew), and its rows of the replay."""
@@ -133,19 +133,18 @@ def savings_part(whole: Trace, options: Options, ask: SavingsAsk) -> SavingsPart
     from gpudiag.analyzers.host import bound
     from gpudiag.analyzers.losses.gaps import idle_gaps
 
-    bounds, window = options.bounds, ask.sample.window
-    trace = whole if bounds is None else window_mod.within(whole, bounds)
+    whole, sample = seen.whole, ask.sample.window
     gaps = declared.conform_frame("gaps", cut_gaps(
-        idle_gaps(whole, **options.gap_options.kwargs()), bounds))
+        idle_gaps(whole, **options.gap_options.kwargs()), seen.bounds))
     pieces = bound.part(whole, gaps=gaps)
     tables = {"host_gaps": bound.named_pieces(pieces, ask.shorts) if ask.shorts is not None
               else bound.combine([pieces]).tables["host_gaps"]}
     if ask.skew is not None:
         tables["arrival_skew"] = ask.skew
-    chosen = savings.selections(savings.Inputs(trace, whole, tables, options.gap_options,
-                                               window, ask.shorts), ask.findings, ask.planned)
-    return SavingsPart(chosen, replay_rows(whole, window) if chosen else None,
-                       savings.count_in(whole, window))
+    chosen = savings.selections(savings.Inputs(seen, tables, options.gap_options, sample,
+                                               ask.shorts), ask.findings, ask.planned)
+    return SavingsPart(chosen, replay_rows(whole, sample) if chosen else None,
+                       savings.count_in(whole, sample))
 
 
 #: the tables a gap piece's next event (`next_table`, `next_row`) comes from
@@ -154,11 +153,10 @@ GAP_TABLES = ("kernels", "copies")
 ROW_TABLES = (*GAP_TABLES, "memory")
 
 
-def group_part(trace: Trace, options: Options) -> GroupPart:
-    """The part of a batch's ranks (the first pass), or only its warm-up parts
-    (`options.warm`)."""
-    whole, bounds = trace, options.bounds
-    window = whole if bounds is None else window_mod.within(whole, bounds)
+def group_part(seen: Window, options: Options) -> GroupPart:
+    """The part of a batch's ranks, `seen` (its bounds: `options.bounds`; the first pass),
+    or only its warm-up parts (`options.warm`)."""
+    whole, window = seen.whole, seen.trace
     part = GroupPart(meta=dict(whole.meta),
                      devices=whole.devices, collectives=whole.collectives,
                      timeline=bool(whole.meta.get("timeline", True)),
@@ -169,34 +167,32 @@ def group_part(trace: Trace, options: Options) -> GroupPart:
                          "category").cat.categories),
                      row_counts=window.row_counts())
     if options.keep:
-        part.traces = (window, whole)
-    gaps = _timeline_part(part, whole, window, options)
+        part.window = seen
+    gaps = _timeline_part(part, seen, options)
     if options.keep:
         part.idle = gaps
     if options.warm is not None:
-        return warm_part(part, whole, gaps, options)
-    _keep_gaps(part, gaps, bounds)
-    part.parts = _analyzer_parts(part, window, whole, part.gaps, options)
+        return warm_part(part, seen.cut(options.warm), gaps, options)
+    _keep_gaps(part, gaps, seen.bounds)
+    part.parts = _analyzer_parts(part, seen, part.gaps, options)
     if not options.rows:
         _compact(part)
     part.steps = declared.conform_frame("steps", steps_mod.training_steps(window))
     if options.summary:
         from gpudiag.analyzers import summary
 
-        part.summary = summary.part(whole, window_ns=bounds)
+        part.summary = summary.part(whole, window_ns=seen.bounds)
     return part
 
 
-def warm_part(part: GroupPart, whole: Trace, gaps: pd.DataFrame | None, options: Options
+def warm_part(part: GroupPart, warm: Window, gaps: pd.DataFrame | None, options: Options
               ) -> GroupPart:
     """`part` given the analyzers' parts of the warm-up window `options.warm` alone (what
-    the findings of the whole window are matched against, `ranking.flag_warmup`); `gaps`:
-    the idle gaps of `whole`, uncut."""
-    assert options.warm is not None
-    inside = window_mod.within(whole, options.warm)
-    part.row_counts = inside.row_counts()
-    _keep_gaps(part, gaps, options.warm)
-    part.parts = _analyzer_parts(part, inside, whole, part.gaps, options,
+    the findings of the whole window are matched against, `ranking.flag_warmup`), `warm`
+    (its bounds: `options.warm`); `gaps`: the idle gaps of the whole trace, uncut."""
+    part.row_counts = warm.trace.row_counts()
+    _keep_gaps(part, gaps, warm.bounds)
+    part.parts = _analyzer_parts(part, warm, part.gaps, options,
                                  skip=registry.WARM_SKIPPED)
     if not options.rows:
         _compact(part)
@@ -235,8 +231,7 @@ def gap_runs(gaps: pd.DataFrame) -> list[tuple[int, int, int]]:
             for first, count in zip(starts, counts, strict=True)]
 
 
-def _timeline_part(part: GroupPart, whole: Trace, window: Trace, options: Options
-                   ) -> pd.DataFrame | None:
+def _timeline_part(part: GroupPart, seen: Window, options: Options) -> pd.DataFrame | None:
     """The rank's waterfall without comm_wait (its totals, per-step amounts and the
     comm-only intervals to carve it from; its layers where the part is kept); its idle
     gaps, uncut, None without a waterfall."""
@@ -246,6 +241,7 @@ def _timeline_part(part: GroupPart, whole: Trace, window: Trace, options: Option
     from gpudiag.analyzers.losses.gaps import idle_gaps
     from gpudiag.analyzers.losses.waterfall import loss_timeline
 
+    whole = seen.whole
     occupancy = launch.occupancy(whole)
     unknown = occupancy["tail_efficiency"].isna()
     reason = occupancy["unavailable"].dropna()
@@ -260,7 +256,7 @@ def _timeline_part(part: GroupPart, whole: Trace, window: Trace, options: Option
         part.extent = extent(whole, options.bounds)
         _keep_losses(part, timeline, options.bounds)
         if options.steps:  # the steps of the window's trace, as the waterfall's window
-            part.by_step = steps_mod.losses_by_step(window, timeline)
+            part.by_step = steps_mod.losses_by_step(seen.trace, timeline)
         if options.keep:
             part.layers = timeline
     return idle_gaps(whole, **options.gap_options.kwargs())
@@ -280,11 +276,12 @@ def _keep_losses(part: GroupPart, timeline: LossTimeline, bounds: tuple[int, int
         part.comm_only[key] = intervals.clip(timeline.comm_only[key], window[0], window[1])
 
 
-def _analyzer_parts(part: GroupPart, trace: Trace, whole: Trace, gaps: pd.DataFrame | None,
+def _analyzer_parts(part: GroupPart, seen: Window, gaps: pd.DataFrame | None,
                     options: Options, *, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Each analyzer's part on this rank: `Contract.part(...)`, or the analyzer's inputs
-    when it has none yet (its traces travel, `GroupPart.traces`)."""
+    when it has none yet (its window travels, `GroupPart.window`)."""
     out: dict[str, Any] = {}
+    trace = seen.trace
     empty_gaps = declared.conform_frame("gaps", no_gaps()) if gaps is None else gaps
     for analyzer in registry.ANALYZERS:
         if analyzer.name in skip:
@@ -294,13 +291,13 @@ def _analyzer_parts(part: GroupPart, trace: Trace, whole: Trace, gaps: pd.DataFr
         contract = analyzer.contract()
         has_rows = any(len(getattr(trace, name)) for name in analyzer.requires)
         if contract.part is None:
-            if has_rows and part.traces is None:
-                part.traces = (trace, whole)
+            if has_rows and part.window is None:
+                part.window = seen
             out[analyzer.name] = None
             continue
         if not has_rows and not analyzer.needs_gaps:
             continue  # nothing of this batch to combine (an allocator pass costs ~25 ms)
-        target, kwargs = registry.analyzer_inputs(analyzer, trace, whole, empty_gaps,
+        target, kwargs = registry.analyzer_inputs(analyzer, seen, empty_gaps,
                                                    options.gap_options)
         out[analyzer.name] = contract.part(target, **kwargs)
     return out

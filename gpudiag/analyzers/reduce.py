@@ -42,6 +42,7 @@ from gpudiag.analyzers.parts import (
     no_gaps,
 )
 from gpudiag.analyzers.steps import training as steps_mod
+from gpudiag.analyzers.window import Window
 from gpudiag.trace import Trace, merge, merge_meta
 
 Placed = tuple[int, GroupPart]  # a batch's ranks' part and the kernel-id offset of its files
@@ -226,7 +227,7 @@ def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str,
     pending = pool.map(combine_part, [(name, inputs[name]) for name in away]) if away \
         else iter(())
     results: dict[str, Any] = {}
-    fallback: tuple[Trace, Trace] | None = None
+    fallback: Window | None = None
     for analyzer in chosen:
         if analyzer.name in away:
             continue
@@ -234,8 +235,7 @@ def findings(ranks: list[Placed], job_gaps: pd.DataFrame | None, meta: dict[str,
             results[analyzer.name] = combine_part((analyzer.name, inputs[analyzer.name]))
             continue
         fallback = fallback or _fallback(ranks, meta)
-        target, options = registry.analyzer_inputs(analyzer, fallback[0], fallback[1],
-                                                    job_gaps, gap_options)
+        target, options = registry.analyzer_inputs(analyzer, fallback, job_gaps, gap_options)
         results[analyzer.name] = analyzer.contract().analyze(target, **options)
     for outcome in pending:  # one lost there (a dead worker) is combined here: a bug raises
         name = away[outcome.index]
@@ -276,19 +276,19 @@ def _applies(ranks: list[Placed], analyzer: registry.Analyzer, meta: dict[str, A
     return registry.applies_to(counts, bool(meta.get("timeline", True)), analyzer, notes)
 
 
-def _fallback(ranks: list[Placed], meta: dict[str, Any]) -> tuple[Trace, Trace]:
-    """The merged window and whole traces of the ranks that sent them (one part's own)."""
-    sent = [(offset, part.traces) for offset, part in ranks if part.traces is not None]
+def _fallback(ranks: list[Placed], meta: dict[str, Any]) -> Window:
+    """The merged window of the ranks that sent theirs (one part's own)."""
+    sent = [(offset, part.window) for offset, part in ranks if part.window is not None]
     if len(sent) == 1 and sent[0][0] == 0:
-        window, whole = sent[0][1]
+        seen = sent[0][1]
     else:
         offsets = [offset for offset, _ in sent]
-        window = merge([traces[0] for _, traces in sent], offsets)
-        whole = merge([traces[1] for _, traces in sent], offsets)
-    if window.meta != meta:
-        window.meta.update(meta)
-        whole.meta.update(meta)
-    return window, whole
+        seen = Window(merge([window.whole for _, window in sent], offsets),
+                      sent[0][1].bounds, merge([window.trace for _, window in sent], offsets))
+    if seen.trace.meta != meta:
+        seen.trace.meta.update(meta)
+        seen.whole.meta.update(meta)
+    return seen
 
 
 def steps(ranks: list[Placed]) -> pd.DataFrame:

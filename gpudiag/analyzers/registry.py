@@ -17,6 +17,7 @@ import pandas as pd
 
 from gpudiag.analyzers.findings import Contract
 from gpudiag.analyzers.losses.options import GapOptions
+from gpudiag.analyzers.window import Window
 from gpudiag.trace import Trace
 
 
@@ -90,14 +91,13 @@ def applies_to(row_counts: dict[str, int], timeline: bool, analyzer: Analyzer,
     return True
 
 
-def analyzer_inputs(analyzer: Analyzer, trace: Trace, whole: Trace,
-                    gaps: pd.DataFrame | None, gap_options: GapOptions
-                    ) -> tuple[Trace, dict[str, Any]]:
+def analyzer_inputs(analyzer: Analyzer, seen: Window, gaps: pd.DataFrame | None,
+                    gap_options: GapOptions) -> tuple[Trace, dict[str, Any]]:
     """What the analyzer is called with: the window's trace (host_gaps: the whole trace and
     the window's gaps) and its options."""
     if analyzer.whole_trace:
-        return whole, {"gaps": gaps}
-    return trace, (dict(gap_options.kwargs()) if analyzer.gap_options else {})
+        return seen.whole, {"gaps": gaps}
+    return seen.trace, (dict(gap_options.kwargs()) if analyzer.gap_options else {})
 
 
 def has_host_ops(trace: Trace) -> bool:

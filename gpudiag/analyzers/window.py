@@ -48,11 +48,13 @@ class Window:
 
     whole: Trace
     bounds: tuple[int, int] | None = None
-    trace: Trace = field(init=False, repr=False)
+    #: None: cut here (`within`); a job's merged ranks give theirs, each already cut
+    trace: Trace = field(default=None, repr=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "trace", self.whole if self.bounds is None
-                           else within(self.whole, self.bounds))
+        if self.trace is None:
+            object.__setattr__(self, "trace", self.whole if self.bounds is None
+                               else within(self.whole, self.bounds))
 
     @property
     def steps(self) -> pd.DataFrame:

@@ -26,6 +26,7 @@ from gpudiag.analyzers.parts import (
     group_part,
     savings_part,
 )
+from gpudiag.analyzers.window import Window
 from gpudiag.errors import InputError
 from gpudiag.jobs.executors import failure
 from gpudiag.readers.claims import refusal
@@ -84,12 +85,13 @@ def read_batch(job: tuple[tuple[str, ...], Options]) -> BatchPart:
     if refused is not None:  # the job stops: what it would say of that rank is wrong
         return BatchPart(tuple(read), failed, metas, 0, None, refused=refused)
     span = int(trace.kernels["kernel_id"].max()) + 1 if len(trace.kernels) else 0
-    group = group_part(trace, options) \
+    seen = Window(trace, options.bounds)
+    group = group_part(seen, options) \
         if options.savings is None or options.warm is not None else None
     return BatchPart(tuple(read), failed, metas, span, group,
                      {name: len(getattr(trace, name)) for name in ROW_TABLES},
                      savings=None if options.savings is None
-                     else savings_part(trace, options, options.savings))
+                     else savings_part(seen, options, options.savings))
 
 
 def not_here(file: str) -> str:

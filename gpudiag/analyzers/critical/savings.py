@@ -1,6 +1,6 @@
 """Expected savings: how much shorter the run gets if one finding's cause went away.
 
-    found = expected_savings(whole, window_trace, findings, tables, bounds=..., gap_options=...)
+    found = expected_savings(Window(trace, bounds), findings, tables, gap_options=...)
     found[["cause", "where", "lost_ns", "saving_ns", "fix"]]
 
 A finding's lost GPU time is not what fixing it buys: an idle gap behind a host that stays
@@ -31,6 +31,7 @@ from gpudiag.analyzers import keys
 from gpudiag.analyzers.critical.events import API, GPU, TABLES, Events
 from gpudiag.analyzers.critical.replay import Outcome, Replay
 from gpudiag.analyzers.losses.options import GapOptions
+from gpudiag.analyzers.window import Window
 from gpudiag.trace import Trace
 
 IntArray = npt.NDArray[np.int64]
@@ -61,14 +62,13 @@ class Selection:
     rows: pd.DataFrame
 
 
-def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
-                     tables: dict[str, pd.DataFrame], *, bounds: tuple[int, int] | None,
-                     gap_options: GapOptions, steps: pd.DataFrame | None = None,
+def expected_savings(seen: Window, findings: pd.DataFrame, tables: dict[str, pd.DataFrame],
+                     *, gap_options: GapOptions, steps: pd.DataFrame | None = None,
                      notes: list[str] | None = None) -> pd.DataFrame:
     """`findings` with `saving_ns` (NA where no transformation applies), `saving_share`
     (of the replayed window), `saving_step_share` (per step, of the median steady step;
-    NaN without steps) and `fix` (a `FIXES` key). `trace` is the window's trace the
-    analyzers read, `whole` the trace the window was cut from. A window of more than
+    NaN without steps) and `fix` (a `FIXES` key). `seen` is what the analyzers read (its
+    `trace`) and the trace it was cut from (`whole`). A window of more than
     `SAMPLE_EVENTS` events is replayed on a sample of it (`sample_of`), its savings
     scaled to the window; `notes` gets a line saying which. Only the `MAX_PLANNED`
     findings that lost the most time are planned (a line says so when there are more).
@@ -76,10 +76,10 @@ def expected_savings(whole: Trace, trace: Trace, findings: pd.DataFrame,
     A job read rank by rank runs the same three steps apart: `sample_of` from its ranks'
     `extent`s, `selections` where each batch is read (with `replay_rows`, what its
     replay needs), `replayed` where the batches' rows are merged."""
-    sample = sample_of(extent(whole, bounds), steps)
+    whole = seen.whole
+    sample = sample_of(extent(whole, seen.bounds), steps)
     planned = most_lost(findings, notes)
-    chosen = selections(Inputs(trace, whole, tables, gap_options, sample.window), findings,
-                        planned)
+    chosen = selections(Inputs(seen, tables, gap_options, sample.window), findings, planned)
     if sample.what and chosen and notes is not None:
         notes.append(sample.note(count_in(whole, sample.window)))
     return replayed(Replay.of(whole, sample.window) if chosen else None, findings, chosen,
@@ -439,25 +439,25 @@ def _matching(haystack: list[IntArray], needles: list[IntArray]) -> IntArray:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What the selectors read: the window's trace (what the analyzers read), the whole
-    trace (the idle gaps' rows point into it), the analyzers' tables, the gap options."""
+    """What the selectors read: the analyzed window (its trace, what the analyzers read,
+    and the whole trace, whose rows the idle gaps point into), the analyzers' tables, the
+    gap options, the window the replay covers (`sample`, None: everything) and, where
+    the window is one batch of a job, the job's short names of its kernels' full names
+    (`names.job_short_names`; None: the trace's own, `names.short_names`)."""
 
-    trace: Trace
-    whole: Trace
+    seen: Window
     tables: dict[str, pd.DataFrame]
     gap_options: GapOptions
-    window: tuple[int, int] | None  # what the replay covers (None: everything)
-    #: the job's short names of its kernels' full names, where `trace` is one batch of a
-    #: job (`names.job_short_names`; None: the trace's own, `names.short_names`)
+    sample: tuple[int, int] | None
     shorts: Mapping[str, str] | None = None
 
     def during(self, start: npt.ArrayLike) -> npt.NDArray[np.bool_]:
         """Which of these start times fall in the replayed window (a sample's rows are
         all a large trace's selectors need to keep)."""
         start = np.asarray(start, dtype=np.int64)
-        if self.window is None:
+        if self.sample is None:
             return np.ones(len(start), dtype=bool)
-        return (start >= self.window[0]) & (start <= self.window[1])
+        return (start >= self.sample[0]) & (start <= self.sample[1])
 
 
 Selector = Callable[[Inputs, pd.DataFrame], dict[int, Selection]]
@@ -497,7 +497,7 @@ def _sync_calls(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
     """A sync site's finding: its blocking calls return at once."""
     from gpudiag.analyzers.sync import classified_waits, kind_of
 
-    waits = classified_waits(inputs.trace, **inputs.gap_options.kwargs())
+    waits = classified_waits(inputs.seen.trace, **inputs.gap_options.kwargs())
     waits = waits.assign(rank=keys.key_array(waits["rank"]),
                          kind=[kind_of(kind) for kind in waits["kind"].astype(str)])
     return _grouped(findings, waits, ["where", "kind"], "no_wait",
@@ -514,7 +514,7 @@ def _gap_fixes(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
     pieces = pieces[inputs.during(pieces["start_ns"])]
     dependency = ((pieces["rule"] == "queued") & (pieces["cause"] == "host_bound")
                   ).to_numpy(bool)
-    nexts = _next_work(inputs.whole, pieces)
+    nexts = _next_work(inputs.seen.whole, pieces)
     pieces = pieces.assign(rank=keys.key_array(pieces["rank"]), dependency=dependency,
                            **nexts)
     findings = findings.assign(dependency=(findings["kind"] == "dependency")
@@ -559,7 +559,7 @@ def _host_sections(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selectio
     from gpudiag.analyzers.host.steps import CAUSES, lanes
 
     out = {}
-    trace = inputs.trace
+    trace = inputs.seen.trace
     found = lanes(trace)
     ranges = trace.ranges
     threads = pd.DataFrame({"rank": keys.key_array(ranges["rank"]),
@@ -607,7 +607,7 @@ def _small_grids(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]
     from gpudiag.analyzers.kernels.launch import idle_launches, occupancy
     from gpudiag.names import short_names
 
-    trace = inputs.trace
+    trace = inputs.seen.trace
     kernels = trace.kernels
     if kernels.empty:
         return {}
@@ -635,9 +635,9 @@ def _copy_calls(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]:
     """A copy finding: the calls of its copies do not block the host."""
     from gpudiag.analyzers.copies import problem_copies, problem_sites
 
-    if inputs.trace.copies.empty:
+    if inputs.seen.trace.copies.empty:
         return {}
-    rows = problem_copies(inputs.trace)
+    rows = problem_copies(inputs.seen.trace)
     problem, site = problem_sites(rows)
     flagged = problem != ""
     rows = pd.DataFrame({"rank": keys.key_array(rows["rank"]), "pid": keys.key_array(rows["pid"]),
@@ -653,7 +653,7 @@ def _collectives(inputs: Inputs, findings: pd.DataFrame) -> dict[int, Selection]
     finding: its calls hidden under compute. Slow-transport findings have no fix here."""
     from gpudiag.analyzers.collectives.calls import finding_name
 
-    trace = inputs.trace
+    trace = inputs.seen.trace
     calls = trace.collectives[trace.collectives["kernel_id"].notna().to_numpy(bool)]
     if calls.empty:
         return {}
