@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import gpudiag
-from gpudiag.analyzers import registry
+from gpudiag.analyzers.pipeline import registry
 from tests.conftest import fixture
 
 #: (module, function) computed behind `Trace.derived` or inside one analyzer: each must

@@ -243,9 +243,8 @@ def test_diagnose_refuses_an_undeclared_analyzer_table(monkeypatch: pytest.Monke
 
     from gpudiag.analyzers import timeline
 
-    monkeypatch.setattr(timeline, "CONTRACT", dataclasses.replace(
-        timeline.CONTRACT, analyze=lambda t: Result(
-            pd.DataFrame(), {"stream_summary": timeline.stream_summary(t),
-                             "colours": pd.DataFrame()})))
+    monkeypatch.setattr(timeline, "CONTRACT", dataclasses.replace(  # diagnose: part, combine
+        timeline.CONTRACT, combine=lambda parts: Result(
+            pd.DataFrame(), {"stream_summary": parts[0], "colours": pd.DataFrame()})))
     with pytest.raises(SchemaError, match="'colours'"):
         gpudiag.diagnose(trace(kernels=[kernel(0, 10 * U), kernel(20 * U, 30 * U)]))

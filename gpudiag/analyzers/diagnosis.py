@@ -19,19 +19,19 @@ from dataclasses import replace
 import pandas as pd
 
 from gpudiag import diagnosis_schema as declared
-from gpudiag.analyzers import reduce
 from gpudiag.analyzers import window as window_mod
-from gpudiag.analyzers.answer import (  # noqa: F401  (where callers found them)
+from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS, GapOptions
+from gpudiag.analyzers.pipeline import reduce
+from gpudiag.analyzers.pipeline.answer import (  # noqa: F401  (where callers found them)
     STRAGGLER_TABLES,
     VIEWS,
     Diagnosis,
     add_views,
     drawn_paths,
 )
-from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS, GapOptions
-from gpudiag.analyzers.parts import Options, group_part, warm_part
-from gpudiag.analyzers.ranking import RANKINGS, flag_warmup, rank_findings  # noqa: F401
-from gpudiag.analyzers.registry import (  # noqa: F401  (where callers found them)
+from gpudiag.analyzers.pipeline.parts import Options, group_part, warm_part
+from gpudiag.analyzers.pipeline.ranking import RANKINGS, flag_warmup, rank_findings  # noqa: F401
+from gpudiag.analyzers.pipeline.registry import (  # noqa: F401  (where callers found them)
     ANALYZERS,
     HOST_ANALYZERS,
     WARM_SKIPPED,

@@ -21,10 +21,10 @@ from typing import Any
 
 import pandas as pd
 
-from gpudiag.analyzers import reduce
-from gpudiag.analyzers.answer import Diagnosis, add_views
 from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS, GapOptions
-from gpudiag.analyzers.ranking import joined, rank_findings
+from gpudiag.analyzers.pipeline import reduce
+from gpudiag.analyzers.pipeline.answer import Diagnosis, add_views
+from gpudiag.analyzers.pipeline.ranking import joined, rank_findings
 from gpudiag.diagnosis_schema import conform_frame
 from gpudiag.errors import InputError
 from gpudiag.jobs import batches, replay_pass, window_pass

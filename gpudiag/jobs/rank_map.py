@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpudiag.analyzers.parts import (
+from gpudiag.analyzers.pipeline.parts import (
     ROW_TABLES,
     GroupPart,
     Options,

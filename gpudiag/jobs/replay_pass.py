@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from gpudiag.analyzers.answer import Diagnosis
 from gpudiag.analyzers.collectives.skew import arrival_skew
 from gpudiag.analyzers.critical import savings
-from gpudiag.analyzers.parts import SavingsAsk
-from gpudiag.analyzers.reduce import collectives_trace
+from gpudiag.analyzers.pipeline.answer import Diagnosis
+from gpudiag.analyzers.pipeline.parts import SavingsAsk
+from gpudiag.analyzers.pipeline.reduce import collectives_trace
 from gpudiag.jobs.rank_map import BatchPart
 from gpudiag.names import job_short_names
 from gpudiag.trace import merge

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import importlib
 
-from gpudiag.analyzers import reduce as _reduce  # noqa: F401  (the combines run on workers)
-from gpudiag.analyzers import registry
 from gpudiag.analyzers import summary as _summary  # noqa: F401  (every batch's summary part)
+from gpudiag.analyzers.pipeline import reduce as _reduce  # noqa: F401  (combines on workers)
+from gpudiag.analyzers.pipeline import registry
 from gpudiag.jobs import rank_map as _rank_map  # noqa: F401  (the map)
 from gpudiag.readers.kineto import joined as _joined  # noqa: F401  (the usual rank file)
 

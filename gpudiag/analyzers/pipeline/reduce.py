@@ -20,9 +20,6 @@ import pandas as pd
 
 from gpudiag import diagnosis_schema as declared
 from gpudiag.analyzers import findings as findings_mod
-from gpudiag.analyzers import notes as notes_mod
-from gpudiag.analyzers import ranking, registry
-from gpudiag.analyzers.answer import Diagnosis
 from gpudiag.analyzers.frameworks import formats_of, framework_of
 from gpudiag.analyzers.losses.options import GapOptions
 from gpudiag.analyzers.losses.waterfall import (
@@ -33,7 +30,10 @@ from gpudiag.analyzers.losses.waterfall import (
     loss_rows,
     losses_frame,
 )
-from gpudiag.analyzers.parts import (
+from gpudiag.analyzers.pipeline import notes as notes_mod
+from gpudiag.analyzers.pipeline import ranking, registry
+from gpudiag.analyzers.pipeline.answer import Diagnosis
+from gpudiag.analyzers.pipeline.parts import (
     GAP_TABLES,
     ROW_TABLES,
     GroupPart,

@@ -24,10 +24,10 @@ import pandas as pd
 
 from gpudiag import diagnosis_schema as declared
 from gpudiag import intervals
-from gpudiag.analyzers import registry
 from gpudiag.analyzers.findings import LOSS_CAUSES
 from gpudiag.analyzers.losses.options import GapOptions
 from gpudiag.analyzers.losses.waterfall import DeviceKey, LossTimeline, clip_window
+from gpudiag.analyzers.pipeline import registry
 from gpudiag.analyzers.steps import training as steps_mod
 from gpudiag.analyzers.window import Window
 from gpudiag.trace import Trace
