@@ -311,13 +311,13 @@ def test_a_corrupt_rank_is_listed_and_the_others_analyzed(job4: Path, tmp_path: 
 
 def test_what_crosses_the_boundary_is_compact_for_analyzers_with_parts(job4: Path) -> None:
     """A rank's part never holds its event tables for the analyzers that have a `part`;
-    the ones still without (their traces travel, `GroupPart.traces`) are named here, so
+    the ones still without (their window travels, `GroupPart.window`) are named here, so
     one that gains a part must be taken off the list."""
     part = read_batch(((str(job4 / "rank0.json.gz"),), Options())).group
     assert part is not None
     without = sorted(name for name, value in part.parts.items() if value is None)
     assert without == ["kernel_metrics"]  # Nsight Compute data: one process, a few kernels
-    assert part.traces is None  # this rank has no allocator or ncu data: no trace travels
+    assert part.window is None  # this rank has no allocator or ncu data: no trace travels
     # nothing for an analyzer this rank has no rows for (no allocator events, no samples)
     assert "memory" not in part.parts and "gpu_samples" not in part.parts
     for name in ("sync", "host_gaps", "launch", "timeline", "copies", "collectives",
@@ -515,4 +515,4 @@ def test_every_analyzer_offers_one_typed_contract() -> None:
     assert all((contract.part is None) == (contract.combine is None)
                for contract in contracts.values())
     assert [name for name, contract in contracts.items() if contract.part is None] == \
-        ["kernel_metrics"]  # its job runs it on the merged inputs (`GroupPart.traces`)
+        ["kernel_metrics"]  # its job runs it on the merged inputs (`GroupPart.window`)

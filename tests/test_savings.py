@@ -83,7 +83,9 @@ def test_a_long_window_is_replayed_on_a_sample_of_its_steps(
     """Over SAMPLE_EVENTS events, the replays run on steady steps around the median and
     their savings are scaled to the window: identical steps give the whole loop's saving,
     and a note says which steps were replayed."""
-    monkeypatch.setattr(savings, "SAMPLE_EVENTS", 20)
+    from gpudiag.analyzers.critical import sample
+
+    monkeypatch.setattr(sample, "SAMPLE_EVENTS", 20)
     dx = gpudiag.diagnose(sync_loop(steps=30))
     sync = finding(dx, "sync_stall")
     assert sync["saving_ns"] == 30 * 56 * US

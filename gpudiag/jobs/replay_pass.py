@@ -3,7 +3,7 @@ replay run where the job is reduced, on the rows the batches sent.
 
 A saving is a replay of the job's schedule without one finding's cause (see
 `critical.savings`). Its ranks are tied through their matched collectives, so the job is
-replayed as one: the coordinator chooses the sample (`savings.sample_of`, from the ranks'
+replayed as one: the coordinator chooses the sample (`sample.sample_of`, from the ranks'
 extents of the first pass), sends each batch the findings and the job's arrival skew of
 its kernels (`asks`), and each batch, read a second time with the warm-up pass when there
 is one, selects its events of each finding and sends the rows its replay needs over the
@@ -21,6 +21,7 @@ import pandas as pd
 
 from gpudiag.analyzers.collectives.skew import arrival_skew
 from gpudiag.analyzers.critical import savings
+from gpudiag.analyzers.critical.sample import Sample, sample_of
 from gpudiag.analyzers.pipeline.answer import Diagnosis
 from gpudiag.analyzers.pipeline.parts import SavingsAsk
 from gpudiag.analyzers.pipeline.reduce import collectives_trace
@@ -38,7 +39,7 @@ class Plan:
     the replay's sample, and each batch's ask (in batch order)."""
 
     findings: pd.DataFrame
-    sample: savings.Sample
+    sample: Sample
     asks: list[SavingsAsk]
     #: the arrival skew of the job's whole collectives (the replay ties ranks by all their
     #: matched calls, as a merged trace's replay does; the Diagnosis' table is the window's)
@@ -52,7 +53,7 @@ def plan(batches: Sequence[BatchPart], findings: pd.DataFrame, dx: Diagnosis) ->
     found = None
     for one in extents:
         found = one if found is None else found.joined(one)
-    sample = savings.sample_of(found, dx.steps)
+    sample = sample_of(found, dx.steps)
     planned = savings.most_lost(findings, dx.notes)
     skew = dx.tables.get("arrival_skew")
     shorts = job_short_names([batch.group.kernel_names for batch in batches

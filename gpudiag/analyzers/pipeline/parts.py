@@ -88,10 +88,11 @@ class GroupPart:
     #: process, `Options.keep`)
     window: Window | None = None
     layers: LossTimeline | None = None  # the loss layers, kept in this process
-    #: the events of the analyzed window (`critical.savings.extent`): the job's replay
+    #: the events of the analyzed window (`critical.sample.extent`): the job's replay
     #: sample is chosen from its ranks' together
     extent: Any = None
     idle: pd.DataFrame | None = None  # the idle gaps, uncut, kept in this process
+    kept: bool = False  # the part of a trace diagnosed whole here (`Options.keep`)
     notes: list[str] = field(default_factory=list)
 
 
@@ -105,7 +106,7 @@ class SavingsAsk:
 
     findings: pd.DataFrame
     planned: np.ndarray
-    sample: Any  # critical.savings.Sample
+    sample: Any  # critical.sample.Sample
     skew: pd.DataFrame | None = None
     #: the job's short names of its kernels' full names (`names.job_short_names`): what
     #: the findings name a kernel by where it has no call site
@@ -130,6 +131,7 @@ def savings_part(seen: Window, options: Options, ask: SavingsAsk) -> SavingsPart
     window, gaps, host_gaps pieces and arrival skew), and its rows of the replay."""
     from gpudiag.analyzers.critical import savings
     from gpudiag.analyzers.critical.events import replay_rows
+    from gpudiag.analyzers.critical.sample import count_in
     from gpudiag.analyzers.host import bound
     from gpudiag.analyzers.losses.gaps import idle_gaps
 
@@ -144,7 +146,7 @@ def savings_part(seen: Window, options: Options, ask: SavingsAsk) -> SavingsPart
     chosen = savings.selections(savings.Inputs(seen, tables, options.gap_options, sample,
                                                ask.shorts), ask.findings, ask.planned)
     return SavingsPart(chosen, replay_rows(whole, sample) if chosen else None,
-                       savings.count_in(whole, sample))
+                       count_in(whole, sample))
 
 
 #: the tables a gap piece's next event (`next_table`, `next_row`) comes from
@@ -167,7 +169,7 @@ def group_part(seen: Window, options: Options) -> GroupPart:
                          "category").cat.categories),
                      row_counts=window.row_counts())
     if options.keep:
-        part.window = seen
+        part.window, part.kept = seen, True
     gaps = _timeline_part(part, seen, options)
     if options.keep:
         part.idle = gaps
@@ -251,7 +253,7 @@ def _timeline_part(part: GroupPart, seen: Window, options: Options) -> pd.DataFr
                              **options.gap_options.kwargs())
     part.timeline_made = True
     if options.warm is None:
-        from gpudiag.analyzers.critical.savings import extent
+        from gpudiag.analyzers.critical.sample import extent
 
         part.extent = extent(whole, options.bounds)
         _keep_losses(part, timeline, options.bounds)

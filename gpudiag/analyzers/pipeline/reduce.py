@@ -120,7 +120,10 @@ def job_meta(batches: Sequence[Read]) -> dict[str, Any]:
 
 
 def collectives_trace(ranks: list[Placed], meta: dict[str, Any]) -> Trace:
-    """The job's collective rows and devices: all the cross-rank analyses read."""
+    """The job's collective rows and devices: all the cross-rank analyses read (of a trace
+    diagnosed whole here, the trace itself, whose arrival skew the analyzers share)."""
+    if len(ranks) == 1 and ranks[0][1].kept and ranks[0][1].window is not None:
+        return ranks[0][1].window.whole
     rows = [part.collectives.assign(kernel_id=part.collectives["kernel_id"] + offset)
             if offset and len(part.collectives) else part.collectives
             for offset, part in ranks]
@@ -172,6 +175,8 @@ def gaps(ranks: list[Placed]) -> pd.DataFrame:
     """The job's idle gap pieces, numbered as the merged trace numbers them (every rank's
     in rank order, a batch's ranks interleaved with other batches'), and the gap-indexed
     parts of each batch (host_gaps) renumbered with them."""
+    if len(ranks) == 1 and ranks[0][1].kept and ranks[0][1].gaps is not None:
+        return ranks[0][1].gaps  # numbered as its trace numbers them already
     runs = sorted(((rank, index, first, count) for index, (_, part) in enumerate(ranks)
                    if part.gaps is not None for rank, first, count in part.gap_runs),
                   key=lambda run: run[0])
