@@ -24,7 +24,7 @@ import pandas as pd
 from gpudiag.analyzers.losses.options import LAUNCH_GAP_NS, SYNC_TOLERANCE_NS, GapOptions
 from gpudiag.analyzers.pipeline import reduce
 from gpudiag.analyzers.pipeline.answer import Diagnosis, add_views
-from gpudiag.analyzers.pipeline.ranking import joined, rank_findings
+from gpudiag.analyzers.pipeline.ranking import RANKINGS, joined, rank_findings
 from gpudiag.diagnosis_schema import conform_frame
 from gpudiag.errors import InputError
 from gpudiag.jobs import batches, replay_pass, window_pass
@@ -54,6 +54,8 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
         sync_tolerance_ns: int = SYNC_TOLERANCE_NS, progress: Progress | None = None,
         rows: bool = True, rank_by: str = "saving", savings: bool = True) -> JobDiagnosis:
     """`gpudiag.jobs.diagnose_job` on an open executor `pool` (its options, its answer)."""
+    if rank_by not in RANKINGS:  # before the files are read, not after
+        raise ValueError(f"rank_by must be one of {', '.join(RANKINGS)}, not {rank_by!r}")
     files = [str(path) for path in units_of(paths, split_runs=True)]
     units = [os.path.abspath(file) for file in files]  # a worker's cwd is not this one's
     run_dir = _run_dir(paths)
@@ -64,8 +66,8 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
                       gap_options=GapOptions(launch_gap_ns, sync_tolerance_ns), rows=rows)
     planned = batches.plan(units, pool.workers)
     done, more = _run(pool, planned, options, progress, len(units))
-    done, more, shared = _rejoined(pool, planned, done, more, options=options,
-                                   progress=progress, total=len(units))
+    done, more, shared, read_files = _rejoined(pool, planned, done, more, options=options,
+                                               progress=progress, total=len(units))
     failed += _in_order(more)
     parts = [done[index] for index in sorted(done)]
     if not any(part.group is not None for part in parts):
@@ -86,7 +88,9 @@ def run(pool: Any, paths: PathLike | Sequence[PathLike], *, steps: bool = False,
         asked = [replace(options, warm=warm, steps=False,
                          savings=None if job is None else job.asks[index])
                  for index in range(len(read))]
-        again, more = _run(pool, [part.files for part in read], asked, None, len(units))
+        again_files = [part.files for part in read]  # progress goes on over the second read
+        again, more = _run(pool, again_files, asked, progress,
+                           read_files + sum(len(files) for files in again_files))
         failed += _in_order(more)
         if warm is not None:
             found = reduce.warm_flagged(found, dx, [again[index] for index in sorted(again)],
@@ -183,17 +187,18 @@ def _in_order(failed: dict[int, list[tuple[str, str]]]) -> list[tuple[str, str]]
 def _rejoined(pool: Any, planned: list[tuple[str, ...]], done: dict[int, BatchPart],
               failed: dict[int, list[tuple[str, str]]], *, options: Options,
               progress: Progress | None, total: int
-              ) -> tuple[dict[int, BatchPart], dict[int, list[tuple[str, str]]], str | None]:
+              ) -> tuple[dict[int, BatchPart], dict[int, list[tuple[str, str]]], str | None, int]:
     """The parts again, where batches shared a rank or a device: those spans read again as
     one batch each (`batches.rejoin`, progress counting the files read again on top of the
-    job's), with the note that says so (None when none did)."""
+    job's), with the note that says so (None when none did) and the files read so far
+    (the progress' total, which the second read goes on from)."""
     joined = batches.rejoin(planned, {index: _held(part) for index, part in done.items()})
     if len(joined) == len(planned):
-        return done, failed, None
+        return done, failed, None, total
     first = {batch: index for index, batch in enumerate(planned)}
     again = [batch for batch in joined if batch not in first]
-    parts, errors = _run(pool, again, options, progress,
-                         total + sum(len(batch) for batch in again))
+    total += sum(len(batch) for batch in again)
+    parts, errors = _run(pool, again, options, progress, total)
     redone = {batch: index for index, batch in enumerate(again)}
     out: dict[int, BatchPart] = {}
     out_failed: dict[int, list[tuple[str, str]]] = {}
@@ -206,7 +211,8 @@ def _rejoined(pool: Any, planned: list[tuple[str, ...]], done: dict[int, BatchPa
     spans = ", ".join(f"{Path(batch[0]).name} to {Path(batch[-1]).name}" for batch in again)
     return out, out_failed, (
         "the same rank or device is in several of the job's files (two runs in one folder, "
-        f"or one rank profiled twice?): {spans} were analyzed together, as one merged trace")
+        f"or one rank profiled twice?): {spans} were analyzed together, as one merged trace"), \
+        total
 
 
 def _held(part: BatchPart) -> set[Any]:
